@@ -1,0 +1,126 @@
+"""Every call of a Slurm command goes through here.
+
+Commands are argument lists (never a shell), every call has a timeout, and a failure raises
+``SlurmCommandError`` carrying the command's stderr.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class SlurmCommandError(RuntimeError):
+    """A Slurm command failed, timed out, or is not installed."""
+
+    def __init__(self, argv: Sequence[str], message: str):
+        self.argv = list(argv)
+        super().__init__(f"{' '.join(self.argv)}: {message}")
+
+
+def run_slurm(
+    argv: Sequence[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    input_text: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Run one Slurm command and return its stdout; raise SlurmCommandError on any failure."""
+    if shutil.which(argv[0]) is None:
+        raise SlurmCommandError(argv, "command not found on PATH")
+    try:
+        proc = subprocess.run(
+            list(argv),
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=None if env is None else dict(env),
+            check=False,
+        )
+    except subprocess.TimeoutExpired as err:
+        raise SlurmCommandError(argv, f"timed out after {timeout:g} s") from err
+    if proc.returncode != 0:
+        stderr = proc.stderr.strip() or proc.stdout.strip()
+        raise SlurmCommandError(argv, f"exit {proc.returncode}: {stderr}")
+    return proc.stdout
+
+
+def controller_reachable(timeout: float = 10.0) -> tuple[bool, str]:
+    """Whether ``sbatch`` is on PATH and ``scontrol ping`` finds a controller, with the reason."""
+    if shutil.which("sbatch") is None:
+        return False, "sbatch is not on PATH"
+    try:
+        out = run_slurm(["scontrol", "ping"], timeout=timeout)
+    except SlurmCommandError as err:
+        return False, f"scontrol ping failed ({err})"
+    if " is UP" not in out:
+        return False, f"scontrol ping found no controller: {out.strip()}"
+    return True, f"scontrol ping: {out.strip().splitlines()[0]}"
+
+
+def show_topology() -> str:
+    """``scontrol show topology``: the switch tree reported by the topology plugin."""
+    return run_slurm(["scontrol", "show", "topology"])
+
+
+def show_nodes() -> str:
+    """``scontrol show nodes --oneliner``: one line of ``Key=Value`` fields per node."""
+    return run_slurm(["scontrol", "show", "nodes", "--oneliner"])
+
+
+def show_partitions() -> str:
+    """``scontrol show partitions --oneliner``: one line per partition."""
+    return run_slurm(["scontrol", "show", "partitions", "--oneliner"])
+
+
+def show_config() -> str:
+    """``scontrol show config``: the controller's running configuration."""
+    return run_slurm(["scontrol", "show", "config"])
+
+
+def show_hostnames(nodelist: str) -> list[str]:
+    """Expand a Slurm nodelist expression with ``scontrol show hostnames``."""
+    return run_slurm(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def show_job(job_id: str) -> str:
+    """``scontrol show job --oneliner JOB``."""
+    return run_slurm(["scontrol", "show", "job", "--oneliner", job_id])
+
+
+def requeue(job_id: str) -> None:
+    """``scontrol requeue JOB`` (an array task is ``ARRAYID_TASK``)."""
+    run_slurm(["scontrol", "requeue", job_id])
+
+
+def sbatch(options: Sequence[str], script_path: str, script_args: Sequence[str] = ()) -> str:
+    """Submit a batch script with ``sbatch --parsable``; return the job id."""
+    out = run_slurm(["sbatch", "--parsable", *options, script_path, *script_args], timeout=60.0)
+    return out.strip().split(";")[0]
+
+
+def sacct(job_ids: Sequence[str], fields: Sequence[str]) -> str:
+    """One ``sacct`` call for several jobs, ``|``-separated, without a header."""
+    return run_slurm(
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--jobs",
+            ",".join(job_ids),
+            "--format",
+            ",".join(fields),
+        ]
+    )
+
+
+def squeue(job_ids: Sequence[str], fmt: str) -> str:
+    """One ``squeue`` call for several jobs (array tasks one a line), without a header."""
+    return run_slurm(
+        ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", fmt]
+    )
