@@ -1,0 +1,343 @@
+"""One dataclass per config group, each field documented, each checked in ``__post_init__``.
+
+Hydra composes plain YAML from ``configs/``; ``trial_config_from_dict`` turns the composed mapping
+into these dataclasses. Every error is a ``ValueError`` that names the key (``model.lr``), the value,
+and what is allowed, so a bad sweep stops on the login node before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def _fail(key: str, value: Any, allowed: str) -> typing.NoReturn:
+    raise ValueError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def _check_type(key: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` if it fits ``annotation`` (ints are accepted as floats), else raise."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if value not in choices:
+            _fail(key, value, "one of " + ", ".join(repr(c) for c in choices))
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(annotation):
+            try:
+                return _check_type(key, value, option)
+            except ValueError as err:
+                errors.append(str(err).split(": ", 1)[1])
+        _fail(key, value, " or ".join(errors))
+    if annotation is type(None):
+        if value is not None:
+            _fail(key, value, "null")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(key, value, "a number")
+        return float(value)
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(key, value, "an integer")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            _fail(key, value, "true or false")
+        return value
+    if annotation is str:
+        if not isinstance(value, str):
+            _fail(key, value, "a string")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            _fail(key, value, "a list")
+        (item_type,) = typing.get_args(annotation)
+        return [_check_type(f"{key}[{i}]", v, item_type) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            _fail(key, value, "a mapping")
+        _, value_type = typing.get_args(annotation)
+        return {str(k): _check_type(f"{key}.{k}", v, value_type) for k, v in value.items()}
+    raise TypeError(f"{key}: unsupported annotation {annotation!r}")
+
+
+def build_group(cls: type, group: str, values: Mapping[str, Any]) -> Any:
+    """Build dataclass ``cls`` for config group ``group`` from a plain mapping.
+
+    Unknown keys and values of the wrong type raise ``ValueError`` naming ``group.key``.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"{group}.{unknown[0]} is not a known key; allowed keys of {group}: "
+            + ", ".join(sorted(fields))
+        )
+    checked = {
+        name: _check_type(f"{group}.{name}", value, hints[name]) for name, value in values.items()
+    }
+    return cls(**checked)
+
+
+def _require(condition: bool, key: str, value: Any, allowed: str) -> None:
+    if not condition:
+        _fail(key, value, allowed)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """A causal LM built from a transformers config (never downloaded from a hub)."""
+
+    arch: Literal["deepseek_v3", "llama"] = "deepseek_v3"
+    """Which transformers architecture to build."""
+    lr: float = 3e-3
+    """Peak learning rate. The key users sweep first."""
+    vocab_size: int = 256
+    """Vocabulary size; must cover the data's token ids."""
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    intermediate_size: int = 256
+    """Width of the dense MLP."""
+    num_layers: int = 2
+    """Number of decoder layers."""
+    num_heads: int = 4
+    """Number of attention heads."""
+    num_kv_heads: int = 4
+    """Key/value heads (grouped-query attention when below ``num_heads``)."""
+    max_position_embeddings: int = 512
+    """Longest sequence the rotary embedding is set up for."""
+    dropout: float = 0.0
+    """Attention dropout probability."""
+    n_routed_experts: int = 4
+    """DeepSeek MoE: routed experts per MoE layer."""
+    num_experts_per_tok: int = 2
+    """DeepSeek MoE: experts each token is routed to."""
+    n_shared_experts: int = 1
+    """DeepSeek MoE: always-active shared experts."""
+    moe_intermediate_size: int = 64
+    """DeepSeek MoE: width of each expert's MLP."""
+    first_k_dense_replace: int = 1
+    """DeepSeek MoE: the first k layers use a dense MLP instead of MoE."""
+    q_lora_rank: int | None = None
+    """DeepSeek MLA: rank of the query low-rank projection (null: full-rank queries)."""
+    kv_lora_rank: int = 32
+    """DeepSeek MLA: rank of the compressed key/value latent."""
+    qk_rope_head_dim: int = 16
+    """DeepSeek MLA: per-head dims that carry rotary position."""
+    qk_nope_head_dim: int = 16
+    """DeepSeek MLA: per-head dims without position."""
+    v_head_dim: int = 32
+    """DeepSeek MLA: per-head value dims."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "model.lr", self.lr, "a learning rate > 0, e.g. 3e-4")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
+            value = getattr(self, name)
+            _require(value >= 1, f"model.{name}", value, "an integer >= 1")
+        _require(
+            self.hidden_size % self.num_heads == 0,
+            "model.num_heads",
+            self.num_heads,
+            f"a divisor of model.hidden_size={self.hidden_size}",
+        )
+        _require(
+            1 <= self.num_kv_heads <= self.num_heads and self.num_heads % self.num_kv_heads == 0,
+            "model.num_kv_heads",
+            self.num_kv_heads,
+            f"a divisor of model.num_heads={self.num_heads}",
+        )
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "0 <= dropout < 1")
+        _require(
+            1 <= self.num_experts_per_tok <= self.n_routed_experts,
+            "model.num_experts_per_tok",
+            self.num_experts_per_tok,
+            f"1..model.n_routed_experts={self.n_routed_experts}",
+        )
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where training tokens come from and how they are batched."""
+
+    kind: Literal["synthetic", "file"] = "synthetic"
+    """``synthetic``: a built-in corpus with learnable structure; ``file``: a token file at ``path``."""
+    path: str | None = None
+    """The memory-mapped token file (``kind=file``), made by ``scripts/prepare-data``."""
+    seq_len: int = 64
+    """Tokens per training sequence."""
+    batch_size: int = 16
+    """Sequences per rank per micro-step."""
+    val_fraction: float = 0.05
+    """Fraction of the corpus held out for validation."""
+    synthetic_tokens: int = 1_000_000
+    """Size of the synthetic corpus, in tokens."""
+    seed: int = 1234
+    """Seed of the synthetic corpus and the sampler."""
+
+    def __post_init__(self) -> None:
+        if self.kind == "file":
+            _require(bool(self.path), "data.path", self.path, "a token file path when data.kind=file")
+        _require(self.seq_len >= 2, "data.seq_len", self.seq_len, "an integer >= 2")
+        _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "an integer >= 1")
+        _require(
+            0.0 < self.val_fraction < 0.5,
+            "data.val_fraction",
+            self.val_fraction,
+            "0 < val_fraction < 0.5",
+        )
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """How a trial trains: its size on the cluster, optimisation, checkpoints and logging."""
+
+    nodes: int = 1
+    """Nodes per trial; drives the Slurm allocation."""
+    nproc_per_node: int = 1
+    """Worker processes per node (one per GPU on a GPU node)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """``auto``: CUDA when available, else CPU (gloo)."""
+    max_steps: int = 200
+    """Optimizer steps in the whole trial."""
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    """The optimizer."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (AdamW) or L2 (Adam, SGD)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam betas."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    warmup_steps: int = 20
+    """Linear warmup steps before the cosine decay."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule decays to ``model.lr * min_lr_ratio``."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    grad_accum: int = 1
+    """Micro-steps accumulated per optimizer step."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """``bf16`` autocast on CUDA, ``fp16`` with a GradScaler, or ``fp32``."""
+    grad_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    seed: int = 0
+    """Seed of model initialisation and dropout."""
+    ckpt_every: int = 50
+    """Save a checkpoint every this many steps (0: only at the end and on request)."""
+    keep_top_k: int = 2
+    """Besides ``last``, keep the k checkpoints with the best validation loss."""
+    eval_every: int = 25
+    """Evaluate on the validation split every this many steps."""
+    eval_batches: int = 4
+    """Validation batches per evaluation."""
+    log_every: int = 10
+    """Log training scalars every this many steps."""
+    early_stop_patience: int = 0
+    """Stop after this many evaluations without improvement (0 disables)."""
+    early_stop_min_delta: float = 0.0
+    """An improvement smaller than this does not count."""
+
+    def __post_init__(self) -> None:
+        _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
+        _require(
+            self.nproc_per_node >= 1, "trainer.nproc_per_node", self.nproc_per_node, "an integer >= 1"
+        )
+        _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "an integer >= 1")
+        _require(self.grad_accum >= 1, "trainer.grad_accum", self.grad_accum, "an integer >= 1")
+        _require(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "an integer >= 0")
+        _require(
+            0.0 <= self.min_lr_ratio <= 1.0, "trainer.min_lr_ratio", self.min_lr_ratio, "0..1"
+        )
+        _require(self.grad_clip >= 0, "trainer.grad_clip", self.grad_clip, "a number >= 0")
+        _require(len(self.betas) == 2, "trainer.betas", self.betas, "a list of two numbers")
+        for name in ("ckpt_every", "keep_top_k", "early_stop_patience"):
+            value = getattr(self, name)
+            _require(value >= 0, f"trainer.{name}", value, "an integer >= 0")
+        for name in ("eval_every", "eval_batches", "log_every"):
+            value = getattr(self, name)
+            _require(value >= 1, f"trainer.{name}", value, "an integer >= 1")
+
+
+@dataclass(kw_only=True)
+class NcclConfig:
+    """The NCCL environment preset a trial runs under (see ``hpcsweep.nccl``)."""
+
+    preset: Literal["a100_ib", "a100_roce", "ethernet", "none"] = "a100_ib"
+    """Which preset of NCCL variables to export."""
+    debug: bool = False
+    """Also export NCCL_DEBUG=INFO and friends."""
+    overrides: dict[str, str] = field(default_factory=dict)
+    """Variables that replace or extend the preset's."""
+    topo_file: str | None = None
+    """A cluster's NCCL topology XML, exported as NCCL_TOPO_FILE."""
+    pg_timeout_s: int = 1800
+    """Process-group timeout: a hung collective fails the trial after this long."""
+
+    def __post_init__(self) -> None:
+        _require(self.pg_timeout_s >= 1, "nccl.pg_timeout_s", self.pg_timeout_s, "seconds >= 1")
+
+
+@dataclass(kw_only=True)
+class TopologyConfig:
+    """How multi-node trials are placed on the switch tree (see ``hpcsweep.topology``)."""
+
+    mode: Literal["switches", "pin", "off"] = "switches"
+    """``switches``: --switches=K@max_wait; ``pin``: an explicit --nodelist; ``off``: no constraint."""
+    max_wait_min: int = 10
+    """How long Slurm may hold a trial waiting for the fewest-switch placement."""
+    exclude: list[str] = field(default_factory=list)
+    """Nodes never to choose."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_wait_min >= 0, "topology.max_wait_min", self.max_wait_min, "minutes >= 0")
+
+
+@dataclass(kw_only=True)
+class TrialConfig:
+    """Everything one trial needs, validated."""
+
+    model: ModelConfig
+    data: DataConfig
+    trainer: TrainerConfig
+    nccl: NcclConfig
+    topology: TopologyConfig
+
+
+_GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "trainer": TrainerConfig,
+    "nccl": NcclConfig,
+    "topology": TopologyConfig,
+}
+
+
+def trial_config_from_dict(values: Mapping[str, Any]) -> TrialConfig:
+    """Validate a composed config (as plain containers) and build the ``TrialConfig``.
+
+    The ``hydra`` key, when present, is ignored.
+    """
+    unknown = sorted(set(values) - set(_GROUPS) - {"hydra"})
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]} is not a known config group; allowed: " + ", ".join(sorted(_GROUPS))
+        )
+    groups = {}
+    for name, cls in _GROUPS.items():
+        group_values = values.get(name) or {}
+        if not isinstance(group_values, Mapping):
+            _fail(name, group_values, f"a mapping of {name} keys")
+        groups[name] = build_group(cls, name, group_values)
+    return TrialConfig(**groups)
+
+
+def trial_config_to_dict(config: TrialConfig) -> dict[str, Any]:
+    """The plain-container form of a ``TrialConfig`` (what ``config.yaml`` in a trial dir holds)."""
+    return dataclasses.asdict(config)
