@@ -1,0 +1,270 @@
+"""NCCL environment presets for A100 clusters, each variable with the reason it is set.
+
+A preset is data: a tuple of :class:`NcclVar`. :func:`nccl_settings` resolves a preset against the
+config and the inherited environment, :func:`nccl_env` gives the plain ``dict`` to export, and
+:func:`render_env_block` the ``export`` lines written into sbatch scripts and the trial directory.
+
+Precedence, lowest first: preset < inherited environment < ``debug`` < ``overrides``.
+The inherited environment beats the preset because site modules often set ``NCCL_IB_HCA`` or
+``NCCL_SOCKET_IFNAME`` for their fabric and know it better than a generic preset. The explicit
+config (``debug``, ``overrides``) beats the inherited environment because it is recorded in the
+trial's ``config.yaml``; a stray variable in a login shell must not silently undo it. Only the
+variables a preset, ``debug`` or ``overrides`` name are returned; other inherited variables are
+left alone (they reach the job anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+IB_SYSFS_DIR = "/sys/class/infiniband"
+"""Where the kernel lists InfiniBand (and RoCE) host channel adapters."""
+PG_TIMEOUT_VAR = "HPCSWEEP_PG_TIMEOUT_S"
+"""Variable ``hpcsweep.distributed`` reads the process-group timeout from, in seconds."""
+DEFAULT_PG_TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class NcclVar:
+    """One environment variable of a preset, with the reason it is set."""
+
+    name: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NcclSetting:
+    """One resolved variable: its value, the reason, and which layer it came from."""
+
+    name: str
+    value: str
+    reason: str
+    source: str
+    """``preset``, ``inherited``, ``debug``, ``overrides``, ``ib_devices`` or ``topo_file``."""
+
+
+_TORCH_ERRORS = (
+    NcclVar(
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "1",
+        "a failed or timed-out collective aborts the process, so torchrun and Slurm see a failure instead of a hang",
+    ),
+    NcclVar(
+        "TORCH_NCCL_BLOCKING_WAIT",
+        "0",
+        "blocking wait would make the host wait on every collective; async error handling already catches timeouts",
+    ),
+)
+_SOCKET_IFNAME = NcclVar(
+    "NCCL_SOCKET_IFNAME",
+    "^lo,docker",
+    "bootstrap over a real interface: never loopback (other nodes cannot reach it) or a docker bridge",
+)
+_NO_NVLS = NcclVar(
+    "NCCL_NVLS_ENABLE",
+    "0",
+    "A100 NVSwitches have no NVLink SHARP; skip probing for it and its buffer reservation",
+)
+_IB_COMMON = (
+    NcclVar("NCCL_IB_DISABLE", "0", "use the InfiniBand verbs transport between nodes"),
+    _SOCKET_IFNAME,
+    NcclVar(
+        "NCCL_NET_GDR_LEVEL",
+        "PHB",
+        "GPUDirect RDMA when GPU and HCA share a PCIe host bridge, as on A100 HGX boards",
+    ),
+    NcclVar(
+        "NCCL_IB_TIMEOUT",
+        "22",
+        "4.096 us * 2^22 ~ 17 s per retry: ride out fabric hiccups on large jobs instead of failing the trial",
+    ),
+    NcclVar("NCCL_IB_RETRY_CNT", "7", "the most retransmissions IB allows before the queue pair errors out"),
+    _NO_NVLS,
+)
+
+PRESETS: Mapping[str, tuple[NcclVar, ...]] = {
+    "a100_ib": (
+        *_IB_COMMON,
+        NcclVar(
+            "NCCL_CROSS_NIC",
+            "0",
+            "A100 IB fabrics are rail-optimized: keep each ring on the same NIC rail on every node",
+        ),
+        *_TORCH_ERRORS,
+    ),
+    "a100_roce": (
+        *_IB_COMMON,
+        NcclVar(
+            "NCCL_IB_GID_INDEX",
+            "3",
+            "RoCE v2 over IPv4 sits at GID index 3 on Mellanox NICs; the default index 0 is RoCE v1",
+        ),
+        *_TORCH_ERRORS,
+    ),
+    "ethernet": (
+        NcclVar("NCCL_IB_DISABLE", "1", "no RDMA fabric: use TCP sockets between nodes"),
+        _SOCKET_IFNAME,
+        NcclVar("NCCL_SOCKET_NTHREADS", "4", "more CPU threads per connection to fill a 100 GbE link"),
+        NcclVar("NCCL_NSOCKS_PERTHREAD", "4", "several sockets per thread spread a transfer over flows"),
+        *_TORCH_ERRORS,
+    ),
+    "none": (),
+}
+"""Preset name → its variables, in the order they are exported."""
+
+DEBUG_VARS: tuple[NcclVar, ...] = (
+    NcclVar("NCCL_DEBUG", "INFO", "debug: log NCCL's version, topology and transport choices"),
+    NcclVar("NCCL_DEBUG_SUBSYS", "INIT,NET", "debug: init and network only, not a line per collective"),
+    NcclVar("TORCH_DISTRIBUTED_DEBUG", "DETAIL", "debug: check that all ranks call the same collectives"),
+)
+"""Variables exported only with ``debug=True``."""
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def nccl_settings(
+    preset: str,
+    *,
+    overrides: Mapping[str, str] | None = None,
+    debug: bool = False,
+    ib_devices: Sequence[str] = (),
+    topo_file: str | None = None,
+    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S,
+    inherited: Mapping[str, str] | None = None,
+) -> tuple[NcclSetting, ...]:
+    """Resolve a preset into ordered settings (see the module docstring for precedence).
+
+    ``ib_devices`` (e.g. from :func:`list_ib_devices`) pins ``NCCL_IB_HCA`` for the RDMA presets;
+    ``topo_file`` is passed through as ``NCCL_TOPO_FILE``. Raises ``ValueError`` naming the
+    config key on an unknown preset, a bad timeout or a bad override name.
+    """
+    if preset not in PRESETS:
+        raise ValueError(
+            f"nccl.preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}"
+        )
+    if pg_timeout_s < 1:
+        raise ValueError(f"nccl.pg_timeout_s: must be >= 1 second, got {pg_timeout_s}")
+    overrides = dict(overrides or {})
+    inherited = inherited or {}
+    for name in overrides:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"nccl.overrides: {name!r} is not an environment variable name")
+
+    layers: list[tuple[NcclVar, str]] = [(var, "preset") for var in PRESETS[preset]]
+    if ib_devices and preset in ("a100_ib", "a100_roce"):
+        layers.append((_ib_hca_var(ib_devices), "ib_devices"))
+    if topo_file:
+        layers.append(
+            (NcclVar("NCCL_TOPO_FILE", topo_file, "the cluster's own PCIe/NVLink topology description"), "topo_file")
+        )
+    layers.append(
+        (
+            NcclVar(
+                PG_TIMEOUT_VAR,
+                str(pg_timeout_s),
+                "process-group timeout: a hung collective fails the trial after this many seconds",
+            ),
+            "preset",
+        )
+    )
+
+    resolved: dict[str, NcclSetting] = {}
+    for var, source in layers:
+        if var.name in inherited:
+            resolved[var.name] = NcclSetting(
+                var.name, inherited[var.name], f"inherited environment (preset: {var.value}); {var.reason}", "inherited"
+            )
+        else:
+            resolved[var.name] = NcclSetting(var.name, var.value, var.reason, source)
+    if debug:
+        for var in DEBUG_VARS:
+            resolved[var.name] = NcclSetting(var.name, var.value, var.reason, "debug")
+    for name, value in overrides.items():
+        previous = resolved.get(name)
+        reason = "nccl.overrides" + (f" (was {previous.value}); {previous.reason}" if previous else "")
+        resolved[name] = NcclSetting(name, str(value), reason, "overrides")
+    return tuple(resolved.values())
+
+
+def nccl_env(
+    preset: str,
+    *,
+    overrides: Mapping[str, str] | None = None,
+    debug: bool = False,
+    ib_devices: Sequence[str] = (),
+    topo_file: str | None = None,
+    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S,
+    inherited: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The variables to export for ``preset``, as a plain ``dict`` (arguments as :func:`nccl_settings`)."""
+    settings = nccl_settings(
+        preset,
+        overrides=overrides,
+        debug=debug,
+        ib_devices=ib_devices,
+        topo_file=topo_file,
+        pg_timeout_s=pg_timeout_s,
+        inherited=inherited,
+    )
+    return {s.name: s.value for s in settings}
+
+
+def render_env_block(
+    preset: str,
+    *,
+    overrides: Mapping[str, str] | None = None,
+    debug: bool = False,
+    ib_devices: Sequence[str] = (),
+    topo_file: str | None = None,
+    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S,
+    inherited: Mapping[str, str] | None = None,
+) -> str:
+    """``export VAR=value  # reason`` lines for a shell script, values quoted with ``shlex.quote``."""
+    settings = nccl_settings(
+        preset,
+        overrides=overrides,
+        debug=debug,
+        ib_devices=ib_devices,
+        topo_file=topo_file,
+        pg_timeout_s=pg_timeout_s,
+        inherited=inherited,
+    )
+    lines = [f"# NCCL preset {preset}, generated by hpcsweep.nccl"]
+    for s in settings:
+        lines.append(f"export {s.name}={_shell_value(s.value)}  # {s.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def _shell_value(value: str) -> str:
+    quoted = shlex.quote(value)
+    # NAME==x is valid shell but reads like a typo; quote a leading "=" for the human reader.
+    if quoted == value and value.startswith("="):
+        return f"'{value}'"
+    return quoted
+
+
+def _ib_hca_var(ib_devices: Sequence[str]) -> NcclVar:
+    # The leading "=" makes NCCL match names exactly; without it "mlx5_1" also selects mlx5_10.
+    names = sorted(set(ib_devices), key=_natural_key)
+    return NcclVar(
+        "NCCL_IB_HCA",
+        "=" + ",".join(names),
+        f"only the {len(names)} HCA(s) found in {IB_SYSFS_DIR}, matched exactly",
+    )
+
+
+def _natural_key(name: str) -> list[object]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def list_ib_devices(sysfs_dir: str = IB_SYSFS_DIR) -> list[str]:
+    """The HCA names under ``/sys/class/infiniband`` (empty where the directory does not exist)."""
+    try:
+        return sorted(os.listdir(sysfs_dir), key=_natural_key)
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,126 @@
+"""Tests for hpcsweep.nccl: presets checked against golden files.
+
+Regenerate the golden files after an intended change, then review the diff:
+
+    python -m tests.unit.test_nccl --regenerate
+    # or: HPCSWEEP_REGENERATE_GOLDEN=1 python -m pytest tests/unit/test_nccl.py
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcsweep.nccl import DEBUG_VARS, PRESETS, list_ib_devices, nccl_env, render_env_block
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+IB_DEVICES = ("mlx5_1", "mlx5_0", "mlx5_10", "mlx5_2")
+
+# golden file stem → render_env_block arguments
+GOLDEN_CASES = {
+    "nccl_a100_ib": dict(preset="a100_ib"),
+    "nccl_a100_ib_hca": dict(preset="a100_ib", ib_devices=IB_DEVICES),
+    "nccl_a100_roce": dict(preset="a100_roce"),
+    "nccl_a100_roce_hca": dict(preset="a100_roce", ib_devices=IB_DEVICES),
+    "nccl_ethernet": dict(preset="ethernet"),
+    "nccl_none": dict(preset="none"),
+    "nccl_a100_ib_debug": dict(
+        preset="a100_ib", debug=True, topo_file="/etc/nccl/a100 topo.xml", pg_timeout_s=600
+    ),
+}
+
+
+def regenerate() -> None:
+    """Rewrite every golden file from the current presets."""
+    GOLDEN_DIR.mkdir(exist_ok=True)
+    for stem, kwargs in GOLDEN_CASES.items():
+        (GOLDEN_DIR / f"{stem}.txt").write_text(render_env_block(**kwargs))
+
+
+@pytest.mark.parametrize("stem", GOLDEN_CASES)
+def test_golden(stem):
+    text = render_env_block(**GOLDEN_CASES[stem])
+    path = GOLDEN_DIR / f"{stem}.txt"
+    if os.environ.get("HPCSWEEP_REGENERATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} is stale; see this file's docstring to regenerate"
+
+
+def test_every_preset_has_a_golden_file():
+    assert {kw["preset"] for kw in GOLDEN_CASES.values()} == set(PRESETS)
+
+
+def test_every_line_has_a_reason():
+    for kwargs in GOLDEN_CASES.values():
+        for line in render_env_block(**kwargs).splitlines()[1:]:
+            assert line.startswith("export ")
+            assert len(line.split("  # ", 1)[1]) > 10
+
+
+def test_debug_off_by_default():
+    for preset in PRESETS:
+        env = nccl_env(preset)
+        assert not {v.name for v in DEBUG_VARS} & set(env)
+    assert nccl_env("a100_ib", debug=True)["NCCL_DEBUG"] == "INFO"
+
+
+def test_ib_hca_exact_and_natural_order():
+    assert nccl_env("a100_ib", ib_devices=IB_DEVICES)["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1,mlx5_2,mlx5_10"
+    assert "NCCL_IB_HCA" not in nccl_env("ethernet", ib_devices=IB_DEVICES)
+    assert nccl_env("ethernet")["NCCL_IB_DISABLE"] == "1"
+    assert nccl_env("a100_roce")["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_precedence_preset_inherited_debug_overrides():
+    inherited = {"NCCL_IB_HCA": "=mlx5_4", "NCCL_DEBUG": "WARN", "NCCL_IB_TIMEOUT": "20", "PATH": "/bin"}
+    env = nccl_env(
+        "a100_ib",
+        ib_devices=IB_DEVICES,
+        debug=True,
+        overrides={"NCCL_IB_TIMEOUT": "23", "NCCL_ALGO": "Ring"},
+        inherited=inherited,
+    )
+    assert env["NCCL_IB_HCA"] == "=mlx5_4"  # the site's environment beats the preset's guess
+    assert env["NCCL_DEBUG"] == "INFO"  # explicit debug=True beats a login-shell variable
+    assert env["NCCL_IB_TIMEOUT"] == "23"  # explicit overrides beat everything
+    assert env["NCCL_ALGO"] == "Ring"  # overrides may add variables
+    assert "PATH" not in env  # unrelated inherited variables are not copied
+    assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+
+
+def test_pg_timeout_and_topo_file():
+    env = nccl_env("none", pg_timeout_s=90, topo_file="/t.xml")
+    assert env == {"NCCL_TOPO_FILE": "/t.xml", "HPCSWEEP_PG_TIMEOUT_S": "90"}
+    with pytest.raises(ValueError, match="nccl.pg_timeout_s"):
+        nccl_env("none", pg_timeout_s=0)
+
+
+def test_unknown_preset_names_key_and_allowed_values():
+    with pytest.raises(ValueError, match=r"nccl\.preset.*a100_ib, a100_roce, ethernet, none"):
+        nccl_env("a100_infiniband")
+
+
+def test_bad_override_name():
+    with pytest.raises(ValueError, match="nccl.overrides"):
+        nccl_env("none", overrides={"NCCL IB": "1"})
+
+
+def test_shell_quoting():
+    block = render_env_block("none", overrides={"X": "a b'c"})
+    assert "export X='a b'\"'\"'c'  # nccl.overrides" in block
+
+
+def test_list_ib_devices(tmp_path):
+    for name in ("mlx5_10", "mlx5_2", "mlx5_0"):
+        (tmp_path / name).mkdir()
+    assert list_ib_devices(str(tmp_path)) == ["mlx5_0", "mlx5_2", "mlx5_10"]
+    assert list_ib_devices(str(tmp_path / "missing")) == []
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--regenerate"]:
+        regenerate()
+        print(f"rewrote {len(GOLDEN_CASES)} golden files in {GOLDEN_DIR}")
+    else:
+        sys.exit("usage: python -m tests.unit.test_nccl --regenerate")
