@@ -1,0 +1,1 @@
+"""hpcsweep's Hydra configs, shipped inside the package as ``hpcsweep.configs``."""

@@ -1,0 +1,33 @@
+"""The Hydra application: compose the config, validate it, run the trial on this node."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from hpcsweep.launch.prepare import validate_composed
+
+log = logging.getLogger("hpcsweep")
+
+
+def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
+    """Hydra's task function: one trial, on every node of its allocation.
+
+    Runs locally for a single run or a local sweep, and inside each Slurm array task.
+    """
+    from hpcsweep.runner import run_trial_on_this_node
+
+    trial = validate_composed(cfg)
+    trial_dir = Path(HydraConfig.get().runtime.output_dir)
+    return run_trial_on_this_node(trial, trial_dir)
+
+
+@hydra.main(config_path="pkg://hpcsweep.configs", config_name="config", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> dict[str, Any]:
+    """``python -m hpcsweep``: see ``--help``."""
+    return run_trial_task(cfg)

@@ -1,0 +1,1 @@
+"""What the Hydra launchers do: validate every trial, then run or submit them."""

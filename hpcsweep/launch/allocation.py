@@ -1,0 +1,93 @@
+"""Pure functions from a validated trial and the launcher's settings to submitit parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from hpcsweep.config import TrialConfig
+
+# Launcher keys that are ours, not submitit's.
+_OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "_target_"}
+# Launcher keys submitit names without the "slurm_" prefix.
+_BASE_KEYS = {"timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "name", "stderr_to_stdout"}
+
+
+def check_option_values(params: Mapping[str, Any]) -> None:
+    """Reject launcher values that could break out of an ``#SBATCH`` line.
+
+    submitit quotes every value, but a newline would still start a new line of the batch script.
+    """
+    def walk(key: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for sub_key, sub_value in value.items():
+                if any(ord(ch) < 32 for ch in str(sub_key)):
+                    raise ValueError(f"{key}: option name {sub_key!r} contains a control character")
+                walk(f"{key}.{sub_key}", sub_value)
+        elif isinstance(value, (list, tuple)) and key != "hydra.launcher.setup":
+            for index, item in enumerate(value):
+                walk(f"{key}[{index}]", item)
+        elif isinstance(value, str) and any(ord(ch) < 32 for ch in value):
+            raise ValueError(
+                f"{key}={value!r} is not allowed: Slurm option values must not contain newlines "
+                "or other control characters"
+            )
+
+    for name, value in params.items():
+        walk(f"hydra.launcher.{name}", value)
+
+
+def check_partition(partition: str | None, known: Collection[str]) -> None:
+    """Raise ``ValueError`` when the launcher asks for a partition the cluster lacks."""
+    if partition is not None and partition not in known:
+        raise ValueError(
+            f"hydra.launcher.partition={partition!r} is not a partition of this cluster; "
+            f"allowed: {', '.join(sorted(known)) or '(none found)'}"
+        )
+
+
+def gpus_per_node(trial: TrialConfig, launcher_gpus: int) -> int:
+    """GPUs to ask for on each node: none on CPU partitions, else one per worker when the trial says."""
+    if launcher_gpus == 0:
+        return 0
+    return trial.trainer.nproc_per_node if trial.trainer.nproc_per_node > 1 else launcher_gpus
+
+
+def executor_parameters(
+    trial: TrialConfig, params: Mapping[str, Any], extra_sbatch: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``update_parameters`` keywords of a submitit AutoExecutor for this trial's allocation.
+
+    One task per node runs the torchrun agent; ``trainer.nodes`` sets the node count, so nobody
+    keeps two numbers in step.
+    """
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key in _OWN_KEYS or key in ("gpus_per_node", "mem", "additional_parameters"):
+            continue
+        if value is None:
+            continue
+        out[key if key in _BASE_KEYS else f"slurm_{key}"] = value
+    out["nodes"] = trial.trainer.nodes
+    out["tasks_per_node"] = 1
+    gpus = gpus_per_node(trial, int(params.get("gpus_per_node") or 0))
+    if gpus:
+        out["gpus_per_node"] = gpus
+    if params.get("mem"):
+        out["slurm_mem"] = params["mem"]
+    additional = {"requeue": True, **dict(params.get("additional_parameters") or {})}
+    additional.update(extra_sbatch or {})
+    out["slurm_additional_parameters"] = additional
+    return out
+
+
+def allocation_key(parameters: Mapping[str, Any]) -> tuple:
+    """Trials whose executor parameters are equal can share one job array."""
+    return tuple(sorted((k, repr(v)) for k, v in parameters.items()))
+
+
+def chunk(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    """Split ``items`` into consecutive pieces of at most ``size`` (arrays over MaxArraySize)."""
+    if size < 1:
+        raise ValueError(f"chunk size must be >= 1, got {size}")
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,64 @@
+"""Compose and validate every trial of a sweep before anything runs or is submitted."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import filter_overrides
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hpcsweep.config import TrialConfig, trial_config_from_dict
+
+
+class SweepConfigError(ValueError):
+    """A trial of the sweep has a bad config; nothing was run or submitted."""
+
+
+@dataclass(frozen=True)
+class PreparedTrial:
+    """One composed, validated trial."""
+
+    num: int
+    overrides: list[str]
+    trial_dir: Path
+    config: TrialConfig
+
+
+def trial_label(overrides: Sequence[str]) -> str:
+    """How a trial is named in messages: its overrides, or ``(defaults)``."""
+    shown = filter_overrides(list(overrides))
+    return " ".join(shown) if shown else "(defaults)"
+
+
+def validate_composed(config: DictConfig) -> TrialConfig:
+    """Validate one composed Hydra config (the ``hydra`` node is ignored)."""
+    values: dict[str, Any] = OmegaConf.to_container(config, resolve=True)  # type: ignore[assignment]
+    return trial_config_from_dict(values)
+
+
+def prepare_trials(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[PreparedTrial]:
+    """Compose every trial from the launcher's master config and validate it.
+
+    Raises ``SweepConfigError`` naming the trial and the bad key on the first invalid trial.
+    """
+    trials = []
+    for offset, overrides in enumerate(job_overrides):
+        num = initial_job_idx + offset
+        sweep_config = launcher.hydra_context.config_loader.load_sweep_config(
+            launcher.config, list(overrides)
+        )
+        with open_dict(sweep_config.hydra.job):
+            sweep_config.hydra.job.num = num
+        try:
+            trial_config = validate_composed(sweep_config)
+        except ValueError as err:
+            raise SweepConfigError(f"trial #{num} ({trial_label(overrides)}): {err}") from None
+        trial_dir = Path(os.path.abspath(str(sweep_config.hydra.sweep.dir))) / str(
+            sweep_config.hydra.sweep.subdir
+        )
+        trials.append(PreparedTrial(num, list(overrides), trial_dir, trial_config))
+    return trials

@@ -1,0 +1,103 @@
+"""Submit a validated sweep as Slurm job arrays, one array per allocation shape."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus
+
+from hpcsweep.launch.allocation import (
+    allocation_key,
+    check_option_values,
+    check_partition,
+    chunk,
+    executor_parameters,
+)
+from hpcsweep.launch.prepare import PreparedTrial, prepare_trials
+from hpcsweep.slurm import commands
+from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_partition_names
+from hpcsweep.sweep_record import ArrayRecord, SweepRecord, TrialRecord, now_iso, write_sweep_record
+
+log = logging.getLogger(__name__)
+
+
+def _group_by_allocation(
+    trials: Sequence[PreparedTrial], params: dict[str, Any]
+) -> list[tuple[dict[str, Any], list[PreparedTrial]]]:
+    groups: dict[tuple, tuple[dict[str, Any], list[PreparedTrial]]] = {}
+    for trial in trials:
+        parameters = executor_parameters(trial.config, params)
+        groups.setdefault(allocation_key(parameters), (parameters, []))[1].append(trial)
+    return list(groups.values())
+
+
+def _submit_array(launcher: Any, parameters: dict[str, Any], trials: Sequence[PreparedTrial]) -> list[Any]:
+    import submitit
+
+    executor = submitit.AutoExecutor(
+        folder=launcher.params["submitit_folder"],
+        cluster="slurm",
+        slurm_max_num_timeout=launcher.params["max_num_timeout"],
+    )
+    executor.update_parameters(**parameters)
+    job_params = [
+        (t.overrides, "hydra.sweep.dir", t.num, f"job_id_for_{t.num}", Singleton.get_state()) for t in trials
+    ]
+    return executor.map_array(launcher, *zip(*job_params))
+
+
+def launch_on_slurm(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    """Validate every trial and the launcher settings, submit, write ``sweep.json``.
+
+    Returns at once with each trial's job id as its return value, unless ``wait`` is set, in
+    which case it blocks on every trial's result as Hydra's own launchers do.
+    """
+    params = launcher.params
+    trials = prepare_trials(launcher, job_overrides, initial_job_idx)
+    check_option_values(params)
+    check_partition(params.get("partition"), parse_partition_names(commands.show_partitions()))
+    max_array_size = parse_max_array_size(commands.show_config())
+
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    jobs_by_trial: dict[int, Any] = {}
+    arrays: list[ArrayRecord] = []
+    for parameters, group in _group_by_allocation(trials, params):
+        for piece in chunk(group, max_array_size):
+            jobs = _submit_array(launcher, parameters, piece)
+            for trial, job in zip(piece, jobs, strict=True):
+                jobs_by_trial[trial.num] = job
+            arrays.append(ArrayRecord(str(jobs[0].job_id).split("_")[0], [t.num for t in piece]))
+
+    submitted = now_iso()
+    record = SweepRecord(
+        sweep_dir=str(sweep_dir),
+        launcher="slurm",
+        created_at=submitted,
+        trials=[
+            TrialRecord(t.num, t.overrides, str(t.trial_dir), str(jobs_by_trial[t.num].job_id), submitted)
+            for t in trials
+        ],
+        arrays=arrays,
+    )
+    write_sweep_record(record)
+    log.info("sweep dir: %s", sweep_dir)
+    log.info("submitted %d trials as job array(s) %s", len(trials), ", ".join(record.job_ids()))
+    log.info("status: python -m hpcsweep.status %s", sweep_dir)
+    log.info("report: python -m hpcsweep.report %s", sweep_dir)
+
+    if params.get("wait"):
+        return [jobs_by_trial[t.num].results()[0] for t in trials]
+    return [
+        JobReturn(
+            overrides=t.overrides,
+            working_dir=str(t.trial_dir),
+            status=JobStatus.COMPLETED,
+            _return_value=str(jobs_by_trial[t.num].job_id),
+        )
+        for t in trials
+    ]

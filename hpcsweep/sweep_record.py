@@ -1,0 +1,105 @@
+"""``SWEEP_DIR/sweep.json``: the list of a sweep's trials, where they live and which job runs each.
+
+Schema (version 1)::
+
+    {"version": 1, "sweep_dir": str, "launcher": "slurm" | "local", "created_at": ISO-8601,
+     "arrays": [{"array_job_id": str, "trials": [int, ...]}],
+     "trials": [{"num": int, "overrides": [str], "trial_dir": str,
+                 "job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpcsweep.fileio import atomic_write_json
+
+SWEEP_FILE = "sweep.json"
+SCHEMA_VERSION = 1
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO-8601 with seconds."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial of a sweep."""
+
+    num: int
+    overrides: list[str]
+    trial_dir: str
+    job_id: str | None
+    submitted_at: str
+
+
+@dataclass(frozen=True)
+class ArrayRecord:
+    """One Slurm job array and the trial numbers its tasks run, in task order."""
+
+    array_job_id: str
+    trials: list[int]
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """Everything ``sweep.json`` holds."""
+
+    sweep_dir: str
+    launcher: str
+    created_at: str
+    trials: list[TrialRecord]
+    arrays: list[ArrayRecord] = field(default_factory=list)
+    version: int = SCHEMA_VERSION
+
+    def job_ids(self) -> list[str]:
+        """The array job ids, in submission order."""
+        return [array.array_job_id for array in self.arrays]
+
+
+def write_sweep_record(record: SweepRecord) -> Path:
+    """Write ``sweep.json`` atomically into the sweep dir; return its path."""
+    path = Path(record.sweep_dir) / SWEEP_FILE
+    atomic_write_json(path, asdict(record))
+    return path
+
+
+def parse_sweep_record(text: str) -> SweepRecord:
+    """Parse the text of ``sweep.json``."""
+    raw = json.loads(text)
+    if raw.get("version") != SCHEMA_VERSION:
+        raise ValueError(f"sweep.json version {raw.get('version')!r} is not {SCHEMA_VERSION}")
+    return SweepRecord(
+        sweep_dir=raw["sweep_dir"],
+        launcher=raw["launcher"],
+        created_at=raw["created_at"],
+        trials=[TrialRecord(**trial) for trial in raw["trials"]],
+        arrays=[ArrayRecord(**array) for array in raw.get("arrays", [])],
+    )
+
+
+def read_sweep_record(sweep_dir: str | Path) -> SweepRecord:
+    """Read ``SWEEP_DIR/sweep.json``."""
+    return parse_sweep_record((Path(sweep_dir) / SWEEP_FILE).read_text())
+
+
+def trial_records(
+    sweep_dir: Path, job_overrides: Sequence[Sequence[str]], first_num: int, job_ids: Sequence[str | None]
+) -> list[TrialRecord]:
+    """Records for trials numbered from ``first_num``, whose dirs are ``SWEEP_DIR/<num>``."""
+    submitted = now_iso()
+    return [
+        TrialRecord(
+            num=first_num + i,
+            overrides=list(overrides),
+            trial_dir=str(sweep_dir / str(first_num + i)),
+            job_id=job_id,
+            submitted_at=submitted,
+        )
+        for i, (overrides, job_id) in enumerate(zip(job_overrides, job_ids, strict=True))
+    ]

@@ -1,0 +1,7 @@
+"""hpcsweep's Hydra launchers, registered as ``hydra/launcher`` options any Hydra app can select.
+
+``hpcsweep_auto`` picks Slurm when a controller answers, else local processes; ``hpcsweep_slurm``
+submits one job array per allocation shape; ``hpcsweep_local`` runs trials on this machine.
+The classes must be defined under ``hydra_plugins`` for Hydra to accept them; the work they do
+lives in ``hpcsweep.launch``, imported lazily so that Hydra's start-up stays fast.
+"""

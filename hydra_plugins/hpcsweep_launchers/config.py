@@ -1,0 +1,69 @@
+"""Launcher configs, stored in Hydra's ConfigStore under ``hydra/launcher``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+_PLUGIN = "hydra_plugins.hpcsweep_launchers.launchers"
+
+
+@dataclass
+class SlurmLauncherConf:
+    """Slurm allocation of every trial. ``trainer.nodes`` and ``trainer.nproc_per_node`` set the size."""
+
+    _target_: str = f"{_PLUGIN}.SlurmLauncher"
+    # Where submitit keeps its pickles and the Slurm logs of every task.
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    # Job name shown by squeue and sacct.
+    name: str = "${hydra.job.name}"
+    # Wall-time limit of each trial's job, in minutes; a trial needing longer requeues and resumes.
+    timeout_min: int = 240
+    # CPUs for the one task per node (the torchrun agent and its workers share them).
+    cpus_per_task: Optional[int] = 64
+    # GPUs per node. A number: ask for that many; when trainer.nproc_per_node is a number, that wins;
+    # 0: ask for none (CPU partitions).
+    gpus_per_node: int = 8
+    # Memory per node, in sbatch syntax ("480G"); null: the partition's default.
+    mem: Optional[str] = None
+    partition: Optional[str] = None
+    qos: Optional[str] = None
+    account: Optional[str] = None
+    constraint: Optional[str] = None
+    # Comma-separated nodes never to run on.
+    exclude: Optional[str] = None
+    comment: Optional[str] = None
+    # The time-limit warning signal comes this long before the limit (--signal=USR2@delay).
+    signal_delay_s: int = 120
+    # Requeues allowed after a time limit or preemption before the trial counts as failed.
+    max_num_timeout: int = 20
+    # At most this many trials of one array run at once (--array=...%K).
+    array_parallelism: int = 256
+    # Any other sbatch option, as {"option-name": value}; values never pass through a shell.
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # Shell lines run in the batch script before srun (module loads, venv activation).
+    setup: Optional[list[str]] = None
+    # false: return once sweep.json is written and the arrays are queued; true: wait for results.
+    wait: bool = False
+
+
+@dataclass
+class LocalLauncherConf:
+    """Run every trial on this machine, one after another."""
+
+    _target_: str = f"{_PLUGIN}.LocalLauncher"
+
+
+@dataclass
+class AutoLauncherConf(SlurmLauncherConf):
+    """Slurm when ``sbatch`` is on PATH and ``scontrol ping`` finds a controller, else local."""
+
+    _target_: str = f"{_PLUGIN}.AutoLauncher"
+
+
+_store = ConfigStore.instance()
+_store.store(group="hydra/launcher", name="hpcsweep_slurm", node=SlurmLauncherConf, provider="hpcsweep")
+_store.store(group="hydra/launcher", name="hpcsweep_local", node=LocalLauncherConf, provider="hpcsweep")
+_store.store(group="hydra/launcher", name="hpcsweep_auto", node=AutoLauncherConf, provider="hpcsweep")

@@ -1,0 +1,54 @@
+"""The three launcher classes: thin shells over ``hpcsweep.launch``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from hydra.core.utils import JobReturn
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+
+log = logging.getLogger(__name__)
+
+
+class SlurmLauncher(BaseSubmititLauncher):
+    """Validate every trial, then submit the sweep as Slurm job arrays through submitit.
+
+    Instances are pickled into each array task, where the inherited ``__call__`` runs the trial.
+    """
+
+    _EXECUTOR = "slurm"
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hpcsweep.launch.slurm_launch import launch_on_slurm
+
+        assert self.config is not None and self.hydra_context is not None
+        return launch_on_slurm(self, job_overrides, initial_job_idx)
+
+
+class LocalLauncher(BaseSubmititLauncher):
+    """Validate every trial, then run them on this machine one after another."""
+
+    _EXECUTOR = "local"
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hpcsweep.launch.local_launch import launch_locally
+
+        assert self.config is not None and self.hydra_context is not None
+        return launch_locally(self, job_overrides, initial_job_idx)
+
+
+class AutoLauncher(SlurmLauncher):
+    """Slurm when ``sbatch`` is on PATH and ``scontrol ping`` finds a controller, else local."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hpcsweep.slurm.commands import controller_reachable
+
+        use_slurm, reason = controller_reachable()
+        log.info("launcher: %s (%s)", "slurm" if use_slurm else "local", reason)
+        if use_slurm:
+            return super().launch(job_overrides, initial_job_idx)
+        local = LocalLauncher()
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        local.setup(hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
+        return local.launch(job_overrides, initial_job_idx)
