@@ -1,0 +1,94 @@
+"""Trial config + launcher settings -> submitit parameters, and the checks before submission."""
+
+import pytest
+
+from hpcsweep.config import trial_config_from_dict
+from hpcsweep.launch.allocation import (
+    allocation_key,
+    check_option_values,
+    check_partition,
+    chunk,
+    executor_parameters,
+)
+
+LAUNCHER = {
+    "submitit_folder": "/s/.submitit/%j",
+    "name": "hpcsweep",
+    "timeout_min": 60,
+    "cpus_per_task": 64,
+    "gpus_per_node": 8,
+    "mem": "480G",
+    "partition": "batch",
+    "qos": None,
+    "signal_delay_s": 120,
+    "max_num_timeout": 20,
+    "array_parallelism": 2,
+    "additional_parameters": {"mail-type": "FAIL"},
+    "wait": False,
+}
+
+
+def trial(**trainer):
+    return trial_config_from_dict({"trainer": trainer})
+
+
+def test_nodes_come_from_the_trial_with_one_task_per_node():
+    params = executor_parameters(trial(nodes=4), LAUNCHER)
+    assert params["nodes"] == 4
+    assert params["tasks_per_node"] == 1
+    assert params["gpus_per_node"] == 8
+    assert params["slurm_partition"] == "batch"
+    assert params["slurm_mem"] == "480G"
+    assert params["slurm_array_parallelism"] == 2
+    assert params["slurm_additional_parameters"] == {"requeue": True, "mail-type": "FAIL"}
+    assert "slurm_qos" not in params and "wait" not in params and "slurm_max_num_timeout" not in params
+
+
+def test_explicit_nproc_per_node_sets_the_gpus_asked_for():
+    assert executor_parameters(trial(nproc_per_node=4), LAUNCHER)["gpus_per_node"] == 4
+
+
+def test_cpu_partitions_ask_for_no_gpus():
+    params = executor_parameters(trial(nproc_per_node=2), {**LAUNCHER, "gpus_per_node": 0})
+    assert "gpus_per_node" not in params
+
+
+def test_topology_options_join_additional_parameters():
+    params = executor_parameters(trial(nodes=2), LAUNCHER, {"switches": "1@00:10:00"})
+    assert params["slurm_additional_parameters"]["switches"] == "1@00:10:00"
+
+
+def test_trials_of_different_shapes_do_not_share_an_array():
+    one = allocation_key(executor_parameters(trial(nodes=1), LAUNCHER))
+    same = allocation_key(executor_parameters(trial(nodes=1, max_steps=7), LAUNCHER))
+    two = allocation_key(executor_parameters(trial(nodes=2), LAUNCHER))
+    assert one == same != two
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"comment": "x\nrm -rf /"},
+        {"additional_parameters": {"mail-user": "a@b\n#SBATCH --uid=0"}},
+        {"constraint": "a100\r"},
+    ],
+)
+def test_values_that_would_start_a_new_script_line_are_rejected(params):
+    with pytest.raises(ValueError, match="must not contain newlines"):
+        check_option_values(params)
+
+
+def test_shell_syntax_without_newlines_is_left_to_submitit_quoting():
+    check_option_values({"comment": "$(touch /tmp/x); `id`"})
+
+
+def test_unknown_partition_names_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"hydra.launcher.partition='nosuch' .* allowed: batch, urgent"):
+        check_partition("nosuch", ["urgent", "batch"])
+    check_partition("batch", ["urgent", "batch"])
+    check_partition(None, [])
+
+
+def test_chunk_splits_at_max_array_size():
+    assert [list(c) for c in chunk(list(range(5)), 2)] == [[0, 1], [2, 3], [4]]
+    assert [list(c) for c in chunk(list(range(4)), 4)] == [[0, 1, 2, 3]]

@@ -1,0 +1,35 @@
+"""Config validation: every bad value names its key, the value, and what is allowed."""
+
+import pytest
+
+from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
+
+
+def test_defaults_validate_and_round_trip():
+    config = trial_config_from_dict({})
+    assert trial_config_from_dict(trial_config_to_dict(config)) == config
+
+
+def test_ints_are_accepted_as_floats():
+    assert trial_config_from_dict({"model": {"lr": 1}}).model.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"model": {"lr": -1}}, "model.lr=-1.0 is not allowed: a learning rate > 0"),
+        ({"model": {"lr": 0}}, "model.lr=0.0 is not allowed"),
+        ({"model": {"lr": "fast"}}, "model.lr='fast' is not allowed: a number"),
+        ({"model": {"nosuch": 1}}, "model.nosuch is not a known key; allowed keys of model: arch,"),
+        ({"trainer": {"nodes": 0}}, "trainer.nodes=0 is not allowed: an integer >= 1"),
+        ({"trainer": {"nodes": True}}, "trainer.nodes=True is not allowed: an integer"),
+        ({"trainer": {"precision": "fp8"}}, "trainer.precision='fp8' is not allowed: one of 'fp32', 'bf16', 'fp16'"),
+        ({"nccl": {"preset": "x"}}, "nccl.preset='x' is not allowed: one of 'a100_ib'"),
+        ({"topology": {"mode": "near"}}, "topology.mode='near' is not allowed: one of 'switches', 'pin', 'off'"),
+        ({"extra": {}}, "extra is not a known config group; allowed: data, model, nccl, topology, trainer"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(values, message):
+    with pytest.raises(ValueError) as err:
+        trial_config_from_dict(values)
+    assert message in str(err.value)
