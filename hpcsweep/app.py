@@ -10,9 +10,24 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpcsweep.launch.prepare import validate_composed
+from hpcsweep.launch.prepare import exit_with_config_error, validate_composed
 
 log = logging.getLogger("hpcsweep")
+
+
+def register_launchers() -> None:
+    """Register hpcsweep's launchers with Hydra explicitly.
+
+    Hydra finds plugins by scanning the ``hydra_plugins`` namespace with pkgutil, which does not
+    see packages that an editable install (``pip install -e .``) maps in through an import hook.
+    """
+    from hydra.core.plugins import Plugins
+
+    import hydra_plugins.hpcsweep_launchers.config  # noqa: F401  (stores the launcher configs)
+    from hydra_plugins.hpcsweep_launchers.launchers import AutoLauncher, LocalLauncher, SlurmLauncher
+
+    for launcher in (AutoLauncher, LocalLauncher, SlurmLauncher):
+        Plugins.instance().register(launcher)
 
 
 def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
@@ -22,7 +37,10 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
     """
     from hpcsweep.runner import run_trial_on_this_node
 
-    trial = validate_composed(cfg)
+    try:
+        trial = validate_composed(cfg)
+    except ValueError as err:
+        exit_with_config_error(err, "the trial did not run")
     trial_dir = Path(HydraConfig.get().runtime.output_dir)
     return run_trial_on_this_node(trial, trial_dir)
 
@@ -31,3 +49,6 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
 def hydra_main(cfg: DictConfig) -> dict[str, Any]:
     """``python -m hpcsweep``: see ``--help``."""
     return run_trial_task(cfg)
+
+
+register_launchers()

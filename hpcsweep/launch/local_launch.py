@@ -10,7 +10,7 @@ from typing import Any
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.utils import JobReturn
 
-from hpcsweep.launch.prepare import prepare_trials
+from hpcsweep.launch.prepare import exit_with_config_error, prepare_trials
 from hpcsweep.sweep_record import SweepRecord, TrialRecord, now_iso, write_sweep_record
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,10 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
 
     A failed trial does not stop the others; Hydra reports the first failure once all have run.
     """
-    trials = prepare_trials(launcher, job_overrides, initial_job_idx)
+    try:
+        trials = prepare_trials(launcher, job_overrides, initial_job_idx)
+    except ValueError as err:
+        exit_with_config_error(err, "no trial was run")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     submitted = now_iso()
     record = SweepRecord(

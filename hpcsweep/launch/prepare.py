@@ -6,12 +6,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+import logging
+from typing import Any, NoReturn
 
 from hydra.core.utils import filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpcsweep.config import TrialConfig, trial_config_from_dict
+
+
+log = logging.getLogger(__name__)
 
 
 class SweepConfigError(ValueError):
@@ -35,9 +39,19 @@ def trial_label(overrides: Sequence[str]) -> str:
 
 
 def validate_composed(config: DictConfig) -> TrialConfig:
-    """Validate one composed Hydra config (the ``hydra`` node is ignored)."""
-    values: dict[str, Any] = OmegaConf.to_container(config, resolve=True)  # type: ignore[assignment]
+    """Validate one composed Hydra config (the ``hydra`` node, resolved only at run time, is skipped)."""
+    values: dict[str, Any] = {
+        key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        for key, value in config.items()
+        if key != "hydra"
+    }
     return trial_config_from_dict(values)
+
+
+def exit_with_config_error(err: ValueError, what: str) -> NoReturn:
+    """Report a bad config in one line and exit with status 2, without a traceback."""
+    log.error("%s; %s", err, what)
+    raise SystemExit(2)
 
 
 def prepare_trials(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[PreparedTrial]:

@@ -17,7 +17,7 @@ from hpcsweep.launch.allocation import (
     chunk,
     executor_parameters,
 )
-from hpcsweep.launch.prepare import PreparedTrial, prepare_trials
+from hpcsweep.launch.prepare import PreparedTrial, exit_with_config_error, prepare_trials
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_partition_names
 from hpcsweep.sweep_record import ArrayRecord, SweepRecord, TrialRecord, now_iso, write_sweep_record
@@ -57,9 +57,12 @@ def launch_on_slurm(launcher: Any, job_overrides: Sequence[Sequence[str]], initi
     which case it blocks on every trial's result as Hydra's own launchers do.
     """
     params = launcher.params
-    trials = prepare_trials(launcher, job_overrides, initial_job_idx)
-    check_option_values(params)
-    check_partition(params.get("partition"), parse_partition_names(commands.show_partitions()))
+    try:
+        trials = prepare_trials(launcher, job_overrides, initial_job_idx)
+        check_option_values(params)
+        check_partition(params.get("partition"), parse_partition_names(commands.show_partitions()))
+    except ValueError as err:
+        exit_with_config_error(err, "nothing was submitted")
     max_array_size = parse_max_array_size(commands.show_config())
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
