@@ -1,0 +1,132 @@
+"""Token data: a synthetic corpus with learnable structure, a memory-mapped token file, and a
+sampler that is a pure function of ``(seed, step, rank, micro_step)``.
+
+Because a batch depends on nothing but those numbers, the sampler's position in a checkpoint is
+just the step, and a resumed run sees exactly the batches it would have seen. The global batch of
+a step is the same for any split into ranks x micro-steps, so 2 ranks x batch b equals 1 rank x 2b.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcsweep.config import DataConfig
+
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+SUCCESSORS = 4
+"""Synthetic corpus: each token has this many possible successors."""
+_CHAINS = 1024
+"""Synthetic corpus: independent chains generated side by side, so generation is vectorised."""
+_TRAIN, _VAL = 0, 1
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A token array (in memory or memory-mapped) split into train and validation parts."""
+
+    tokens: np.ndarray
+    vocab_size: int
+    val_start: int
+    """Tokens from here on are the validation split."""
+
+
+def markov_corpus(vocab_size: int, num_tokens: int, seed: int) -> np.ndarray:
+    """A seeded sparse Markov chain over the vocabulary.
+
+    Each token has ``SUCCESSORS`` successors with skewed probabilities, so a model can learn to
+    roughly 1 nat per token while the unigram entropy is about ``ln(vocab_size)``.
+    """
+    rng = np.random.default_rng([seed, vocab_size])
+    successors = rng.integers(0, vocab_size, size=(vocab_size, SUCCESSORS))
+    weights = rng.dirichlet(np.full(SUCCESSORS, 0.5), size=vocab_size)
+    cumulative = np.cumsum(weights, axis=1)
+    length = -(-num_tokens // _CHAINS)
+    out = np.empty((_CHAINS, length), dtype=np.int64)
+    out[:, 0] = rng.integers(0, vocab_size, size=_CHAINS)
+    uniforms = rng.random((length, _CHAINS))
+    for t in range(1, length):
+        state = out[:, t - 1]
+        choice = (uniforms[t][:, None] > cumulative[state]).sum(axis=1).clip(max=SUCCESSORS - 1)
+        out[:, t] = successors[state, choice]
+    return out.reshape(-1)[:num_tokens]
+
+
+def header_path(token_path: Path) -> Path:
+    """The JSON sidecar of a token file: ``data.bin`` -> ``data.json``."""
+    return token_path.with_suffix(".json")
+
+
+def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int, tokenizer: str) -> None:
+    """Write ``tokens`` as a raw ``.bin`` plus its JSON header (dtype, vocab size, count)."""
+    dtype = "uint16" if vocab_size <= 2**16 else "uint32"
+    np.asarray(tokens, dtype=DTYPES[dtype]).tofile(path)
+    header = {"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(len(tokens)), "tokenizer": tokenizer}
+    header_path(path).write_text(json.dumps(header, indent=2) + "\n")
+
+
+def open_token_file(path: Path) -> tuple[np.ndarray, int]:
+    """The memory-mapped tokens of ``path`` and the vocabulary size from its header."""
+    header = json.loads(header_path(path).read_text())
+    if header.get("dtype") not in DTYPES:
+        raise ValueError(f"{header_path(path)}: dtype={header.get('dtype')!r} is not one of {sorted(DTYPES)}")
+    # One read-only memmap for the whole run: pages are shared between ranks on a node and only
+    # the sampled windows are ever read.
+    tokens = np.memmap(path, dtype=DTYPES[header["dtype"]], mode="r")
+    return tokens, int(header["vocab_size"])
+
+
+def load_corpus(cfg: DataConfig, model_vocab_size: int) -> Corpus:
+    """The corpus ``cfg`` names, checked against the model's vocabulary."""
+    if cfg.kind == "synthetic":
+        tokens = markov_corpus(model_vocab_size, cfg.synthetic_tokens, cfg.seed)
+        vocab_size = model_vocab_size
+    else:
+        tokens, vocab_size = open_token_file(Path(cfg.path))
+        if vocab_size > model_vocab_size:
+            raise ValueError(
+                f"model.vocab_size={model_vocab_size} is not allowed: "
+                f"{cfg.path} needs at least {vocab_size}"
+            )
+    val_start = int(len(tokens) * (1 - cfg.val_fraction))
+    if min(val_start, len(tokens) - val_start) <= cfg.seq_len + 1:
+        raise ValueError(f"data.seq_len={cfg.seq_len} is not allowed: longer than a split of the corpus")
+    return Corpus(tokens, vocab_size, val_start)
+
+
+def window_starts(seed: int, split: int, step: int, global_batch: int, num_starts: int) -> np.ndarray:
+    """The start offsets of every sequence in one global batch: a pure function of its inputs."""
+    rng = np.random.default_rng([seed, split, step])
+    return rng.integers(0, num_starts, size=global_batch)
+
+
+def get_batch(
+    corpus: Corpus,
+    cfg: DataConfig,
+    *,
+    split: str,
+    step: int,
+    rank: int,
+    micro_step: int,
+    world_size: int,
+    grad_accum: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets (``batch_size x seq_len`` each) for one rank and micro-step.
+
+    The global batch of ``step`` is ``batch_size x world_size x grad_accum`` windows; this rank and
+    micro-step take one contiguous slice of it.
+    """
+    lo, hi = (0, corpus.val_start) if split == "train" else (corpus.val_start, len(corpus.tokens))
+    global_batch = cfg.batch_size * world_size * grad_accum
+    starts = window_starts(
+        cfg.seed, _TRAIN if split == "train" else _VAL, step, global_batch, hi - lo - cfg.seq_len - 1
+    )
+    slot = micro_step * world_size + rank
+    mine = lo + starts[slot * cfg.batch_size : (slot + 1) * cfg.batch_size]
+    windows = corpus.tokens[mine[:, None] + np.arange(cfg.seq_len + 1)]
+    windows = torch.from_numpy(windows.astype(np.int64))
+    return windows[:, :-1], windows[:, 1:]

@@ -1,0 +1,117 @@
+"""Process-group setup from the torchrun environment, and the few collectives the trainer needs.
+
+The rendezvous itself (MASTER_ADDR and friends from SLURM_*) is computed elsewhere
+(``hpcsweep.rendezvous``); this module only reads what torchrun exported. Without torchrun the
+same code runs as one process with world size 1 and no process group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    """Where this worker sits in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None
+    """``nccl``, ``gloo``, or ``None`` for a single process without a process group."""
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def ranks_from_env(env: Mapping[str, str]) -> tuple[int, int, int]:
+    """``(rank, local_rank, world_size)`` from torchrun's variables; ``(0, 0, 1)`` without them."""
+    return (
+        int(env.get("RANK", "0")),
+        int(env.get("LOCAL_RANK", "0")),
+        int(env.get("WORLD_SIZE", "1")),
+    )
+
+
+def choose_device(device_pref: str, local_rank: int, cuda_available: bool) -> torch.device:
+    """The device for ``trainer.device`` (``auto``, ``cpu``, ``cuda``); one GPU per local rank."""
+    if device_pref == "cuda" and not cuda_available:
+        raise ValueError("trainer.device='cuda' is not allowed: no CUDA device is visible")
+    if device_pref == "cuda" or (device_pref == "auto" and cuda_available):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """The Slurm node name when running under Slurm, else the host name."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def init_distributed(device_pref: str, timeout_s: int, env: Mapping[str, str] | None = None) -> WorldInfo:
+    """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU), or run alone."""
+    env = os.environ if env is None else env
+    rank, local_rank, world_size = ranks_from_env(env)
+    device = choose_device(device_pref, local_rank, torch.cuda.is_available())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = None
+    if world_size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return WorldInfo(rank, local_rank, world_size, device, backend)
+
+
+def destroy_distributed(world: WorldInfo) -> None:
+    """Leave the process group, if this worker joined one."""
+    if world.is_distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_gather_objects(world: WorldInfo, obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (a list of one without a process group)."""
+    if not world.is_distributed:
+        return [obj]
+    gathered: list[Any] = [None] * world.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(world: WorldInfo, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not world.is_distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def any_rank(world: WorldInfo, flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on at least one, so all ranks take the same branch."""
+    if not world.is_distributed:
+        return flag
+    tensor = torch.tensor([int(flag)], device=world.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def mean_over_ranks(world: WorldInfo, value: torch.Tensor) -> torch.Tensor:
+    """The mean of a tensor over all ranks."""
+    if not world.is_distributed:
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / world.world_size

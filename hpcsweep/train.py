@@ -1,0 +1,104 @@
+"""The worker entry torchrun runs: ``python -m hpcsweep.train TRIAL_DIR``.
+
+Wiring only: read and validate ``TRIAL_DIR/config.yaml``, join the process group, build the
+trainer, resume, train, close. The same entry runs as one plain process (world size 1), under
+``torchrun --nproc-per-node=K``, and across nodes.
+
+Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k, exactly as a
+preemption signal handler would, so tests exercise the real save-and-requeue path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import yaml
+
+from hpcsweep import metrics
+from hpcsweep.checkpoint import CheckpointManager
+from hpcsweep.config import trial_config_from_dict
+from hpcsweep.distributed import destroy_distributed, init_distributed, ranks_from_env
+from hpcsweep.trainer import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, STOP_REQUESTED, Trainer
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
+log = logging.getLogger("hpcsweep.train")
+FINAL_STATUSES = ("completed", "stopped_early")
+
+
+def setup_logging(trial_dir: Path, rank: int) -> None:
+    """Rank 0 logs to ``train.log`` and stderr; rank N to ``logs/rankN.log``."""
+    path = trial_dir / "train.log" if rank == 0 else trial_dir / "logs" / f"rank{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handlers: list[logging.Handler] = [logging.FileHandler(path)]
+    if rank == 0:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s: %(message)s", handlers=handlers, force=True
+    )
+
+
+def already_done(trial_dir: Path, previous: dict | None) -> bool:
+    """True when metrics.json says the trial ended and its final checkpoint says so too."""
+    if not previous or previous.get("status") not in FINAL_STATUSES:
+        return False
+    found = CheckpointManager(trial_dir / "checkpoints", keep_top_k=0, enable=False).newest_valid()
+    return found is not None and found[1]["status"] == previous["status"]
+
+
+def run_trial(trial_dir: Path) -> int:
+    """Train (or resume) the trial in ``trial_dir``; returns the process exit code."""
+    trial_dir = Path(trial_dir)
+    rank = ranks_from_env(os.environ)[0]
+    setup_logging(trial_dir, rank)
+    cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
+    previous = metrics.read_metrics(trial_dir / "metrics.json")
+    if already_done(trial_dir, previous):
+        log.info("trial in %s is already %s: nothing to do", trial_dir, previous["status"])
+        return EXIT_OK
+    world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s)
+    trainer = None
+    try:
+        restarts = previous["restarts"] + 1 if previous else 0
+        trainer = Trainer(cfg, world, trial_dir, hooks=test_hooks(os.environ), restarts=restarts)
+        trainer.resume()
+        return trainer.fit()
+    except Exception:
+        log.exception("trial failed")
+        if trainer is not None and trainer.is_writer:
+            trainer.write_report(status="failed", error=traceback.format_exc().splitlines()[-20:])
+        return EXIT_FAILED
+    finally:
+        if trainer is not None:
+            trainer.close()
+        destroy_distributed(world)
+
+
+def test_hooks(env: dict) -> list:
+    """The ``HPCSWEEP_TEST_STOP_AT_STEP`` hook, when that variable is set."""
+    if "HPCSWEEP_TEST_STOP_AT_STEP" not in env:
+        return []
+    stop_at = int(env["HPCSWEEP_TEST_STOP_AT_STEP"])
+
+    def request_stop(trainer: Trainer, step: int) -> None:
+        if step == stop_at:
+            STOP_REQUESTED.set()
+
+    return [request_stop]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpcsweep.train", description=__doc__.splitlines()[0])
+    parser.add_argument("trial_dir", type=Path, help="directory holding config.yaml")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    return run_trial(args.trial_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""The training loop of one trial: steps, evaluation, checkpoints, metrics, stop requests.
+
+``Trainer`` owns the built parts (model, data, optimizer, checkpoints, logger) and the loop state
+(step, early stopping). Everything it writes goes through rank 0; every decision that changes
+control flow (stop, early stop) is taken identically on all ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from hpcsweep import data, metrics, model, optim
+from hpcsweep.checkpoint import CheckpointManager, load_checkpoint_file, rng_state, set_rng_state
+from hpcsweep.config import TrialConfig
+from hpcsweep.distributed import (
+    WorldInfo,
+    all_gather_objects,
+    any_rank,
+    broadcast_object,
+    mean_over_ranks,
+    node_name,
+)
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+"""The trial completed, stopped early, or was already done."""
+EXIT_FAILED = 1
+"""The trial raised; metrics.json says ``failed`` and holds the error."""
+EXIT_REQUEUE = 3
+"""A stop was requested (preemption, time limit): a checkpoint is saved, requeue to resume."""
+
+STOP_REQUESTED = threading.Event()
+"""Set (by a signal handler) to make the trainer save and exit with ``EXIT_REQUEUE`` after the
+current step. Cleared once the trainer has acted on it."""
+
+StepHook = Callable[["Trainer", int], None]
+"""Called on every rank after each optimizer step with the number of steps done."""
+
+
+def worker_seed(seed: int, rank: int) -> int:
+    """The per-rank seed for dropout and other runtime randomness (ranks must differ)."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
+class Trainer:
+    """Trains one trial in ``trial_dir`` on this worker."""
+
+    def __init__(
+        self,
+        cfg: TrialConfig,
+        world: WorldInfo,
+        trial_dir: Path,
+        *,
+        stop_event: threading.Event = STOP_REQUESTED,
+        hooks: Sequence[StepHook] = (),
+        restarts: int = 0,
+    ) -> None:
+        self.cfg, self.world, self.trial_dir = cfg, world, trial_dir
+        self.stop_event, self.hooks = stop_event, tuple(hooks)
+        tcfg = cfg.trainer
+        self.is_writer = world.rank == metrics.logging_rank(world.world_size)
+        self.model = model.build_model(cfg.model, tcfg.seed).to(world.device)
+        if tcfg.grad_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train()
+        # Every parameter gets a gradient each step (DeepSeek's experts are two fused 3-d tensors
+        # and the router gets gradients through the routing weights), so DDP needs no unused-
+        # parameter search. Buffers (rotary tables, the routing bias) never change: no broadcast.
+        self.ddp_model = (
+            DistributedDataParallel(self.model, broadcast_buffers=False) if world.is_distributed else self.model
+        )
+        torch.manual_seed(worker_seed(tcfg.seed, world.rank))
+        self.corpus = data.load_corpus(cfg.data, cfg.model.vocab_size)
+        self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
+        self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
+        self.scaler = optim.build_grad_scaler(tcfg.precision, world.device)
+        self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
+        self.ckpt = CheckpointManager(trial_dir / "checkpoints", keep_top_k=tcfg.keep_top_k, enable=self.is_writer)
+        self.logger = metrics.build_logger(world.rank, world.world_size, trial_dir / "tb")
+        self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
+        self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
+        self.peak_flops = metrics.peak_flops(world.device.type)
+        self.step = 0
+        self.val_loss: float | None = None
+        self.report: dict[str, Any] = {
+            "status": "running",
+            "step": 0,
+            "max_steps": tcfg.max_steps,
+            "train_loss": None,
+            "val_loss": None,
+            "best_val_loss": None,
+            "lr": None,
+            "grad_norm": None,
+            "tokens_per_s": None,
+            "mfu": None,
+            "restarts": restarts,
+            "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            "world_size": world.world_size,
+            "nodes": [],
+            "ranks": [],
+            "started_at": metrics.now_iso(),
+            "weights_sha256": None,
+            "error": None,
+        }
+        me = {"rank": world.rank, "local_rank": world.local_rank, "node": node_name(os.environ), "pid": os.getpid()}
+        ranks = all_gather_objects(world, me)
+        self.report["ranks"] = ranks
+        self.report["nodes"] = sorted({r["node"] for r in ranks})
+
+    # ----- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self, status: str) -> dict[str, Any]:
+        """The checkpoint: one plain dict. ``step`` is also the sampler position."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "early_stopping": self.early.state_dict(),
+            "step": self.step,
+            "val_loss": self.val_loss,
+            "status": status,
+            "restarts": self.report["restarts"],
+            "world_size": self.world.world_size,
+            "rng": all_gather_objects(self.world, rng_state(self.world.device)),
+        }
+
+    def save(self, status: str) -> None:
+        """Save a checkpoint of the current step (a collective: every rank must call it)."""
+        state = self.state_dict(status)
+        self.ckpt.save(state, step=self.step, val_loss=self.val_loss)
+
+    def resume(self) -> bool:
+        """Load the newest valid checkpoint, if any; True when one was loaded."""
+        found = self.ckpt.newest_valid() if self.is_writer else None
+        path = broadcast_object(self.world, str(found[0]) if found else None)
+        if path is None:
+            return False
+        state = found[1] if found else load_checkpoint_file(Path(path))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.early.load_state_dict(state["early_stopping"])
+        self.step, self.val_loss = state["step"], state["val_loss"]
+        if len(state["rng"]) == self.world.world_size:
+            set_rng_state(state["rng"][self.world.rank], self.world.device)
+        else:
+            log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", len(state["rng"]), self.world.world_size)
+            torch.manual_seed(worker_seed(self.cfg.trainer.seed + self.step, self.world.rank))
+        log.info("resumed from %s at step %d", Path(path).name, self.step)
+        return True
+
+    # ----- steps -------------------------------------------------------------------------------
+
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module) -> torch.Tensor:
+        with optim.autocast_context(self.cfg.trainer.precision, self.world.device):
+            logits = net(input_ids=inputs).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm)."""
+        tcfg, world = self.cfg.trainer, self.world
+        total = torch.zeros((), device=world.device)
+        for micro in range(tcfg.grad_accum):
+            inputs, targets = data.get_batch(
+                self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
+                micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
+            )
+            inputs, targets = inputs.to(world.device), targets.to(world.device)
+            last = micro == tcfg.grad_accum - 1
+            # Gradients are all-reduced once, on the last micro-step.
+            sync = self.ddp_model.no_sync() if world.is_distributed and not last else contextlib.nullcontext()
+            with sync:
+                loss = self._loss(inputs, targets, self.ddp_model) / tcfg.grad_accum
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
+        self.scaler.unscale_(self.optimizer)
+        max_norm = tcfg.grad_clip if tcfg.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return total, grad_norm
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over the fixed validation batches, averaged over ranks."""
+        tcfg, world = self.cfg.trainer, self.world
+        self.model.eval()
+        total = torch.zeros((), device=world.device)
+        for i in range(tcfg.eval_batches):
+            for micro in range(tcfg.grad_accum):
+                inputs, targets = data.get_batch(
+                    self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
+                    micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
+                )
+                total += self._loss(inputs.to(world.device), targets.to(world.device), self.model)
+        self.model.train()
+        return mean_over_ranks(world, total / (tcfg.eval_batches * tcfg.grad_accum)).item()
+
+    # ----- the loop ----------------------------------------------------------------------------
+
+    def fit(self) -> int:
+        """Train to ``max_steps``, an early stop, or a stop request; returns the exit code."""
+        tcfg = self.cfg.trainer
+        self.write_report()
+        window_start, window_steps = time.perf_counter(), 0
+        while self.step < tcfg.max_steps:
+            loss, grad_norm = self.train_step()
+            window_steps += 1
+            for hook in self.hooks:
+                hook(self, self.step)
+            if self.step % tcfg.log_every == 0:
+                elapsed = time.perf_counter() - window_start
+                self.log_train(loss, grad_norm, window_steps / elapsed)
+                window_start, window_steps = time.perf_counter(), 0
+            if self.step % tcfg.eval_every == 0 or self.step == tcfg.max_steps:
+                if self.log_eval(self.evaluate()):
+                    return self.finish("stopped_early")
+            if self.step == tcfg.max_steps:
+                break
+            stop = any_rank(self.world, self.stop_event.is_set())
+            if stop or (tcfg.ckpt_every and self.step % tcfg.ckpt_every == 0):
+                self.save("running")
+            if stop:
+                log.info("stop requested: saved at step %d, exiting for requeue", self.step)
+                self.write_report()
+                self.stop_event.clear()
+                return EXIT_REQUEUE
+        return self.finish("completed")
+
+    def log_train(self, loss: torch.Tensor, grad_norm: torch.Tensor, steps_per_s: float) -> None:
+        """Report the (rank-averaged) train loss, lr, grad norm and throughput."""
+        tokens_per_s = steps_per_s * self.tokens_per_step
+        scalars = {
+            "train/loss": mean_over_ranks(self.world, loss).item(),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/grad_norm": grad_norm.item(),
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/mfu": metrics.mfu(tokens_per_s, self.flops_per_token, self.world.world_size, self.peak_flops),
+        }
+        self.logger.log(scalars, self.step)
+        self.report.update(
+            train_loss=scalars["train/loss"], lr=scalars["train/lr"], grad_norm=scalars["train/grad_norm"],
+            tokens_per_s=tokens_per_s, mfu=scalars["perf/mfu"],
+        )
+        self.write_report()
+        log.info("step %d loss %.4f lr %.3g %.0f tok/s", self.step, scalars["train/loss"], scalars["train/lr"], tokens_per_s)
+
+    def log_eval(self, val_loss: float) -> bool:
+        """Report a validation loss; True when early stopping says stop."""
+        self.val_loss = val_loss
+        stop = self.early.update(val_loss)
+        self.logger.log({"val/loss": val_loss}, self.step)
+        self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
+        self.write_report()
+        log.info("step %d val_loss %.4f", self.step, val_loss)
+        return stop
+
+    def finish(self, status: str) -> int:
+        """Save the final checkpoint and report the final weights."""
+        self.save(status)
+        self.report.update(status=status, weights_sha256=metrics.weights_sha256(self.model.state_dict()))
+        self.write_report()
+        log.info("trial %s at step %d, weights sha256 %s", status, self.step, self.report["weights_sha256"])
+        return EXIT_OK
+
+    def write_report(self, **extra: Any) -> None:
+        """Rewrite metrics.json (rank 0 only)."""
+        if self.is_writer:
+            self.report.update(step=self.step, **extra)
+            metrics.write_metrics(self.trial_dir / "metrics.json", self.report)
+
+    def close(self) -> None:
+        self.logger.close()
+
