@@ -1,0 +1,452 @@
+"""The cluster's switch tree, node states, and where a multi-node trial should run.
+
+Parsing is pure: :func:`parse_topology` takes ``scontrol show topology`` output and
+:func:`parse_node_states` takes ``scontrol show nodes --oneliner`` output (Slurm 22.05 formats).
+A cluster without a topology plugin parses to an empty :class:`SwitchTree`, which means
+"no constraint" everywhere below.
+
+Placement quality, best first (this order is what "optimal" means for :func:`choose_nodes`):
+
+1. fewest leaf switches;
+2. lowest level of the lowest common switch of the chosen leaves (how high traffic must climb);
+3. fewest hops: the sum over all node pairs of the links on the path between them (2 on one leaf,
+   2 + the links up to the lowest common switch and back down otherwise);
+4. best fit: the fewest free nodes left over on the leaves it touches, so big holes stay whole;
+5. leaves in ``scontrol`` order, then nodes in nodelist order.
+
+Criteria 1 and 2 are always met exactly. 3 and 4 are exact whenever the lowest common switch
+sits directly above the leaves (any two-level tree, and any placement under one aggregation
+switch); higher up a greedy choice of leaves is used, which keeps the search fast.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hpcsweep.slurm.env import expand_nodelist
+
+TOPOLOGY_MODES = ("switches", "pin", "off")
+"""Allowed values of the ``topology.mode`` config key."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One line of ``scontrol show topology``."""
+
+    name: str
+    level: int
+    link_speed: int
+    nodes: tuple[str, ...]
+    """Nodes as reported (upper switches may list every node below them)."""
+    children: tuple[str, ...]
+    """Child switches; empty for a leaf switch."""
+
+
+@dataclass(frozen=True)
+class SwitchTree:
+    """Switches by name in ``scontrol`` order, with the derived parent, leaf and node maps."""
+
+    switches: Mapping[str, Switch]
+    parent: Mapping[str, str]
+    """Switch → the switch directly above it (absent for a root)."""
+    leaves: tuple[str, ...]
+    """Leaf switches (no child switches) in ``scontrol`` order."""
+    leaf_of: Mapping[str, str]
+    """Node → its leaf switch."""
+
+    @classmethod
+    def from_switches(cls, switches: Iterable[Switch]) -> SwitchTree:
+        """Build the tree and its derived maps from parsed switches."""
+        by_name = {s.name: s for s in switches}
+        parent = {child: s.name for s in by_name.values() for child in s.children}
+        leaves = tuple(s.name for s in by_name.values() if not s.children)
+        leaf_of: dict[str, str] = {}
+        for leaf in leaves:
+            for node in by_name[leaf].nodes:
+                leaf_of.setdefault(node, leaf)
+        return cls(switches=by_name, parent=parent, leaves=leaves, leaf_of=leaf_of)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the cluster reported no switches (no topology plugin)."""
+        return not self.leaves
+
+    def ancestors(self, switch: str) -> list[str]:
+        """``switch`` and every switch above it, bottom up."""
+        chain = [switch]
+        while chain[-1] in self.parent and len(chain) <= len(self.switches):
+            chain.append(self.parent[chain[-1]])
+        return chain
+
+    def leaves_under(self, switch: str) -> list[str]:
+        """The leaf switches below ``switch`` (itself for a leaf), in ``scontrol`` order."""
+        return [leaf for leaf in self.leaves if switch in self.ancestors(leaf)]
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node of ``scontrol show nodes --oneliner``."""
+
+    name: str
+    state: str
+    """Base state: ``IDLE``, ``MIXED``, ``ALLOCATED``, ``DOWN``, ..."""
+    flags: frozenset[str]
+    """``DRAIN``, ``NOT_RESPONDING`` (the ``*`` of ``DOWN*``), ``COMPLETING``, ..."""
+    partitions: tuple[str, ...]
+    cpus_total: int
+    cpus_alloc: int
+    gpus_total: int
+    gpus_alloc: int
+
+    @property
+    def is_usable(self) -> bool:
+        """Whether Slurm may start new work here: not down, drained, failing or unreachable."""
+        return self.state not in _UNUSABLE_STATES and not self.flags & _UNUSABLE_FLAGS
+
+    @property
+    def free_gpus(self) -> int:
+        """GPUs not allocated to any job (0 on an unusable node)."""
+        return max(self.gpus_total - self.gpus_alloc, 0) if self.is_usable else 0
+
+    @property
+    def is_free(self) -> bool:
+        """Usable and wholly idle: no CPU or GPU allocated and no job completing.
+
+        A trial takes whole nodes (one torchrun agent using every GPU), so a node with any
+        allocation counts as busy.
+        """
+        return (
+            self.is_usable
+            and self.state == "IDLE"
+            and "COMPLETING" not in self.flags
+            and self.cpus_alloc == 0
+            and self.gpus_alloc == 0
+        )
+
+
+_UNUSABLE_STATES = frozenset({"DOWN", "FUTURE", "UNKNOWN", "ERROR"})
+_UNUSABLE_FLAGS = frozenset(
+    {
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "FAIL",
+        "FAILING",
+        "NOT_RESPONDING",
+        "MAINT",
+        "MAINTENANCE",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "POWERING_DOWN",
+        "POWER_DOWN",
+        "INVALID_REG",
+        "RESERVED",
+    }
+)
+# sinfo-style suffixes that scontrol also appends to a state, e.g. DOWN*.
+_STATE_SUFFIXES = {
+    "*": "NOT_RESPONDING",
+    "~": "POWERED_DOWN",
+    "#": "POWERING_UP",
+    "%": "POWERING_DOWN",
+    "$": "MAINTENANCE",
+    "@": "REBOOT_REQUESTED",
+    "^": "REBOOT_ISSUED",
+    "!": "POWER_DOWN",
+    "-": "PLANNED",
+}
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_]*)=")
+
+
+def parse_fields(line: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one ``scontrol`` line; a value runs up to the next ``Key=``
+    (``OS=Linux 6.1.0 #1 SMP`` and ``Reason=Not responding`` contain spaces)."""
+    matches = list(_KEY.finditer(line))
+    fields: dict[str, str] = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields[match.group(1)] = line[match.end() : end].strip()
+    return fields
+
+
+def parse_topology(text: str) -> SwitchTree:
+    """Parse ``scontrol show topology``; lines that describe no switch (messages such as
+    "Topology plugin may not be configured") are ignored, so such output is an empty tree."""
+    switches = []
+    for line in text.splitlines():
+        if not line.strip().startswith("SwitchName="):
+            continue
+        f = parse_fields(line)
+        switches.append(
+            Switch(
+                name=f["SwitchName"],
+                level=int(f.get("Level", "0")),
+                link_speed=int(f.get("LinkSpeed", "1")),
+                nodes=tuple(expand_nodelist(f.get("Nodes", "").replace("(null)", ""))),
+                children=tuple(expand_nodelist(f.get("Switches", "").replace("(null)", ""))),
+            )
+        )
+    return SwitchTree.from_switches(switches)
+
+
+def parse_node_states(text: str) -> list[NodeState]:
+    """Parse ``scontrol show nodes --oneliner``, one :class:`NodeState` per ``NodeName=`` line."""
+    states = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        f = parse_fields(line)
+        base, flags = _parse_state(f.get("State", "UNKNOWN"))
+        partitions = f.get("Partitions", "")
+        states.append(
+            NodeState(
+                name=f["NodeName"],
+                state=base,
+                flags=flags,
+                partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
+                cpus_total=_int(f.get("CPUTot")),
+                cpus_alloc=_int(f.get("CPUAlloc")),
+                gpus_total=_tres_gpus(f.get("CfgTRES", "")) or _gres_gpus(f.get("Gres", "")),
+                gpus_alloc=_tres_gpus(f.get("AllocTRES", "")),
+            )
+        )
+    return states
+
+
+def _parse_state(raw: str) -> tuple[str, frozenset[str]]:
+    words = raw.upper().split("+")
+    flags = set(words[1:])
+    base = words[0]
+    while base and base[-1] in _STATE_SUFFIXES:
+        flags.add(_STATE_SUFFIXES[base[-1]])
+        base = base[:-1]
+    return base, frozenset(flags)
+
+
+def _int(raw: str | None) -> int:
+    return int(raw) if raw and raw.isdigit() else 0
+
+
+def _tres_gpus(tres: str) -> int:
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu":
+            return _int(value)
+    return 0
+
+
+def _gres_gpus(gres: str) -> int:
+    # Gres=gpu:a100:8(S:0-1),gpu:v100:2 — the count is the last ':' field before any '('.
+    total = 0
+    for item in re.split(r",(?![^()]*\))", gres):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Nodes chosen for one trial and how good the choice is (see the module docstring)."""
+
+    nodes: tuple[str, ...]
+    leaves: tuple[str, ...]
+    lca: str | None
+    """Lowest switch above every chosen leaf; ``None`` when they hang under different roots."""
+    lca_level: int
+    hops: int
+    leftover: int
+    """Free nodes left unused on the chosen leaves."""
+
+    @property
+    def nodelist(self) -> str:
+        """The nodes comma-separated, for ``sbatch --nodelist``."""
+        return ",".join(self.nodes)
+
+
+def _min_leaves(counts: Iterable[int], n: int) -> int | None:
+    total = 0
+    for used, count in enumerate(sorted(counts, reverse=True), start=1):
+        total += count
+        if total >= n:
+            return used
+    return None
+
+
+class _Distances:
+    """Hop counts between leaves, memoised per pair."""
+
+    def __init__(self, tree: SwitchTree):
+        self._tree = tree
+        self._depth = {leaf: {s: d for d, s in enumerate(tree.ancestors(leaf))} for leaf in tree.leaves}
+        self._max_depth = 1 + max(len(d) for d in self._depth.values())
+        self._memo: dict[tuple[str, str], int] = {}
+
+    def node_hops(self, a: str, b: str) -> int:
+        """Links between a node on leaf ``a`` and a node on leaf ``b``."""
+        key = (a, b) if a <= b else (b, a)
+        if key not in self._memo:
+            up_a, up_b = self._depth[a], self._depth[b]
+            common = [up_a[s] + up_b[s] for s in up_a if s in up_b]
+            # Under different roots: count a virtual root one level above the deepest chain.
+            self._memo[key] = 2 + (min(common) if common else 2 * self._max_depth)
+        return self._memo[key]
+
+    def total_hops(self, used: Mapping[str, int]) -> int:
+        leaves = list(used)
+        total = sum(2 * m * (m - 1) // 2 for m in used.values())
+        for i, a in enumerate(leaves):
+            for b in leaves[i + 1 :]:
+                total += used[a] * used[b] * self.node_hops(a, b)
+        return total
+
+
+def choose_nodes(tree: SwitchTree, free: Collection[str], n: int) -> Placement | None:
+    """The best placement of ``n`` nodes among ``free`` (see the module docstring for "best").
+
+    ``None`` when the tree is empty or fewer than ``n`` free nodes sit under its leaves.
+    Callers pass only nodes that may be used: drained, down and excluded nodes must not be in
+    ``free``.
+    """
+    if n < 1:
+        raise ValueError(f"cannot place {n} nodes")
+    if tree.is_empty:
+        return None
+    free_set = set(free)
+    avail = {leaf: [x for x in tree.switches[leaf].nodes if x in free_set] for leaf in tree.leaves}
+    counts = {leaf: len(nodes) for leaf, nodes in avail.items() if nodes}
+    k = _min_leaves(counts.values(), n)
+    if k is None:
+        return None
+    dist = _Distances(tree)
+    order = {leaf: i for i, leaf in enumerate(tree.leaves)}
+    under: dict[str, list[str]] = {}
+    for leaf in counts:
+        for switch in tree.ancestors(leaf):
+            under.setdefault(switch, []).append(leaf)
+    by_level = sorted(under, key=lambda s: tree.switches[s].level)
+    best: tuple | None = None
+    for switch in by_level:
+        level = tree.switches[switch].level
+        if best is not None and level > best[0]:
+            break
+        leaves = under[switch]
+        if _min_leaves((counts[leaf] for leaf in leaves), n) != k:
+            continue
+        candidate = _place(tree, switch, leaves, counts, k, n, dist, order)
+        key = (level, *candidate)
+        if best is None or key[:4] < best[:4]:
+            best = key
+    if best is None:  # no common switch can host it: span roots
+        best = (-1, *_place(tree, None, list(counts), counts, k, n, dist, order))
+    _, hops, leftover, _, used, lca = best
+    nodes = tuple(x for leaf in sorted(used, key=order.get) for x in avail[leaf][: used[leaf]])
+    leaves_used = tuple(sorted(used, key=order.get))
+    return Placement(
+        nodes=nodes,
+        leaves=leaves_used,
+        lca=lca,
+        lca_level=tree.switches[lca].level if lca else 1 + max(s.level for s in tree.switches.values()),
+        hops=hops,
+        leftover=leftover,
+    )
+
+
+def _place(
+    tree: SwitchTree,
+    lca: str | None,
+    leaves: list[str],
+    counts: Mapping[str, int],
+    k: int,
+    n: int,
+    dist: _Distances,
+    order: Mapping[str, int],
+) -> tuple[int, int, tuple[int, ...], dict[str, int], str | None]:
+    """k-1 full leaves plus one partial leaf under ``lca``: (hops, leftover, position, used, lca)."""
+    two_level = lca is not None and all(not tree.switches[c].children for c in tree.switches[lca].children)
+    if two_level:
+        ranked = sorted(leaves, key=lambda leaf: (-counts[leaf], order[leaf]))
+    else:
+        # Greedy: among equal counts prefer leaves whose parent has the most free nodes nearby.
+        near: dict[str | None, int] = {}
+        for leaf in leaves:
+            near[tree.parent.get(leaf)] = near.get(tree.parent.get(leaf), 0) + counts[leaf]
+        ranked = sorted(leaves, key=lambda leaf: (-counts[leaf], -near[tree.parent.get(leaf)], order[leaf]))
+    full = ranked[: k - 1]
+    used = {leaf: counts[leaf] for leaf in full}
+    rest = n - sum(used.values())
+    # Any leaf with room for the rest keeps criteria 1-2; pick by hops, then best fit, then order.
+    partial = min(
+        (leaf for leaf in ranked[k - 1 :] if counts[leaf] >= rest),
+        key=lambda leaf: (
+            sum(m * dist.node_hops(leaf, f) for f, m in used.items()),
+            counts[leaf],
+            order[leaf],
+        ),
+    )
+    used[partial] = rest
+    position = tuple(sorted(order[leaf] for leaf in used))
+    return dist.total_hops(used), counts[partial] - rest, position, used, lca
+
+
+def fewest_switches(tree: SwitchTree, n: int, usable_nodes: Collection[str]) -> int:
+    """The fewest leaf switches that can hold ``n`` of ``usable_nodes``: K for ``--switches=K``.
+
+    0 means "no constraint": the tree is empty, or the usable nodes cannot hold ``n`` at all
+    (Slurm will hold the job until nodes return; guessing a K then would only mislead).
+    """
+    usable = set(usable_nodes)
+    counts = [sum(1 for x in tree.switches[leaf].nodes if x in usable) for leaf in tree.leaves]
+    return _min_leaves((c for c in counts if c), n) or 0
+
+
+def topology_sbatch_options(
+    mode: str,
+    nodes: int,
+    tree: SwitchTree,
+    node_states: Sequence[NodeState],
+    *,
+    exclude: Collection[str] = (),
+    max_wait_min: int = 10,
+    partition: str | None = None,
+) -> dict[str, str]:
+    """Extra sbatch options (long names without ``--``) that place a ``nodes``-node trial.
+
+    ``switches``: ``{"switches": "K@HH:MM:SS"}`` with K from :func:`fewest_switches`, plus
+    ``exclude`` when nodes are excluded. ``pin``: ``{"nodelist": ...}`` from the free usable
+    nodes of ``partition`` chosen by :func:`choose_nodes`; when too few are free it falls back
+    to ``switches``. ``off``, a single node, or a cluster without a topology give ``{}``.
+    Note that Slurm caps the wait at ``SchedulerParameters=max_switch_wait`` (300 s by default).
+    """
+    if mode not in TOPOLOGY_MODES:
+        raise ValueError(f"topology.mode: unknown mode {mode!r}; allowed: {', '.join(TOPOLOGY_MODES)}")
+    if max_wait_min < 0:
+        raise ValueError(f"topology.max_wait_min: must be >= 0, got {max_wait_min}")
+    if mode == "off" or nodes <= 1 or tree.is_empty:
+        return {}
+    excluded = set(exclude)
+    candidates = [
+        s
+        for s in node_states
+        if s.is_usable and s.name not in excluded and (partition is None or partition in s.partitions)
+    ]
+    if mode == "pin":
+        placement = choose_nodes(tree, [s.name for s in candidates if s.is_free], nodes)
+        if placement is not None:
+            return {"nodelist": placement.nodelist}
+    options: dict[str, str] = {}
+    k = fewest_switches(tree, nodes, [s.name for s in candidates])
+    if k:
+        hours, minutes = divmod(max_wait_min, 60)
+        options["switches"] = f"{k}@{hours:02d}:{minutes:02d}:00"
+    if excluded:
+        options["exclude"] = ",".join(sorted(excluded))
+    return options
+
+
+if __name__ == "__main__":
+    from hpcsweep.topology_cli import main
+
+    raise SystemExit(main())

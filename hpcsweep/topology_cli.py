@@ -1,0 +1,69 @@
+"""``python -m hpcsweep.topology``: show the switch tree, free and busy nodes, and a placement."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from hpcsweep.slurm import commands
+from hpcsweep.topology import (
+    NodeState,
+    SwitchTree,
+    choose_nodes,
+    parse_node_states,
+    parse_topology,
+    topology_sbatch_options,
+)
+
+
+def describe(tree: SwitchTree, states: Sequence[NodeState], nodes: int, partition: str | None) -> str:
+    """The report the CLI prints, from parsed Slurm output (pure, so it can be tested)."""
+    if tree.is_empty:
+        return "no switch tree: the cluster has no topology plugin, so placement is unconstrained\n"
+    by_name = {s.name: s for s in states}
+    in_partition = {s.name for s in states if partition is None or partition in s.partitions}
+    lines = []
+    for switch in sorted(tree.switches.values(), key=lambda s: -s.level):
+        depth = len(tree.ancestors(switch.name)) - 1
+        line = f"{'  ' * depth}{switch.name} (level {switch.level})"
+        if not switch.children:
+            groups: dict[str, list[str]] = {"free": [], "busy": [], "unusable": []}
+            for node in switch.nodes:
+                state = by_name.get(node)
+                if state is None or node not in in_partition or not state.is_usable:
+                    groups["unusable"].append(node)
+                else:
+                    groups["free" if state.is_free else "busy"].append(node)
+            line += "  " + "  ".join(f"{k}: {','.join(v) or '-'}" for k, v in groups.items())
+        lines.append((tree.ancestors(switch.name)[::-1], line))
+    out = [line for _, line in sorted(lines, key=lambda item: item[0])]
+    free = [s.name for s in states if s.is_free and s.name in in_partition]
+    placement = choose_nodes(tree, free, nodes)
+    if placement is None:
+        out.append(f"placement for {nodes} node(s): not enough free nodes now")
+    else:
+        out.append(
+            f"placement for {nodes} node(s): {placement.nodelist}  "
+            f"(leaves {','.join(placement.leaves)}, common switch {placement.lca}, "
+            f"{placement.hops} pair hops)"
+        )
+    options = topology_sbatch_options("switches", nodes, tree, states, partition=partition)
+    out.append("sbatch options (mode=switches): " + (" ".join(f"--{k}={v}" for k, v in options.items()) or "none"))
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Read the live cluster through ``hpcsweep.slurm.commands`` and print :func:`describe`."""
+    parser = argparse.ArgumentParser(prog="python -m hpcsweep.topology", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=2, help="nodes per trial (default 2)")
+    parser.add_argument("--partition", default=None, help="only nodes of this partition")
+    args = parser.parse_args(argv)
+    try:
+        tree = parse_topology(commands.show_topology())
+        states = parse_node_states(commands.show_nodes())
+    except commands.SlurmCommandError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(describe(tree, states, args.nodes, args.partition))
+    return 0
