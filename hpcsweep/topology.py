@@ -387,8 +387,30 @@ def _place(
         ),
     )
     used[partial] = rest
+    if not two_level:
+        used = _best_partial(used, counts, dist, order)
     position = tuple(sorted(order[leaf] for leaf in used))
     return dist.total_hops(used), counts[partial] - rest, position, used, lca
+
+
+def _best_partial(
+    used: dict[str, int], counts: Mapping[str, int], dist: _Distances, order: Mapping[str, int]
+) -> dict[str, int]:
+    """With the leaves fixed, move the shortfall to the leaf where it saves the most hops.
+
+    Taking ``short`` nodes off leaf p of a full allocation f lowers the pair hops by
+    ``short * (sum_b f_b d(p, b) + 2 f_p - short - 1)``; leftover stays ``short`` wherever it is.
+    """
+    short = sum(counts[leaf] for leaf in used) - sum(used.values())
+    if short == 0:
+        return used
+
+    def saving(p: str) -> tuple[int, int]:
+        reach = sum(counts[b] * dist.node_hops(p, b) for b in used if b != p)
+        return -(reach + 2 * counts[p] - short - 1), order[p]
+
+    partial = min((p for p in used if counts[p] > short), key=saving)
+    return {leaf: counts[leaf] - (short if leaf == partial else 0) for leaf in used}
 
 
 def fewest_switches(tree: SwitchTree, n: int, usable_nodes: Collection[str]) -> int:
