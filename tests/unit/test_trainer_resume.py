@@ -1,0 +1,74 @@
+"""Exact resume in one process: N steps straight equals N/2, stop request, resume, N/2 more."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hpcsweep import train
+from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
+
+torch.set_num_threads(1)
+
+SMALL = {
+    "data.batch_size": 4,
+    "data.seq_len": 32,
+    "data.synthetic_tokens": 50_000,
+    "trainer.device": "cpu",
+    "trainer.max_steps": 8,
+    "trainer.warmup_steps": 2,
+    "trainer.eval_every": 4,
+    "trainer.eval_batches": 1,
+    "trainer.log_every": 2,
+    "trainer.ckpt_every": 0,
+}
+
+
+def make_trial(path: Path, **overrides) -> Path:
+    """A trial dir holding config.yaml, as the runner writes it."""
+    cfg = trial_config_to_dict(trial_config_from_dict({}))
+    for key, value in {**SMALL, **overrides}.items():
+        group, name = key.split(".")
+        cfg[group][name] = value
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def read_metrics(trial: Path) -> dict:
+    return json.loads((trial / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "llama"])
+def test_stop_and_resume_gives_the_same_weights(tmp_path, monkeypatch, arch):
+    # Dropout > 0 so the result depends on the restored RNG state, not only on the weights.
+    overrides = {"model.arch": arch, "model.dropout": 0.1, "trainer.grad_accum": 2}
+    straight = make_trial(tmp_path / "straight", **overrides)
+    assert train.run_trial(straight) == 0
+
+    resumed = make_trial(tmp_path / "resumed", **overrides)
+    monkeypatch.setenv("HPCSWEEP_TEST_STOP_AT_STEP", "4")
+    assert train.run_trial(resumed) == train.EXIT_REQUEUE
+    stopped = read_metrics(resumed)
+    assert (stopped["status"], stopped["step"], stopped["weights_sha256"]) == ("running", 4, None)
+    assert [p.name.split("-")[0] for p in (resumed / "checkpoints").glob("*.pt")] == ["step00000004"]
+    assert not train.STOP_REQUESTED.is_set()
+
+    monkeypatch.delenv("HPCSWEEP_TEST_STOP_AT_STEP")
+    assert train.run_trial(resumed) == 0
+    done, reference = read_metrics(resumed), read_metrics(straight)
+    assert (done["status"], done["step"], done["restarts"]) == ("completed", 8, 1)
+    assert reference["restarts"] == 0
+    assert done["weights_sha256"] == reference["weights_sha256"]
+    assert done["val_loss"] == reference["val_loss"]
+    assert "resumed from step00000004" in (resumed / "train.log").read_text()
+
+
+def test_a_different_seed_gives_different_weights(tmp_path):
+    # Guards the test above: equal digests must not come from a digest that ignores the weights.
+    a = make_trial(tmp_path / "a", **{"trainer.max_steps": 2})
+    b = make_trial(tmp_path / "b", **{"trainer.max_steps": 2, "trainer.seed": 1})
+    assert train.run_trial(a) == 0 and train.run_trial(b) == 0
+    assert read_metrics(a)["weights_sha256"] != read_metrics(b)["weights_sha256"]
