@@ -1,0 +1,96 @@
+"""Fixtures for tests against the real local Slurm cluster (``scripts/slurm-cluster up``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+# A trial small enough that several fit on 2 cores, yet real training end to end.
+SMALL_TRIAL = [
+    "trainer.max_steps=8",
+    "trainer.eval_every=4",
+    "trainer.ckpt_every=4",
+    "trainer.log_every=2",
+    "trainer.warmup_steps=2",
+    "trainer.eval_batches=1",
+    "data.batch_size=4",
+    "data.seq_len=32",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.gpus_per_node=0",
+    "hydra.launcher.timeout_min=15",
+]
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """The process environment with SLURM_CONF pointing at the local cluster."""
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env:
+        out = subprocess.run(
+            [str(REPO / "scripts" / "slurm-cluster"), "env"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+        for line in out.splitlines():
+            if line.startswith("export SLURM_CONF="):
+                env["SLURM_CONF"] = line.split("=", 1)[1].strip().strip("'\"")
+    assert Path(env["SLURM_CONF"]).exists(), "the local cluster is not set up: run scripts/slurm-cluster up"
+    return env
+
+
+def slurm(env: dict[str, str], *argv: str) -> str:
+    """Run a Slurm client command and return stdout (test side; the product uses slurm.commands)."""
+    return subprocess.run(list(argv), env=env, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def sacct_states(env: dict[str, str], job_id: str) -> dict[str, str]:
+    """``JobID -> State`` of an array's tasks (or a job) from accounting."""
+    out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "-j", job_id, "--format=JobID,State")
+    return dict(line.split("|", 1) for line in out.splitlines() if line)
+
+
+def all_job_ids(env: dict[str, str]) -> set[str]:
+    """Every job id accounting knows about since the cluster started."""
+    out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "--allusers", "--starttime=2020-01-01", "--format=JobID")
+    return {line for line in out.splitlines() if line}
+
+
+def run_hpcsweep(
+    args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hpcsweep ARGS`` in ``cwd``; the output dirs land under ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcsweep", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def only_sweep_dir(cwd: Path) -> Path:
+    """The one multirun sweep dir under ``cwd``."""
+    dirs = [p.parent for p in cwd.glob("multirun/*/*/sweep.json")]
+    assert len(dirs) == 1, f"expected one sweep under {cwd}, found {dirs}"
+    return dirs[0]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())

@@ -1,0 +1,55 @@
+"""Without a reachable Slurm, ``python -m hpcsweep -m`` runs the trials on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+SMALL = ["trainer.max_steps=6", "trainer.eval_every=3", "trainer.ckpt_every=3", "data.batch_size=4", "data.seq_len=32"]
+
+
+def run(args, cwd, env):
+    return subprocess.run([sys.executable, "-m", "hpcsweep", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def no_slurm_env():
+    # A config file that does not exist makes `scontrol ping` fail, as on a machine without Slurm.
+    return {**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf"}
+
+
+def test_local_sweep_runs_every_trial_and_writes_sweep_json(tmp_path):
+    result = run(["-m", "model.lr=1e-4,3e-4", *SMALL], tmp_path, no_slurm_env())
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "launcher: local (scontrol ping failed" in output
+
+    (sweep_file,) = tmp_path.glob("multirun/*/*/sweep.json")
+    sweep = json.loads(sweep_file.read_text())
+    assert sweep["launcher"] == "local"
+    assert [t["overrides"] for t in sweep["trials"]] == [["model.lr=0.0001", *SMALL], ["model.lr=0.0003", *SMALL]]
+    hashes = []
+    for trial in sweep["trials"]:
+        metrics = json.loads((tmp_path / trial["trial_dir"] / "metrics.json").read_text())
+        assert metrics["status"] == "completed"
+        assert metrics["step"] == metrics["max_steps"] == 6
+        for key in ("train_loss", "val_loss", "best_val_loss", "tokens_per_s"):
+            assert metrics[key] > 0, key
+        assert metrics["restarts"] == 0
+        hashes.append(metrics["weights_sha256"])
+    assert len(set(hashes)) == 2, "two learning rates must give two different models"
+
+
+def test_forced_local_launcher_and_bad_value_runs_nothing(tmp_path):
+    result = run(["-m", "hydra/launcher=local", "model.lr=1e-3,-1", *SMALL], tmp_path, dict(os.environ))
+    output = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert "trial #1 (model.lr=-1" in output and "model.lr=-1.0 is not allowed: a learning rate > 0" in output
+    assert not list(tmp_path.glob("multirun/*/*/0/metrics.json"))
+
+
+def test_single_run_with_bad_value_exits_with_the_key(tmp_path):
+    result = run(["model.lr=-1"], tmp_path, no_slurm_env())
+    assert result.returncode == 2
+    assert "model.lr=-1.0 is not allowed" in result.stdout + result.stderr

@@ -1,0 +1,45 @@
+"""A plain, non-editable ``pip install .`` carries the configs and the launchers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_plain_install_runs_cfg_job_from_another_folder(tmp_path):
+    env_dir = tmp_path / "venv"
+    # System site-packages provide the heavy dependencies (torch); hpcsweep itself is installed fresh.
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-build-isolation", str(REPO)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = subprocess.run(
+        [str(python), "-c", "import hpcsweep.configs, hydra_plugins.hpcsweep_launchers as l; "
+         "print(hpcsweep.configs.__file__); print(l.__file__)"],
+        cwd=elsewhere, check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.split()
+    assert all(str(env_dir) in path for path in where), where
+
+    result = subprocess.run(
+        [str(python), "-m", "hpcsweep", "--cfg", "job", "model.lr=5e-4"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "lr: 0.0005" in result.stdout
+    assert "arch: deepseek_v3" in result.stdout
+    launcher = subprocess.run(
+        [str(python), "-m", "hpcsweep", "--cfg", "hydra", "hydra/launcher=slurm"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=120,
+    )
+    assert launcher.returncode == 0, launcher.stderr
+    assert "_target_: hydra_plugins.hpcsweep_launchers.launchers.SlurmLauncher" in launcher.stdout
+    assert "gpus_per_node: 8" in launcher.stdout
