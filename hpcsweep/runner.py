@@ -7,6 +7,7 @@ process; anything larger starts a torchrun elastic agent (c10d rendezvous) for
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,7 +24,9 @@ import yaml
 from hpcsweep.config import TrialConfig, trial_config_to_dict
 from hpcsweep.fileio import atomic_write_json, atomic_write_text
 from hpcsweep.nccl import list_ib_devices, nccl_env
-from hpcsweep.rendezvous import Rendezvous, rendezvous_from_env
+from hpcsweep.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
+from hpcsweep.slurm import commands
+from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import slurm_job_env
 from hpcsweep.sweep_record import now_iso
 
@@ -61,6 +64,24 @@ def git_state(source_dir: Path) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def resolve_head_address(rdzv: Rendezvous, env: Mapping[str, str]) -> Rendezvous:
+    """Give agents an address they can dial for the head node.
+
+    A node name normally resolves through DNS; where it does not (aliased names, or the local test
+    cluster's several "nodes" on one host), the controller's ``NodeAddr`` for it does.
+    """
+    if env.get(HEAD_ADDR_VAR) or rdzv.nnodes == 1:
+        return rdzv
+    try:
+        socket.getaddrinfo(rdzv.master_addr, rdzv.master_port)
+        return rdzv
+    except socket.gaierror:
+        address = parse_node_address(commands.show_node(rdzv.master_addr))
+    if address is None:
+        raise TrialFailed(f"cannot resolve the head node {rdzv.master_addr!r}: no DNS entry and no NodeAddr")
+    return dataclasses.replace(rdzv, master_addr=address)
 
 
 def environment_record(
@@ -154,7 +175,7 @@ def run_trial_on_this_node(
 
     if slurm_job_env(env) is None and not env.get("MASTER_PORT"):
         env["MASTER_PORT"] = str(free_port())
-    rdzv = rendezvous_from_env(env, trial.trainer.nproc_per_node)
+    rdzv = resolve_head_address(rendezvous_from_env(env, trial.trainer.nproc_per_node), env)
     nccl_vars = nccl_env(
         trial.nccl.preset,
         overrides=trial.nccl.overrides,

@@ -16,3 +16,9 @@ def parse_max_array_size(text: str) -> int:
     """``MaxArraySize`` from ``scontrol show config`` output (Slurm's default when absent)."""
     match = re.search(r"^MaxArraySize\s*=\s*(\d+)", text, flags=re.MULTILINE)
     return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
+
+
+def parse_node_address(text: str) -> str | None:
+    """``NodeAddr`` from ``scontrol show node NAME --oneliner`` output."""
+    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", text)
+    return match.group(1) if match else None

@@ -72,6 +72,11 @@ def show_nodes() -> str:
     return run_slurm(["scontrol", "show", "nodes", "--oneliner"])
 
 
+def show_node(name: str) -> str:
+    """``scontrol show node --oneliner NAME``."""
+    return run_slurm(["scontrol", "show", "node", "--oneliner", name])
+
+
 def show_partitions() -> str:
     """``scontrol show partitions --oneliner``: one line per partition."""
     return run_slurm(["scontrol", "show", "partitions", "--oneliner"])

@@ -1,6 +1,6 @@
 """sweep.json round trip and the cluster-info parsers."""
 
-from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_partition_names
+from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_node_address, parse_partition_names
 from hpcsweep.sweep_record import ArrayRecord, SweepRecord, TrialRecord, read_sweep_record, write_sweep_record
 
 
@@ -32,3 +32,9 @@ def test_max_array_size():
     assert parse_max_array_size("MailProg = /bin/mail\nMaxArraySize            = 1001\nMaxJobCount = 10000\n") == 1001
     assert parse_max_array_size("MaxArraySize = 40\n") == 40
     assert parse_max_array_size("") == 1001
+
+
+def test_node_address():
+    line = "NodeName=node3 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.1 NodeHostName=localhost Port=26823"
+    assert parse_node_address(line) == "127.0.0.1"
+    assert parse_node_address("NodeName=x") is None
