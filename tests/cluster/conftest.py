@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -44,19 +47,26 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
+@functools.cache
+def cluster_env() -> dict[str, str]:
+    """The process environment with SLURM_CONF pointing at the local cluster."""
+    env = dict(os.environ)
+    if not env.get("SLURM_CONF"):
+        out = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "slurm-cluster"), "env"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout
+        match = re.search(r"^export SLURM_CONF=(.+)$", out, re.MULTILINE)
+        assert match, f"no SLURM_CONF in `slurm-cluster env` output: {out!r}"
+        env["SLURM_CONF"] = shlex.split(match.group(1))[0]
+    assert Path(env["SLURM_CONF"]).exists(), "the local cluster is not set up: run scripts/slurm-cluster up"
+    return env
+
+
 @pytest.fixture(scope="session")
 def slurm_env() -> dict[str, str]:
     """The process environment with SLURM_CONF pointing at the local cluster."""
-    env = dict(os.environ)
-    if "SLURM_CONF" not in env:
-        out = subprocess.run(
-            [str(REPO / "scripts" / "slurm-cluster"), "env"], capture_output=True, text=True, check=True, timeout=30
-        ).stdout
-        for line in out.splitlines():
-            if line.startswith("export SLURM_CONF="):
-                env["SLURM_CONF"] = line.split("=", 1)[1].strip().strip("'\"")
-    assert Path(env["SLURM_CONF"]).exists(), "the local cluster is not set up: run scripts/slurm-cluster up"
-    return env
+    return dict(cluster_env())
 
 
 def slurm(env: dict[str, str], *argv: str) -> str:

@@ -6,51 +6,21 @@ unset, from ``scripts/slurm-cluster env``. Every wait polls a condition with a d
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
-import shutil
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
+
+from .conftest import cluster_env, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ["node1", "node2", "node3", "node4"]
 JOB_TIMEOUT_S = 60.0
 
-T = TypeVar("T")
 
-pytestmark = pytest.mark.skipif(shutil.which("sbatch") is None, reason="Slurm is not installed")
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
-    """Poll ``predicate`` until it returns something truthy and return that; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
-
-def slurm_conf() -> str:
-    if os.environ.get("SLURM_CONF"):
-        return os.environ["SLURM_CONF"]
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "slurm-cluster"), "env"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
-    match = re.search(r"^export SLURM_CONF=(.+)$", out, re.MULTILINE)
-    assert match, f"no SLURM_CONF in `slurm-cluster env` output: {out!r}"
-    return shlex.split(match.group(1))[0]
-
-
-SLURM_ENV = dict(os.environ, SLURM_CONF=slurm_conf())
+SLURM_ENV = cluster_env()
 
 
 def slurm(*argv: str, timeout: float = 30.0) -> str:
