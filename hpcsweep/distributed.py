@@ -81,6 +81,12 @@ def destroy_distributed(world: WorldInfo) -> None:
         dist.destroy_process_group()
 
 
+def barrier(world: WorldInfo) -> None:
+    """Wait for every rank (a no-op without a process group)."""
+    if world.is_distributed:
+        dist.barrier()
+
+
 def all_gather_objects(world: WorldInfo, obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order (a list of one without a process group)."""
     if not world.is_distributed:

@@ -23,7 +23,7 @@ import yaml
 from hpcsweep import metrics
 from hpcsweep.checkpoint import CheckpointManager
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.distributed import destroy_distributed, init_distributed, ranks_from_env
+from hpcsweep.distributed import barrier, destroy_distributed, init_distributed, ranks_from_env
 from hpcsweep.trainer import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, STOP_REQUESTED, Trainer
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
@@ -67,7 +67,12 @@ def run_trial(trial_dir: Path) -> int:
         restarts = previous["restarts"] + 1 if previous else 0
         trainer = Trainer(cfg, world, trial_dir, hooks=test_hooks(os.environ), restarts=restarts)
         trainer.resume()
-        return trainer.fit()
+        code = trainer.fit()
+        trainer.close()
+        # torchrun kills the other workers as soon as one exits non-zero (EXIT_REQUEUE): leave
+        # together, after rank 0 has written the checkpoint, metrics.json and TensorBoard events.
+        barrier(world)
+        return code
     except Exception:
         log.exception("trial failed")
         if trainer is not None and trainer.is_writer:

@@ -289,5 +289,7 @@ class Trainer:
             metrics.write_metrics(self.trial_dir / "metrics.json", self.report)
 
     def close(self) -> None:
+        """Flush and close the logger (safe to call twice)."""
         self.logger.close()
+        self.logger = metrics.Logger()
 
