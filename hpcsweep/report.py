@@ -1,0 +1,134 @@
+"""``python -m hpcsweep.report SWEEP_DIR``: one table of a sweep's trials, best first.
+
+Rows are sorted by ``--metric`` (default ``best_val_loss``, ascending); failed trials come last,
+each with the line that says why. ``--csv``, ``--markdown`` and ``--plot`` give the same data as a
+file, a Markdown table, and a PNG of the metric against each swept parameter plus the
+validation-loss curves of the best trials. Works on a sweep that is still running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hpcsweep.report_data import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
+
+CSV_FIELDS = (
+    "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
+    "tokens_per_s", "restarts", "gpu_hours", "world_size", "nodes", "error", "trial_dir",
+)
+
+
+def _number(value: float | int | None, digits: int) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _steps(row: TrialRow) -> str:
+    if row.step is None:
+        return "-"
+    return f"{row.step}/{row.max_steps}" if row.max_steps else str(row.step)
+
+
+def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """The header and the cells of the report table (numbers already formatted)."""
+    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "tok/s", "restarts", "gpu_h"]
+    cells = [
+        [
+            str(row.num),
+            *(row.overrides.get(k, "") for k in keys),
+            row.status,
+            _steps(row),
+            _number(row.train_loss, 4),
+            _number(row.val_loss, 4),
+            _number(row.best_val_loss, 4),
+            _number(row.tokens_per_s, 0),
+            _number(row.restarts, 0),
+            _number(row.gpu_hours, 3),
+        ]
+        for row in rows
+    ]
+    return header, cells
+
+
+def failure_lines(rows: Sequence[TrialRow]) -> list[str]:
+    """``#3 failed: ValueError: ...`` for each failed trial."""
+    return [f"#{row.num} failed: {row.error or 'no error recorded'}" for row in rows if row.status == "failed"]
+
+
+def render_text(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
+    """The table as aligned plain text, then one line per failure."""
+    header, cells = table_cells(rows, keys)
+    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *cells]]
+    return "\n".join([*lines, *failure_lines(rows)]) + "\n"
+
+
+def _markdown_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
+    """The table as GitHub Markdown, then one list item per failure."""
+    header, cells = table_cells(rows, keys)
+    lines = [
+        "| " + " | ".join(_markdown_cell(h) for h in header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(_markdown_cell(c) for c in line) + " |" for line in cells),
+    ]
+    failures = [f"- {_markdown_cell(line)}" for line in failure_lines(rows)]
+    return "\n".join([*lines, *([""] + failures if failures else [])]) + "\n"
+
+
+def render_csv(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
+    """One CSV row per trial: every override key, then every field (numbers unrounded)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*keys, *CSV_FIELDS])
+    for row in rows:
+        values = ["" if getattr(row, name) is None else getattr(row, name) for name in CSV_FIELDS]
+        writer.writerow([*(row.overrides.get(k, "") for k in keys), *values])
+    return out.getvalue()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hpcsweep.report", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path, help="the sweep's multirun dir (holds sweep.json)")
+    parser.add_argument("--metric", default="best_val_loss", choices=METRICS, help="sort key (default: %(default)s)")
+    parser.add_argument("--descending", action="store_true", help="largest first (e.g. for tokens_per_s)")
+    parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table instead of text")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also plot the metric per parameter and curves")
+    parser.add_argument("--top", type=int, default=5, help="validation-loss curves of this many best trials")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the report; exit 0 (a report of failed trials is still a report)."""
+    args = parse_args(argv)
+    if not (args.sweep_dir / "sweep.json").exists():
+        print(f"{args.sweep_dir}: no sweep.json here; pass the sweep's multirun dir", file=sys.stderr)
+        return 2
+    sweep = load_sweep(args.sweep_dir)
+    if sweep.slurm_error:
+        print(f"no Slurm states (from metrics.json only): {sweep.slurm_error.splitlines()[0]}", file=sys.stderr)
+    rows = sort_rows(sweep.rows, args.metric, args.descending)
+    keys = swept_keys(rows)
+    sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys))
+    if args.csv:
+        every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
+        args.csv.write_text(render_csv(rows, every_key))
+    if args.plot:
+        from hpcsweep.report_plot import plot_sweep  # matplotlib is slow to import
+
+        plot_sweep(rows, sweep.scalars, keys, args.metric, args.top, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

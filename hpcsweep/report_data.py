@@ -1,0 +1,217 @@
+"""Everything known about a sweep's trials, as rows: what the report and status commands show.
+
+``build_row`` is pure: one trial's record, metrics.json, Slurm state, scalars and error text in,
+one ``TrialRow`` out. ``load_sweep`` does the reading: sweep.json, each trial's metrics.json and
+event files, and one ``sacct`` call for the whole sweep (none for a local sweep).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcsweep.event_reader import ScalarSeries, read_scalars
+from hpcsweep.failure import summarize_error, trial_error_text
+from hpcsweep.hparams import split_override
+from hpcsweep.job_states import JobState, query_job_states
+from hpcsweep.slurm.commands import SlurmCommandError
+from hpcsweep.metrics import read_metrics
+from hpcsweep.sweep_record import SweepRecord, TrialRecord, read_sweep_record
+
+FINAL_STATUSES = ("completed", "stopped_early", "failed")
+METRICS = ("best_val_loss", "val_loss", "train_loss", "tokens_per_s", "gpu_hours", "step", "restarts")
+"""Row fields ``--metric`` may sort by."""
+SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s"}
+"""Where a metric comes from when metrics.json lacks it: the latest point of this scalar tag."""
+
+JobQuery = Callable[[Sequence[str]], Mapping[str, JobState]]
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the report shows it."""
+
+    num: int
+    overrides: dict[str, str]
+    status: str
+    """``completed``, ``stopped_early``, ``failed``, ``running`` or ``pending``."""
+    job_id: str | None = None
+    slurm_state: str | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    train_loss: float | None = None
+    val_loss: float | None = None
+    best_val_loss: float | None = None
+    tokens_per_s: float | None = None
+    restarts: int | None = None
+    gpu_hours: float | None = None
+    world_size: int | None = None
+    nodes: str = ""
+    error: str = ""
+    """For a failed trial: why, in one line."""
+    trial_dir: str = ""
+
+
+@dataclass(frozen=True)
+class SweepData:
+    """A sweep's rows and every scalar of every trial (trial number -> tag -> points)."""
+
+    record: SweepRecord
+    rows: list[TrialRow]
+    scalars: dict[int, dict[str, ScalarSeries]] = field(default_factory=dict)
+    slurm_error: str | None = None
+    """Why Slurm states are missing (accounting unreachable), if they are."""
+
+
+def override_values(overrides: Sequence[str]) -> dict[str, str]:
+    """``["model.lr=1e-4", "+x=1"]`` -> ``{"model.lr": "1e-4", "x": "1"}`` (Hydra keys left out)."""
+    values = {}
+    for override in overrides:
+        parsed = split_override(override)
+        if parsed is not None and not parsed[0].startswith("hydra."):
+            values[parsed[0]] = parsed[1]
+    return values
+
+
+def trial_status(metrics_status: str | None, job: JobState | None, on_slurm: bool) -> str:
+    """The one status of a trial, from metrics.json and the Slurm state of its task.
+
+    A task Slurm ended badly is ``failed`` unless the trial had already finished. A task Slurm
+    ended while metrics.json is missing or says running never reported its end: ``failed`` too.
+    """
+    if metrics_status in ("completed", "stopped_early"):
+        return metrics_status
+    if job is not None and job.failed:
+        return "failed"
+    if metrics_status == "failed":
+        return "failed"
+    if job is not None and not job.active:
+        return "failed"
+    if metrics_status == "running" and (job is None or job.state == "RUNNING"):
+        return "running"
+    if job is not None:
+        return "running" if job.state in ("RUNNING", "COMPLETING") else "pending"
+    return "pending" if on_slurm or metrics_status is None else metrics_status
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    return (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
+
+
+def local_gpu_hours(metrics: Mapping[str, Any]) -> float | None:
+    """Wall time metrics.json spans times the world size, in hours (for trials without sacct)."""
+    seconds = _seconds_between(metrics.get("started_at"), metrics.get("updated_at"))
+    world_size = metrics.get("world_size")
+    if seconds is None or world_size is None:
+        return None
+    return seconds * world_size / 3600.0
+
+
+def _last(series: ScalarSeries | None) -> float | None:
+    return series.values[-1] if series and series.values else None
+
+
+def build_row(
+    trial: TrialRecord,
+    metrics: Mapping[str, Any] | None,
+    job: JobState | None,
+    scalars: Mapping[str, ScalarSeries],
+    error_text: str,
+    on_slurm: bool,
+) -> TrialRow:
+    """One trial's row. Metrics missing from metrics.json come from the trial's scalars."""
+    metrics = metrics or {}
+    values: dict[str, Any] = {name: metrics.get(name) for name in SCALAR_FALLBACKS}
+    for name, tag in SCALAR_FALLBACKS.items():
+        if values[name] is None:
+            values[name] = _last(scalars.get(tag))
+    best = metrics.get("best_val_loss")
+    val_series = scalars.get("val/loss")
+    if best is None and val_series and val_series.values:
+        best = min(val_series.values)
+    step = metrics.get("step")
+    if step is None and scalars:
+        step = max((s.steps[-1] for s in scalars.values() if s.steps), default=None)
+    status = trial_status(metrics.get("status"), job, on_slurm)
+    nodes = job.nodes if job is not None and job.nodes else ",".join(metrics.get("nodes") or [])
+    return TrialRow(
+        num=trial.num,
+        overrides=override_values(trial.overrides),
+        status=status,
+        job_id=trial.job_id,
+        slurm_state=job.state if job is not None else None,
+        step=step,
+        max_steps=metrics.get("max_steps"),
+        best_val_loss=best,
+        restarts=metrics.get("restarts"),
+        gpu_hours=job.gpu_hours if job is not None and job.gpu_hours is not None else local_gpu_hours(metrics),
+        world_size=metrics.get("world_size"),
+        nodes=nodes,
+        error=summarize_error(error_text) if status == "failed" else "",
+        trial_dir=trial.trial_dir,
+        **values,
+    )
+
+
+def sort_rows(rows: Sequence[TrialRow], metric: str, descending: bool = False) -> list[TrialRow]:
+    """Rows by ``metric``: failed trials last, then trials without the metric, then by number."""
+
+    def key(row: TrialRow) -> tuple:
+        value = getattr(row, metric)
+        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        ordered = 0.0 if missing else (-value if descending else value)
+        return (row.status == "failed", missing, ordered, row.num)
+
+    return sorted(rows, key=key)
+
+
+def swept_keys(rows: Sequence[TrialRow]) -> list[str]:
+    """Override keys whose values differ between trials (all keys when every trial agrees)."""
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row.overrides if k not in keys)
+    varying = [k for k in keys if len({row.overrides.get(k) for row in rows}) > 1]
+    return varying or keys
+
+
+def resolve_trial_dir(sweep_dir: Path, trial: TrialRecord) -> Path:
+    """The trial's dir: as recorded, or ``SWEEP_DIR/<num>`` when the sweep was copied elsewhere."""
+    recorded = Path(trial.trial_dir)
+    if not recorded.is_absolute():
+        recorded = sweep_dir / recorded
+    return recorded if recorded.exists() else sweep_dir / str(trial.num)
+
+
+def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states) -> SweepData:
+    """Read a sweep, running or finished: its rows and all trials' scalars."""
+    sweep_dir = Path(sweep_dir)
+    record = read_sweep_record(sweep_dir)
+    on_slurm = record.launcher == "slurm"
+    jobs: Mapping[str, JobState] = {}
+    slurm_error = None
+    if on_slurm:
+        try:
+            jobs = query(record.job_ids())
+        except SlurmCommandError as err:
+            slurm_error = str(err)
+    rows, all_scalars = [], {}
+    for trial in record.trials:
+        trial_dir = resolve_trial_dir(sweep_dir, trial)
+        metrics = read_metrics(trial_dir / "metrics.json")
+        scalars = read_scalars(trial_dir / "tb")
+        job = jobs.get(trial.job_id) if trial.job_id else None
+        provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
+        error = (
+            trial_error_text(trial_dir, sweep_dir, trial.job_id, (metrics or {}).get("error"))
+            if provisional == "failed"
+            else ""
+        )
+        rows.append(build_row(trial, metrics, job, scalars, error, on_slurm))
+        all_scalars[trial.num] = scalars
+    return SweepData(record=record, rows=rows, scalars=all_scalars, slurm_error=slurm_error)
