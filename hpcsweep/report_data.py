@@ -188,8 +188,8 @@ def resolve_trial_dir(sweep_dir: Path, trial: TrialRecord) -> Path:
     return recorded if recorded.exists() else sweep_dir / str(trial.num)
 
 
-def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states) -> SweepData:
-    """Read a sweep, running or finished: its rows and all trials' scalars."""
+def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_scalars: bool = True) -> SweepData:
+    """Read a sweep, running or finished: its rows and (``with_scalars``) all trials' scalars."""
     sweep_dir = Path(sweep_dir)
     record = read_sweep_record(sweep_dir)
     on_slurm = record.launcher == "slurm"
@@ -204,7 +204,7 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states) -> Swe
     for trial in record.trials:
         trial_dir = resolve_trial_dir(sweep_dir, trial)
         metrics = read_metrics(trial_dir / "metrics.json")
-        scalars = read_scalars(trial_dir / "tb")
+        scalars = read_scalars(trial_dir / "tb") if with_scalars else {}
         job = jobs.get(trial.job_id) if trial.job_id else None
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
         error = (
