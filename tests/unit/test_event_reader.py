@@ -1,0 +1,119 @@
+"""The event reader returns exactly what TensorBoard's EventAccumulator keeps (size_guidance 0)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing import event_accumulator, plugin_event_accumulator
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.util import tensor_util
+from torch.utils.tensorboard import SummaryWriter
+
+from hpcsweep.event_reader import iter_records, masked_crc32c, read_scalars
+
+TAGS = ("train/loss", "val/loss", "train/lr", "perf/tokens_per_s")
+
+
+def legacy_scalars(run_dir) -> dict[str, list[tuple[int, float, float]]]:
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def ours(run_dir) -> dict[str, list[tuple[int, float, float]]]:
+    return {tag: list(zip(s.steps, s.wall_times, s.values)) for tag, s in read_scalars(run_dir).items()}
+
+
+def test_masked_crc32c_matches_tensorboard():
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+
+    for data in (b"", b"a", bytes(range(256)), b"\x10\x00\x00\x00\x00\x00\x00\x00"):
+        assert masked_crc32c(data) == reference(data)
+
+
+def test_simple_value_scalars_match_event_accumulator(tmp_path):
+    rng = np.random.default_rng(0)
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step in range(300):
+        for tag in TAGS:
+            writer.add_scalar(tag, float(rng.normal()), step)
+        if step % 50 == 0:  # non-scalar events the reader must skip
+            writer.add_histogram("weights", rng.normal(size=100), step)
+            writer.add_text("note", f"step {step}", step)
+    writer.close()
+    # A second file in the same run, as a resumed trial writes: read in TensorBoard's order.
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step in range(200, 400):
+        writer.add_scalar("train/loss", float(rng.normal()), step)
+    writer.close()
+    expected = legacy_scalars(tmp_path)
+    assert set(expected) == set(TAGS)
+    assert ours(tmp_path) == expected
+    assert len(expected["train/loss"]) == 500
+
+
+def _tensor_event(tag: str, value: float, step: int, dtype, first: bool) -> event_pb2.Event:
+    summary_value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(value, dtype=dtype))
+    if first:
+        summary_value.metadata.CopyFrom(scalar_metadata.create_summary_metadata(display_name=tag, description=""))
+    return event_pb2.Event(wall_time=1000.0 + step, step=step, summary=summary_pb2.Summary(value=[summary_value]))
+
+
+def test_tensor_scalars_match_plugin_event_accumulator(tmp_path):
+    writer = EventFileWriter(str(tmp_path))
+    for step in range(100):
+        writer.add_event(_tensor_event("loss32", 1.0 / (step + 1), step, np.float32, step == 0))
+        writer.add_event(_tensor_event("loss64", 2.0 / (step + 3), step, np.float64, step == 0))
+    writer.close()
+    acc = plugin_event_accumulator.EventAccumulator(str(tmp_path), size_guidance={plugin_event_accumulator.TENSORS: 0})
+    acc.Reload()
+    expected = {
+        tag: [(e.step, e.wall_time, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors(tag)]
+        for tag in ("loss32", "loss64")
+    }
+    assert ours(tmp_path) == expected
+    assert len(expected["loss32"]) == 100
+
+
+def test_truncated_file_reads_complete_records_only(tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step in range(50):
+        writer.add_scalar("train/loss", step * 0.5, step)
+    writer.close()
+    (path,) = tmp_path.glob("*tfevents*")
+    data = path.read_bytes()
+    path.write_bytes(data[:-7])  # a record still being written
+    assert ours(tmp_path) == legacy_scalars(tmp_path)
+    assert [step for step, _, _ in ours(tmp_path)["train/loss"]] == list(range(49))
+    assert len(list(iter_records(data))) == 51  # file_version event + 50 scalars
+
+
+def test_session_start_purges_orphaned_steps_like_tensorboard(tmp_path):
+    writer = EventFileWriter(str(tmp_path))
+    for step in range(10):
+        writer.add_event(event_pb2.Event(step=step, wall_time=step, summary=summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag="loss", simple_value=float(step))])))
+    writer.add_event(event_pb2.Event(step=6, wall_time=20, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+    for step in range(6, 8):
+        writer.add_event(event_pb2.Event(step=step, wall_time=30 + step, summary=summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag="loss", simple_value=-float(step))])))
+    writer.close()
+    expected = legacy_scalars(tmp_path)
+    assert ours(tmp_path) == expected
+    assert [s for s, _, _ in expected["loss"]] == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_empty_or_missing_run_has_no_scalars(tmp_path):
+    assert read_scalars(tmp_path / "missing") == {}
+    assert read_scalars(tmp_path) == {}
+
+
+@pytest.mark.parametrize("value", [0.1, 3.0, -2.5e-7])
+def test_float32_values_are_rounded_as_tensorboard_rounds_them(tmp_path, value):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    writer.add_scalar("x", torch.tensor(value, dtype=torch.float64).item(), 1)
+    writer.close()
+    assert ours(tmp_path) == legacy_scalars(tmp_path)
