@@ -108,6 +108,30 @@ def read_metrics(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def new_report(*, max_steps: int, world_size: int, restarts: int, env: Mapping[str, str]) -> dict[str, Any]:
+    """The metrics.json fields of a trial that has not reported anything yet."""
+    return {
+        "status": "running",
+        "step": 0,
+        "max_steps": max_steps,
+        "train_loss": None,
+        "val_loss": None,
+        "best_val_loss": None,
+        "lr": None,
+        "grad_norm": None,
+        "tokens_per_s": None,
+        "mfu": None,
+        "restarts": restarts,
+        "slurm_restart_count": int(env.get("SLURM_RESTART_COUNT", "0")),
+        "world_size": world_size,
+        "nodes": [],
+        "ranks": [],
+        "started_at": now_iso(),
+        "weights_sha256": None,
+        "error": None,
+    }
+
+
 def write_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
     """Rewrite metrics.json with ``metrics`` and a fresh ``updated_at``."""
     if metrics["status"] not in STATUSES:

@@ -63,8 +63,8 @@ def run_trial(trial_dir: Path) -> int:
         return EXIT_OK
     world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s)
     trainer = None
+    restarts = previous["restarts"] + 1 if previous else 0
     try:
-        restarts = previous["restarts"] + 1 if previous else 0
         trainer = Trainer(cfg, world, trial_dir, hooks=test_hooks(os.environ), restarts=restarts)
         trainer.resume()
         code = trainer.fit()
@@ -75,8 +75,12 @@ def run_trial(trial_dir: Path) -> int:
         return code
     except Exception:
         log.exception("trial failed")
-        if trainer is not None and trainer.is_writer:
-            trainer.write_report(status="failed", error=traceback.format_exc().splitlines()[-20:])
+        if world.rank == 0:
+            report = trainer.report if trainer else metrics.new_report(
+                max_steps=cfg.trainer.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
+            )
+            error = traceback.format_exc().splitlines()[-20:]
+            metrics.write_metrics(trial_dir / "metrics.json", {**report, "status": "failed", "error": error})
         return EXIT_FAILED
     finally:
         if trainer is not None:

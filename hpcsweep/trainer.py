@@ -96,26 +96,9 @@ class Trainer:
         self.peak_flops = metrics.peak_flops(world.device.type)
         self.step = 0
         self.val_loss: float | None = None
-        self.report: dict[str, Any] = {
-            "status": "running",
-            "step": 0,
-            "max_steps": tcfg.max_steps,
-            "train_loss": None,
-            "val_loss": None,
-            "best_val_loss": None,
-            "lr": None,
-            "grad_norm": None,
-            "tokens_per_s": None,
-            "mfu": None,
-            "restarts": restarts,
-            "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
-            "world_size": world.world_size,
-            "nodes": [],
-            "ranks": [],
-            "started_at": metrics.now_iso(),
-            "weights_sha256": None,
-            "error": None,
-        }
+        self.report = metrics.new_report(
+            max_steps=tcfg.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
+        )
         me = {"rank": world.rank, "local_rank": world.local_rank, "node": node_name(os.environ), "pid": os.getpid()}
         ranks = all_gather_objects(world, me)
         self.report["ranks"] = ranks
