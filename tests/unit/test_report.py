@@ -1,0 +1,134 @@
+"""report: sacct parsing, statuses, failure lines, sorting, CSV/Markdown/PNG from a synthetic sweep."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from hpcsweep import report
+from hpcsweep.failure import OOM_ADVICE, summarize_error
+from hpcsweep.job_states import JobState, expand_task_ids, gpus_from_tres, parse_sacct
+from hpcsweep.report_data import load_sweep, sort_rows, trial_status
+from hpcsweep.report_plot import wants_log_axis
+
+from .sweep_fixtures import make_sweep, metrics
+
+SACCT = """\
+57_0|COMPLETED|3600|billing=16,cpu=16,gres/gpu=8,gres/gpu:a100=8,mem=200G,node=2|gpu[01-02]
+57_1|CANCELLED by 1000|1800|billing=8,cpu=8,gres/gpu:a100=4,node=1|gpu03
+57_2|RUNNING|60|billing=1,cpu=1,node=1|node1
+57_[3-5,7%2]|PENDING|0||None assigned
+"""
+
+
+def test_parse_sacct():
+    states = parse_sacct(SACCT)
+    assert states["57_0"] == JobState("57_0", "COMPLETED", 3600, 8, "gpu[01-02]")
+    assert states["57_0"].gpu_hours == 8.0
+    assert states["57_1"].state == "CANCELLED" and states["57_1"].failed and states["57_1"].gpus == 4
+    assert states["57_2"].gpu_hours == 0.0 and states["57_2"].active
+    assert sorted(k for k, s in states.items() if s.state == "PENDING") == ["57_3", "57_4", "57_5", "57_7"]
+    assert states["57_7"].nodes == ""
+
+
+def test_gpus_and_array_ranges():
+    assert gpus_from_tres("cpu=1,node=1") == 0
+    assert gpus_from_tres("gres/gpu=2,gres/gpu:a100=2") == 2
+    assert expand_task_ids("9_[0-1,4]") == ["9_0", "9_1", "9_4"]
+    assert expand_task_ids("9_3") == ["9_3"]
+
+
+@pytest.mark.parametrize(
+    ("metrics_status", "state", "on_slurm", "expected"),
+    [
+        ("completed", "COMPLETED", True, "completed"),
+        ("completed", "TIMEOUT", True, "completed"),
+        ("running", "TIMEOUT", True, "failed"),
+        ("running", "RUNNING", True, "running"),
+        ("running", "PENDING", True, "pending"),  # requeued after preemption
+        (None, "PENDING", True, "pending"),
+        (None, "COMPLETED", True, "failed"),  # ended without ever reporting
+        ("failed", "COMPLETED", True, "failed"),
+        (None, None, True, "pending"),
+        (None, None, False, "pending"),
+        ("running", None, False, "running"),
+        ("stopped_early", None, False, "stopped_early"),
+    ],
+)
+def test_trial_status(metrics_status, state, on_slurm, expected):
+    job = JobState("1_0", state) if state else None
+    assert trial_status(metrics_status, job, on_slurm) == expected
+
+
+def test_summarize_error():
+    traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: data.seq_len=32 is not allowed\n"
+    assert summarize_error(traceback) == "ValueError: data.seq_len=32 is not allowed"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert summarize_error(oom) == OOM_ADVICE
+    assert "trainer.grad_checkpointing=true" in OOM_ADVICE and "data.batch_size" in OOM_ADVICE
+    slurm = "step 10 loss 3.2\nslurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n"
+    assert "DUE TO TIME LIMIT" in summarize_error(slurm)
+    assert summarize_error("just a line\n\n") == "just a line"
+    assert summarize_error("") == ""
+
+
+def make_mixed_sweep(tmp_path):
+    return make_sweep(
+        tmp_path,
+        [
+            (["model.lr=1e-4", "trainer.max_steps=8"], metrics("completed", best=3.0)),
+            (["model.lr=1e-3", "trainer.max_steps=8"], metrics("failed", step=3, best=None,
+                                                               error=["Traceback:", "RuntimeError: NCCL timeout"])),
+            (["model.lr=3e-3", "trainer.max_steps=8"], metrics("completed", best=2.5)),
+            (["model.lr=1e-2", "trainer.max_steps=8"], None),
+        ],
+    )
+
+
+def test_rows_sorted_failed_last_with_error(tmp_path):
+    make_mixed_sweep(tmp_path)
+    sweep = load_sweep(tmp_path)
+    rows = sort_rows(sweep.rows, "best_val_loss")
+    assert [(r.num, r.status) for r in rows] == [(2, "completed"), (0, "completed"), (3, "pending"), (1, "failed")]
+    assert rows[-1].error == "RuntimeError: NCCL timeout"
+    assert rows[0].gpu_hours == 2.0  # 1 h wall x world size 2, no sacct for a local sweep
+    assert [r.num for r in sort_rows(sweep.rows, "best_val_loss", descending=True)][:2] == [0, 2]
+
+
+def test_slurm_rows_use_one_query_for_every_array(tmp_path):
+    make_sweep(tmp_path, [(["model.lr=1e-4"], metrics("completed")), (["model.lr=1e-3"], None)], launcher="slurm")
+    calls = []
+
+    def query(ids):
+        calls.append(list(ids))
+        return parse_sacct("41_0|COMPLETED|7200|cpu=1,gres/gpu=4,node=1|gpu01\n41_1|PENDING|0||None assigned\n")
+
+    rows = load_sweep(tmp_path, query=query).rows
+    assert calls == [["41"]]
+    assert rows[0].gpu_hours == 8.0 and rows[0].nodes == "gpu01"
+    assert rows[1].status == "pending" and rows[1].slurm_state == "PENDING"
+
+
+def test_report_cli_csv_markdown_plot(tmp_path, capsys):
+    sweep_dir = tmp_path / "sweep"
+    make_mixed_sweep(sweep_dir)
+    out_csv, out_png = tmp_path / "r.csv", tmp_path / "r.png"
+    assert report.main([str(sweep_dir), "--csv", str(out_csv), "--plot", str(out_png), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("| # | model.lr | status |")
+    assert "- #1 failed: RuntimeError: NCCL timeout" in text
+    rows = list(csv.DictReader(io.StringIO(out_csv.read_text())))
+    assert [r["num"] for r in rows] == ["2", "0", "3", "1"]
+    assert rows[0]["model.lr"] == "3e-3" and rows[0]["trainer.max_steps"] == "8"
+    assert out_png.stat().st_size > 1000
+    assert report.main([str(sweep_dir)]) == 0
+    assert "#1 failed: RuntimeError: NCCL timeout" in capsys.readouterr().out
+    assert report.main([str(tmp_path)]) == 2
+
+
+def test_log_axis_for_wide_positive_ranges():
+    assert wants_log_axis([1e-4, 3e-3])
+    assert not wants_log_axis([1.0, 5.0])
+    assert not wants_log_axis([0.0, 100.0])
