@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from hpcsweep.config import DataConfig
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SUCCESSORS = 4
@@ -120,6 +123,8 @@ def get_batch(
     The global batch of ``step`` is ``batch_size x world_size x grad_accum`` windows; this rank and
     micro-step take one contiguous slice of it.
     """
+    import torch  # here, not at the top: scripts/prepare-data imports this module and needs no torch
+
     lo, hi = (0, corpus.val_start) if split == "train" else (corpus.val_start, len(corpus.tokens))
     global_batch = cfg.batch_size * world_size * grad_accum
     starts = window_starts(
