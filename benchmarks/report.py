@@ -1,0 +1,126 @@
+"""Time the report's loading of a sweep against reading the same files with TensorBoard.
+
+    python benchmarks/report.py [--trials 100] [--steps 2000] [--repeats 2]
+
+Generates a local sweep in a temp dir (sweep.json, metrics.json and one event file per trial, 6
+scalar tags logged every step), then alternates: ``hpcsweep.report_data.load_sweep`` and a
+baseline that reads sweep.json, every metrics.json, and every trial's events with TensorBoard's
+``EventAccumulator(size_guidance={scalars: 0})``. Prints the best time of each and the ratio,
+asserts both saw identical points, and exits 1 when the ratio is under the 4x target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator  # noqa: E402
+from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
+
+from hpcsweep.event_reader import masked_crc32c  # noqa: E402
+from hpcsweep.metrics import TAGS  # noqa: E402
+from hpcsweep.report_data import load_sweep  # noqa: E402
+from hpcsweep.sweep_record import SweepRecord, TrialRecord, read_sweep_record, write_sweep_record  # noqa: E402
+
+TARGET_RATIO = 4.0
+LENGTH = struct.Struct("<Q")
+CRC = struct.Struct("<I")
+
+
+def record_bytes(event: event_pb2.Event) -> bytes:
+    """One TFRecord: length, its masked CRC, the event, its masked CRC."""
+    data = event.SerializeToString()
+    header = LENGTH.pack(len(data))
+    return header + CRC.pack(masked_crc32c(header)) + data + CRC.pack(masked_crc32c(data))
+
+
+def write_trial(trial_dir: Path, steps: int, rng: np.random.Generator) -> None:
+    """An event file with every tag at every step, and a completed metrics.json."""
+    (trial_dir / "tb").mkdir(parents=True)
+    values = rng.random((steps, len(TAGS)), dtype=np.float32)
+    chunks = [record_bytes(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2"))]
+    for step in range(steps):
+        for col, tag in enumerate(TAGS):
+            summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=values[step, col])])
+            chunks.append(record_bytes(event_pb2.Event(wall_time=1.7e9 + step, step=step, summary=summary)))
+    (trial_dir / "tb" / "events.out.tfevents.1700000000.bench.1.0").write_bytes(b"".join(chunks))
+    metrics = {"status": "completed", "step": steps, "max_steps": steps, "train_loss": float(values[-1, 0]),
+               "val_loss": float(values[-1, 1]), "best_val_loss": float(values[:, 1].min()), "tokens_per_s": 1.0,
+               "restarts": 0, "world_size": 1, "nodes": ["bench"]}
+    (trial_dir / "metrics.json").write_text(json.dumps(metrics))
+
+
+def generate(sweep_dir: Path, trials: int, steps: int) -> None:
+    rng = np.random.default_rng(0)
+    records = []
+    for num in range(trials):
+        write_trial(sweep_dir / str(num), steps, rng)
+        records.append(TrialRecord(num, [f"model.lr={1e-4 * (num + 1):g}"], str(sweep_dir / str(num)), None, "now"))
+    write_sweep_record(SweepRecord(str(sweep_dir), "local", "now", records))
+
+
+def ours(sweep_dir: Path) -> dict:
+    sweep = load_sweep(sweep_dir)
+    return {
+        (num, tag): list(zip(s.steps, s.wall_times, s.values))
+        for num, tags in sweep.scalars.items()
+        for tag, s in tags.items()
+    }
+
+
+def baseline(sweep_dir: Path) -> dict:
+    points = {}
+    for trial in read_sweep_record(sweep_dir).trials:
+        json.loads((Path(trial.trial_dir) / "metrics.json").read_text())
+        acc = EventAccumulator(str(Path(trial.trial_dir) / "tb"), size_guidance={SCALARS: 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            points[(trial.num, tag)] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+    return points
+
+
+def timed(fn, sweep_dir: Path) -> tuple[float, dict]:
+    start = time.perf_counter()
+    result = fn(sweep_dir)
+    return time.perf_counter() - start, result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        sweep_dir = Path(tmp)
+        start = time.perf_counter()
+        generate(sweep_dir, args.trials, args.steps)
+        print(f"generated {args.trials} trials x {args.steps} steps x {len(TAGS)} scalars "
+              f"in {time.perf_counter() - start:.1f} s")
+        times: dict[str, list[float]] = {"report": [], "tensorboard": []}
+        for _ in range(args.repeats):
+            t_ours, got = timed(ours, sweep_dir)
+            t_base, expected = timed(baseline, sweep_dir)
+            times["report"].append(t_ours)
+            times["tensorboard"].append(t_base)
+            assert got == expected, "the report and TensorBoard read different points"
+        assert len(got) == args.trials * len(TAGS) and all(len(v) == args.steps for v in got.values())
+    best_ours, best_base = min(times["report"]), min(times["tensorboard"])
+    ratio = best_base / best_ours
+    print(f"report loading:        {best_ours:.2f} s  (runs: {', '.join(f'{t:.2f}' for t in times['report'])})")
+    print(f"EventAccumulator:      {best_base:.2f} s  (runs: {', '.join(f'{t:.2f}' for t in times['tensorboard'])})")
+    print(f"ratio: {ratio:.1f}x (target >= {TARGET_RATIO:g}x); identical values: yes")
+    return 0 if ratio >= TARGET_RATIO else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
