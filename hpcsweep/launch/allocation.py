@@ -8,7 +8,7 @@ from typing import Any
 from hpcsweep.config import TrialConfig
 
 # Launcher keys that are ours, not submitit's.
-_OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "_target_"}
+_OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "max_array_size", "_target_"}
 # Launcher keys submitit names without the "slurm_" prefix.
 _BASE_KEYS = {"timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "name", "stderr_to_stdout"}
 
@@ -63,7 +63,7 @@ def executor_parameters(
     """
     out: dict[str, Any] = {}
     for key, value in params.items():
-        if key in _OWN_KEYS or key in ("gpus_per_node", "mem", "additional_parameters"):
+        if key in _OWN_KEYS or key in ("gpus_per_node", "mem", "additional_parameters", "exclude"):
             continue
         if value is None:
             continue
@@ -77,8 +77,15 @@ def executor_parameters(
         out["slurm_mem"] = params["mem"]
     additional = {"requeue": True, **dict(params.get("additional_parameters") or {})}
     additional.update(extra_sbatch or {})
+    excluded = _names(params.get("exclude")) | set(trial.topology.exclude) | _names(additional.pop("exclude", None))
+    if excluded:
+        out["slurm_exclude"] = ",".join(sorted(excluded))
     out["slurm_additional_parameters"] = additional
     return out
+
+
+def _names(csv: str | None) -> set[str]:
+    return {name for name in (csv or "").split(",") if name}
 
 
 def allocation_key(parameters: Mapping[str, Any]) -> tuple:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-import logging
 from typing import Any, NoReturn
 
 from hydra.core.utils import filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpcsweep.config import TrialConfig, trial_config_from_dict
-
 
 log = logging.getLogger(__name__)
 

@@ -17,20 +17,54 @@ from hpcsweep.launch.allocation import (
     chunk,
     executor_parameters,
 )
-from hpcsweep.launch.prepare import PreparedTrial, exit_with_config_error, prepare_trials
+from hpcsweep.launch.prepare import (
+    PreparedTrial,
+    exit_with_config_error,
+    prepare_trials,
+)
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_partition_names
-from hpcsweep.sweep_record import ArrayRecord, SweepRecord, TrialRecord, now_iso, write_sweep_record
+from hpcsweep.sweep_record import (
+    ArrayRecord,
+    SweepRecord,
+    TrialRecord,
+    now_iso,
+    write_sweep_record,
+)
+from hpcsweep.topology import parse_node_states, parse_topology, topology_sbatch_options
 
 log = logging.getLogger(__name__)
+
+
+def _placement_options(trials: Sequence[PreparedTrial], params: dict[str, Any]) -> dict[int, dict[str, str]]:
+    """Switch-tree constraints per trial, from one look at the topology and node states."""
+    placed = [t for t in trials if t.config.trainer.nodes > 1 and t.config.topology.mode != "off"]
+    if not placed:
+        return {}
+    tree = parse_topology(commands.show_topology())
+    states = parse_node_states(commands.show_nodes())
+    options = {}
+    for trial in placed:
+        topo = trial.config.topology
+        options[trial.num] = topology_sbatch_options(
+            topo.mode,
+            trial.config.trainer.nodes,
+            tree,
+            states,
+            exclude=[*topo.exclude, *(params.get("exclude") or "").split(",")],
+            max_wait_min=topo.max_wait_min,
+            partition=params.get("partition"),
+        )
+    return options
 
 
 def _group_by_allocation(
     trials: Sequence[PreparedTrial], params: dict[str, Any]
 ) -> list[tuple[dict[str, Any], list[PreparedTrial]]]:
+    placement = _placement_options(trials, params)
     groups: dict[tuple, tuple[dict[str, Any], list[PreparedTrial]]] = {}
     for trial in trials:
-        parameters = executor_parameters(trial.config, params)
+        parameters = executor_parameters(trial.config, params, placement.get(trial.num))
         groups.setdefault(allocation_key(parameters), (parameters, []))[1].append(trial)
     return list(groups.values())
 
@@ -64,6 +98,8 @@ def launch_on_slurm(launcher: Any, job_overrides: Sequence[Sequence[str]], initi
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
     max_array_size = parse_max_array_size(commands.show_config())
+    if params.get("max_array_size"):
+        max_array_size = min(max_array_size, int(params["max_array_size"]))
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)

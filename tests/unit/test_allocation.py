@@ -92,3 +92,10 @@ def test_unknown_partition_names_the_allowed_ones():
 def test_chunk_splits_at_max_array_size():
     assert [list(c) for c in chunk(list(range(5)), 2)] == [[0, 1], [2, 3], [4]]
     assert [list(c) for c in chunk(list(range(4)), 4)] == [[0, 1, 2, 3]]
+
+
+def test_excluded_nodes_from_launcher_topology_and_placement_are_merged():
+    config = trial_config_from_dict({"topology": {"exclude": ["node2"]}})
+    params = executor_parameters(config, {**LAUNCHER, "exclude": "node4,node1"}, {"exclude": "node3", "switches": "1@00:10:00"})
+    assert params["slurm_exclude"] == "node1,node2,node3,node4"
+    assert "exclude" not in params["slurm_additional_parameters"]
