@@ -23,7 +23,7 @@ CSV_FIELDS = (
 )
 
 
-def _number(value: float | int | None, digits: int) -> str:
+def _number(value: float | None, digits: int) -> str:
     if value is None:
         return "-"
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)

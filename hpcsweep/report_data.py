@@ -18,8 +18,8 @@ from hpcsweep.event_reader import ScalarSeries, read_scalars
 from hpcsweep.failure import summarize_error, trial_error_text
 from hpcsweep.hparams import split_override
 from hpcsweep.job_states import JobState, query_job_states
-from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.metrics import read_metrics
+from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.sweep_record import SweepRecord, TrialRecord, read_sweep_record
 
 FINAL_STATUSES = ("completed", "stopped_early", "failed")

@@ -18,7 +18,13 @@ from typing import Any
 import yaml
 
 from hpcsweep.failure import submitit_logs, tail
-from hpcsweep.report_data import FINAL_STATUSES, TrialRow, load_sweep, resolve_trial_dir, swept_keys
+from hpcsweep.report_data import (
+    FINAL_STATUSES,
+    TrialRow,
+    load_sweep,
+    resolve_trial_dir,
+    swept_keys,
+)
 
 BAR_WIDTH = 20
 LOG_LINES = 30
@@ -50,7 +56,7 @@ def format_duration(seconds: float | None) -> str:
     """``3725`` -> ``1h02m``; ``75`` -> ``1m15s``; None -> ``-``."""
     if seconds is None:
         return "-"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

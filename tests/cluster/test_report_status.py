@@ -15,7 +15,7 @@ TOKENS = ("20000", "40000", "60000", "100")
 
 def hpcsweep_tool(module: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=120, check=False
     )
 
 

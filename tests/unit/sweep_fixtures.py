@@ -9,7 +9,12 @@ from typing import Any
 
 import yaml
 
-from hpcsweep.sweep_record import ArrayRecord, SweepRecord, TrialRecord, write_sweep_record
+from hpcsweep.sweep_record import (
+    ArrayRecord,
+    SweepRecord,
+    TrialRecord,
+    write_sweep_record,
+)
 
 CONFIG = {"model": {"lr": 3e-3}, "data": {"batch_size": 4, "seq_len": 32}, "trainer": {"grad_accum": 1, "max_steps": 8}}
 

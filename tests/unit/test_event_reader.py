@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing import event_accumulator, plugin_event_accumulator
+from tensorboard.backend.event_processing import (
+    event_accumulator,
+    plugin_event_accumulator,
+)
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -28,7 +31,9 @@ def ours(run_dir) -> dict[str, list[tuple[int, float, float]]]:
 
 
 def test_masked_crc32c_matches_tensorboard():
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (
+        masked_crc32c as reference,
+    )
 
     for data in (b"", b"a", bytes(range(256)), b"\x10\x00\x00\x00\x00\x00\x00\x00"):
         assert masked_crc32c(data) == reference(data)

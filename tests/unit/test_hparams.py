@@ -5,7 +5,13 @@ from __future__ import annotations
 from tensorboard.backend.event_processing import event_multiplexer
 from tensorboard.plugins.hparams import api_pb2, metadata
 
-from hpcsweep.hparams import METRIC_TAGS, flatten_config, split_override, trial_hparams, write_trial_hparams
+from hpcsweep.hparams import (
+    METRIC_TAGS,
+    flatten_config,
+    split_override,
+    trial_hparams,
+    write_trial_hparams,
+)
 
 from .sweep_fixtures import make_sweep
 
