@@ -1,0 +1,55 @@
+"""Topology-aware placement on the real local cluster (leaf1: node1-2, leaf2: node3-4)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from .conftest import SMALL_TRIAL, read_json, run_hpcsweep, slurm, wait_for
+
+
+@pytest.fixture
+def node1_busy(slurm_env):
+    """A job that holds all of node1, so only node2 is free under leaf1."""
+    job_id = slurm(slurm_env, "sbatch", "--parsable", "--nodelist=node1", "--exclusive", "--time=10",
+                   "--wrap", "sleep 600").strip()
+    wait_for(lambda: slurm(slurm_env, "squeue", "-h", "-j", job_id, "-o", "%T").strip() == "RUNNING",
+             timeout=60, what="the blocker on node1 to run")
+    yield job_id
+    slurm(slurm_env, "scancel", job_id)
+
+
+def submit_two_node_trial(tmp_path, env, mode: str) -> dict:
+    # 3 minutes: under the default SchedulerParameters=max_switch_wait (300 s), which caps the request.
+    args = ["-m", "trainer.nodes=2", f"topology.mode={mode}", "topology.max_wait_min=3", *SMALL_TRIAL, "trainer.max_steps=2"]
+    result = run_hpcsweep(args, tmp_path, env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (trial,) = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))["trials"]
+    return trial
+
+
+def placed_nodes(env, job_id: str) -> list[str]:
+    def nodes():
+        out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "-j", job_id, "--format=NodeList,State").strip()
+        nodelist, _, state = out.partition("|")
+        return nodelist if state and state != "PENDING" and nodelist != "None assigned" else None
+
+    nodelist = wait_for(nodes, timeout=120, what=f"job {job_id} to be placed")
+    return slurm(env, "scontrol", "show", "hostnames", nodelist).split()
+
+
+def test_pin_mode_submits_and_lands_on_one_leaf(tmp_path, slurm_env, node1_busy):
+    trial = submit_two_node_trial(tmp_path, slurm_env, "pin")
+    script = next(tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh")).read_text()
+    assert "#SBATCH --nodelist=node3,node4" in script
+    assert placed_nodes(slurm_env, trial["job_id"]) == ["node3", "node4"]
+    subprocess.run(["scancel", trial["job_id"]], env=slurm_env, check=True, timeout=30)
+
+
+def test_switches_mode_asks_slurm_for_one_leaf(tmp_path, slurm_env, node1_busy):
+    trial = submit_two_node_trial(tmp_path, slurm_env, "switches")
+    job = slurm(slurm_env, "scontrol", "show", "job", "--oneliner", trial["job_id"])
+    assert "Switches=1@00:03:00" in job, job
+    assert placed_nodes(slurm_env, trial["job_id"]) == ["node3", "node4"]
+    subprocess.run(["scancel", trial["job_id"]], env=slurm_env, check=True, timeout=30)
