@@ -15,16 +15,16 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
-import torch
 import yaml
 
 from hpcsweep import metrics
 from hpcsweep.checkpoint import CheckpointManager
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.distributed import barrier, destroy_distributed, init_distributed, ranks_from_env
-from hpcsweep.trainer import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, STOP_REQUESTED, Trainer
+from hpcsweep.trainer import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, STOP_REQUESTED, StepHook, Trainer
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
@@ -65,7 +65,7 @@ def run_trial(trial_dir: Path) -> int:
     trainer = None
     restarts = previous["restarts"] + 1 if previous else 0
     try:
-        trainer = Trainer(cfg, world, trial_dir, hooks=test_hooks(os.environ), restarts=restarts)
+        trainer = Trainer(cfg, world, trial_dir, hooks=stop_at_step_hooks(os.environ), restarts=restarts)
         trainer.resume()
         code = trainer.fit()
         trainer.close()
@@ -88,7 +88,7 @@ def run_trial(trial_dir: Path) -> int:
         destroy_distributed(world)
 
 
-def test_hooks(env: dict) -> list:
+def stop_at_step_hooks(env: Mapping[str, str]) -> list[StepHook]:
     """The ``HPCSWEEP_TEST_STOP_AT_STEP`` hook, when that variable is set."""
     if "HPCSWEEP_TEST_STOP_AT_STEP" not in env:
         return []
@@ -102,10 +102,10 @@ def test_hooks(env: dict) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m hpcsweep.train TRIAL_DIR``; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.train", description=__doc__.splitlines()[0])
     parser.add_argument("trial_dir", type=Path, help="directory holding config.yaml")
     args = parser.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     return run_trial(args.trial_dir)
 
 
