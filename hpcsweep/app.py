@@ -15,19 +15,27 @@ from hpcsweep.launch.prepare import exit_with_config_error, validate_composed
 log = logging.getLogger("hpcsweep")
 
 
-def register_launchers() -> None:
-    """Register hpcsweep's launchers with Hydra explicitly.
+def register_plugins() -> None:
+    """Register hpcsweep's launchers and sweeper with Hydra explicitly.
 
     Hydra finds plugins by scanning the ``hydra_plugins`` namespace with pkgutil, which does not
     see packages that an editable install (``pip install -e .``) maps in through an import hook.
     """
     from hydra.core.plugins import Plugins
 
-    import hydra_plugins.hpcsweep_launchers.config  # noqa: F401  (stores the launcher configs)
-    from hydra_plugins.hpcsweep_launchers.launchers import AutoLauncher, LocalLauncher, SlurmLauncher
+    # The scan re-executes the modules of the plugins it finds (Hydra's own among them); only
+    # classes defined after it subclass the final BasicSweeper and BaseSubmititLauncher.
+    plugins = Plugins.instance()
+    import hydra_plugins.hpcsweep_plugins.config  # noqa: F401  (stores the launcher configs)
+    from hydra_plugins.hpcsweep_plugins.launchers import (
+        AutoLauncher,
+        LocalLauncher,
+        SlurmLauncher,
+    )
+    from hydra_plugins.hpcsweep_plugins.sweeper import GridSweeper
 
-    for launcher in (AutoLauncher, LocalLauncher, SlurmLauncher):
-        Plugins.instance().register(launcher)
+    for plugin in (AutoLauncher, LocalLauncher, SlurmLauncher, GridSweeper):
+        plugins.register(plugin)
 
 
 def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
@@ -51,4 +59,4 @@ def hydra_main(cfg: DictConfig) -> dict[str, Any]:
     return run_trial_task(cfg)
 
 
-register_launchers()
+register_plugins()

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from hydra.core.utils import filter_overrides
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from hpcsweep.config import TrialConfig, trial_config_from_dict
+from hpcsweep.launch.compose import SweepComposer
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +58,13 @@ def prepare_trials(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
 
     Raises ``SweepConfigError`` naming the trial and the bad key on the first invalid trial.
     """
+    composer = SweepComposer(launcher.hydra_context.config_loader, launcher.config)
     trials = []
     for offset, overrides in enumerate(job_overrides):
         num = initial_job_idx + offset
-        sweep_config = launcher.hydra_context.config_loader.load_sweep_config(
-            launcher.config, list(overrides)
-        )
-        with open_dict(sweep_config.hydra.job):
-            sweep_config.hydra.job.num = num
         try:
-            trial_config = validate_composed(sweep_config)
+            trial_config = validate_composed(composer.compose_app(overrides))
         except ValueError as err:
             raise SweepConfigError(f"trial #{num} ({trial_label(overrides)}): {err}") from None
-        trial_dir = Path(os.path.abspath(str(sweep_config.hydra.sweep.dir))) / str(
-            sweep_config.hydra.sweep.subdir
-        )
-        trials.append(PreparedTrial(num, list(overrides), trial_dir, trial_config))
+        trials.append(PreparedTrial(num, list(overrides), composer.trial_dir(overrides, num), trial_config))
     return trials

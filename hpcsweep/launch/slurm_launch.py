@@ -78,9 +78,8 @@ def _submit_array(launcher: Any, parameters: dict[str, Any], trials: Sequence[Pr
         slurm_max_num_timeout=launcher.params["max_num_timeout"],
     )
     executor.update_parameters(**parameters)
-    job_params = [
-        (t.overrides, "hydra.sweep.dir", t.num, f"job_id_for_{t.num}", Singleton.get_state()) for t in trials
-    ]
+    singletons = Singleton.get_state()  # a deep copy of Hydra's global state: take it once
+    job_params = [(t.overrides, "hydra.sweep.dir", t.num, f"job_id_for_{t.num}", singletons) for t in trials]
     return executor.map_array(launcher, *zip(*job_params))
 
 

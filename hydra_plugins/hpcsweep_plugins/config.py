@@ -1,13 +1,11 @@
-"""Launcher configs, stored in Hydra's ConfigStore under ``hydra/launcher``."""
-
-from __future__ import annotations
+"""Launcher and sweeper configs, stored in Hydra's ConfigStore under ``hydra/launcher`` and ``hydra/sweeper``."""
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-_PLUGIN = "hydra_plugins.hpcsweep_launchers.launchers"
+_PLUGIN = "hydra_plugins.hpcsweep_plugins.launchers"
 
 
 @dataclass
@@ -65,7 +63,18 @@ class AutoLauncherConf(SlurmLauncherConf):
     _target_: str = f"{_PLUGIN}.AutoLauncher"
 
 
+@dataclass
+class GridSweeperConf:
+    """Hydra's basic sweeper, which hpcsweep's launchers spare a second composition of every trial."""
+
+    _target_: str = "hydra_plugins.hpcsweep_plugins.sweeper.GridSweeper"
+    # Trials handed to the launcher at once (null: all of them, so one sweep is one array).
+    max_batch_size: Optional[int] = None
+    params: Optional[dict[str, str]] = None
+
+
 _store = ConfigStore.instance()
 _store.store(group="hydra/launcher", name="hpcsweep_slurm", node=SlurmLauncherConf, provider="hpcsweep")
 _store.store(group="hydra/launcher", name="hpcsweep_local", node=LocalLauncherConf, provider="hpcsweep")
 _store.store(group="hydra/launcher", name="hpcsweep_auto", node=AutoLauncherConf, provider="hpcsweep")
+_store.store(group="hydra/sweeper", name="hpcsweep_grid", node=GridSweeperConf, provider="hpcsweep")

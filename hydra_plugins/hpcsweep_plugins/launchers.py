@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,14 @@ class SlurmLauncher(BaseSubmititLauncher):
     """
 
     _EXECUTOR = "slurm"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        result = super().__call__(*args, **kwargs)
+        # Hydra's run_job catches the trial's exception; raise it, so that the array task exits
+        # non-zero and Slurm accounting says FAILED instead of COMPLETED.
+        if result.status == JobStatus.FAILED:
+            raise result._return_value
+        return result
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hpcsweep.launch.slurm_launch import launch_on_slurm

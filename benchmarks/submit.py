@@ -1,0 +1,81 @@
+"""How long a non-blocking sweep submission takes, beside one bare ``sbatch --array`` of the same size.
+
+    eval "$(scripts/slurm-cluster env)"; python benchmarks/submit.py [--sizes 100 1000] [--repeats 2]
+
+Both sides submit held jobs (``--hold``) that are cancelled at once, so nothing runs. The hpcsweep
+side is the whole command a user types, `python -m hpcsweep -m model.lr=...`: interpreter start,
+Hydra composition and validation of every trial, submitit pickles, sbatch, sweep.json. Sizes and
+sides alternate within one run, since this machine is noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def timed(argv: list[str], cwd: Path) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=900)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:6])} ... failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return elapsed, proc.stdout
+
+
+def cancel(job_ids: list[str]) -> None:
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], check=True, timeout=120)
+
+
+def submit_sweep(n: int, workdir: Path) -> float:
+    lrs = ",".join(f"{1e-5 * (i + 1):.6g}" for i in range(n))
+    elapsed, _ = timed(
+        [sys.executable, "-m", "hpcsweep", "-m", f"model.lr={lrs}", "hydra.launcher.cpus_per_task=1",
+         "hydra.launcher.gpus_per_node=0", "+hydra.launcher.additional_parameters.hold=true"],
+        workdir,
+    )
+    (sweep_file,) = workdir.glob("multirun/*/*/sweep.json")
+    cancel([a["array_job_id"] for a in json.loads(sweep_file.read_text())["arrays"]])
+    sweep_file.rename(sweep_file.with_suffix(".done"))
+    return elapsed
+
+
+def submit_bare(n: int, workdir: Path) -> float:
+    elapsed, out = timed(
+        ["sbatch", "--parsable", "--hold", f"--array=0-{n - 1}", "--cpus-per-task=1", "--output=/dev/null",
+         "--wrap", "true"],
+        workdir,
+    )
+    cancel([out.strip().split(";")[0]])
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    times: dict[tuple[int, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for n in args.sizes:
+                workdir = Path(tmp) / f"{n}-{repeat}"
+                workdir.mkdir()
+                times.setdefault((n, "bare"), []).append(submit_bare(n, workdir))
+                times.setdefault((n, "hpcsweep"), []).append(submit_sweep(n, workdir))
+    print(f"{'trials':>7} {'bare sbatch --array (s)':>24} {'python -m hpcsweep -m (s)':>26} {'ratio':>7}")
+    for n in args.sizes:
+        bare = statistics.median(times[(n, "bare")])
+        ours = statistics.median(times[(n, "hpcsweep")])
+        print(f"{n:>7} {bare:>24.2f} {ours:>26.2f} {ours / bare:>6.1f}x")
+
+
+if __name__ == "__main__":
+    main()
