@@ -12,7 +12,7 @@ from .conftest import SMALL_TRIAL, read_json, run_hpcsweep, slurm, wait_for
 @pytest.fixture
 def node1_busy(slurm_env):
     """A job that holds all of node1, so only node2 is free under leaf1."""
-    job_id = slurm(slurm_env, "sbatch", "--parsable", "--nodelist=node1", "--exclusive", "--time=10",
+    job_id = slurm(slurm_env, "sbatch", "--parsable", "--nodelist=node1", "--exclusive", "--time=10", "--output=/dev/null",
                    "--wrap", "sleep 600").strip()
     wait_for(lambda: slurm(slurm_env, "squeue", "-h", "-j", job_id, "-o", "%T").strip() == "RUNNING",
              timeout=60, what="the blocker on node1 to run")

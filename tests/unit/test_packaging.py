@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -15,15 +16,18 @@ def test_plain_install_runs_cfg_job_from_another_folder(tmp_path):
     # System site-packages provide the heavy dependencies (torch); hpcsweep itself is installed fresh.
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
+    # A copy, so that the build leaves nothing in the work tree and no stale build/ leaks in.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-         "--no-build-isolation", str(REPO)],
+         "--no-build-isolation", str(source)],
         check=True, capture_output=True, text=True, timeout=300,
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = subprocess.run(
-        [str(python), "-c", "import hpcsweep.configs, hydra_plugins.hpcsweep_launchers as l; "
+        [str(python), "-c", "import hpcsweep.configs, hydra_plugins.hpcsweep_plugins as l; "
          "print(hpcsweep.configs.__file__); print(l.__file__)"],
         cwd=elsewhere, check=True, capture_output=True, text=True, timeout=60,
     ).stdout.split()
@@ -41,5 +45,5 @@ def test_plain_install_runs_cfg_job_from_another_folder(tmp_path):
         cwd=elsewhere, capture_output=True, text=True, timeout=120,
     )
     assert launcher.returncode == 0, launcher.stderr
-    assert "_target_: hydra_plugins.hpcsweep_launchers.launchers.SlurmLauncher" in launcher.stdout
+    assert "_target_: hydra_plugins.hpcsweep_plugins.launchers.SlurmLauncher" in launcher.stdout
     assert "gpus_per_node: 8" in launcher.stdout
