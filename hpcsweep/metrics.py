@@ -54,7 +54,9 @@ class TensorBoardLogger(Logger):
     """Scalars as TensorBoard events under ``log_dir``."""
 
     def __init__(self, log_dir: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # imported here: slow, and rank 0 only
+        from torch.utils.tensorboard import (
+            SummaryWriter,  # imported here: slow, and rank 0 only
+        )
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
 

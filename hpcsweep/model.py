@@ -8,8 +8,14 @@ Weights are initialised locally from ``trainer.seed``.
 from __future__ import annotations
 
 import torch
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from hpcsweep.config import ModelConfig
 

@@ -23,8 +23,20 @@ import yaml
 from hpcsweep import metrics
 from hpcsweep.checkpoint import CheckpointManager
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.distributed import barrier, destroy_distributed, init_distributed, ranks_from_env
-from hpcsweep.trainer import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, STOP_REQUESTED, StepHook, Trainer
+from hpcsweep.distributed import (
+    barrier,
+    destroy_distributed,
+    init_distributed,
+    ranks_from_env,
+)
+from hpcsweep.trainer import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REQUEUE,
+    STOP_REQUESTED,
+    StepHook,
+    Trainer,
+)
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")

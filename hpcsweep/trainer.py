@@ -23,7 +23,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from hpcsweep import data, metrics, model, optim
-from hpcsweep.checkpoint import CheckpointManager, load_checkpoint_file, rng_state, set_rng_state
+from hpcsweep.checkpoint import (
+    CheckpointManager,
+    load_checkpoint_file,
+    rng_state,
+    set_rng_state,
+)
 from hpcsweep.config import TrialConfig
 from hpcsweep.distributed import (
     WorldInfo,
