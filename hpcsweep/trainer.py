@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcsweep import data, metrics, model, optim
+from hpcsweep import data, hparams, metrics, model, optim
 from hpcsweep.checkpoint import (
     CheckpointManager,
     load_checkpoint_file,
@@ -95,6 +95,8 @@ class Trainer:
         self.scaler = optim.build_grad_scaler(tcfg.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
         self.ckpt = CheckpointManager(trial_dir / "checkpoints", keep_top_k=tcfg.keep_top_k, enable=self.is_writer)
+        if self.is_writer:
+            hparams.write_trial_hparams(trial_dir)
         self.logger = metrics.build_logger(world.rank, world.world_size, trial_dir / "tb")
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
         self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
@@ -215,7 +217,7 @@ class Trainer:
             window_steps += 1
             for hook in self.hooks:
                 hook(self, self.step)
-            if self.step % tcfg.log_every == 0:
+            if self.step % tcfg.log_every == 0 or self.step == tcfg.max_steps:
                 elapsed = time.perf_counter() - window_start
                 self.log_train(loss, grad_norm, window_steps / elapsed)
                 window_start, window_steps = time.perf_counter(), 0
@@ -256,7 +258,7 @@ class Trainer:
         """Report a validation loss; True when early stopping says stop."""
         self.val_loss = val_loss
         stop = self.early.update(val_loss)
-        self.logger.log({"val/loss": val_loss}, self.step)
+        self.logger.log({"val/loss": val_loss, "hparams/best_val_loss": self.early.best}, self.step)
         self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
         self.write_report()
         log.info("step %d val_loss %.4f", self.step, val_loss)
