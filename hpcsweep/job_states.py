@@ -90,17 +90,25 @@ def expand_task_ids(job_id: str) -> list[str]:
 
 
 def parse_sacct(text: str) -> dict[str, JobState]:
-    """``sacct --parsable2 --noheader --format=<SACCT_FIELDS>`` output -> task id -> state."""
+    """``sacct --duplicates --parsable2 --noheader --format=<SACCT_FIELDS>`` output -> task id -> state.
+
+    A requeued task has one line per run, oldest first: the state and nodes are the last run's,
+    the elapsed time is the sum over all runs (every run used its GPUs).
+    """
     states: dict[str, JobState] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
         job_id, state, elapsed, tres, nodes = line.split("|")[: len(SACCT_FIELDS)]
         for task_id in expand_task_ids(job_id):
+            seconds = int(elapsed) if elapsed.isdigit() else None
+            earlier = states.get(task_id)
+            if earlier is not None and earlier.elapsed_s is not None and seconds is not None:
+                seconds += earlier.elapsed_s
             states[task_id] = JobState(
                 job_id=task_id,
                 state=base_state(state),
-                elapsed_s=int(elapsed) if elapsed.isdigit() else None,
+                elapsed_s=seconds,
                 gpus=gpus_from_tres(tres),
                 nodes="" if nodes == "None assigned" else nodes,
             )

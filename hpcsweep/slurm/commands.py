@@ -109,13 +109,17 @@ def sbatch(options: Sequence[str], script_path: str, script_args: Sequence[str] 
 
 
 def sacct(job_ids: Sequence[str], fields: Sequence[str]) -> str:
-    """One ``sacct`` call for several jobs, ``|``-separated, without a header."""
+    """One ``sacct`` call for several jobs, ``|``-separated, without a header.
+
+    Every run of a requeued job is listed (``--duplicates``), oldest first.
+    """
     return run_slurm(
         [
             "sacct",
             "--noheader",
             "--parsable2",
             "--allocations",
+            "--duplicates",
             "--jobs",
             ",".join(job_ids),
             "--format",

@@ -33,6 +33,17 @@ def test_parse_sacct():
     assert states["57_7"].nodes == ""
 
 
+def test_parse_sacct_sums_the_runs_of_a_requeued_task():
+    text = (
+        "60_0|PREEMPTED|600|cpu=8,gres/gpu=8,node=1|gpu01\n"
+        "60_0|REQUEUED|300|cpu=8,gres/gpu=8,node=1|gpu02\n"
+        "60_0|COMPLETED|900|cpu=8,gres/gpu=8,node=1|gpu03\n"
+    )
+    state = parse_sacct(text)["60_0"]
+    assert (state.state, state.elapsed_s, state.nodes) == ("COMPLETED", 1800, "gpu03")
+    assert state.gpu_hours == 4.0
+
+
 def test_gpus_and_array_ranges():
     assert gpus_from_tres("cpu=1,node=1") == 0
     assert gpus_from_tres("gres/gpu=2,gres/gpu:a100=2") == 2
