@@ -2,7 +2,8 @@
 
 Every node of a trial's allocation runs this once. A 1-node, 1-process trial trains in this
 process; anything larger starts a torchrun elastic agent (c10d rendezvous) for
-``hpcsweep.train``, whose workers' failures become this trial's failure.
+``hpcsweep.train``, whose workers' failures become this trial's failure. Stop signals
+(time limit, preemption) are handled here while the trial runs: see ``hpcsweep.preempt``.
 """
 
 from __future__ import annotations
@@ -15,19 +16,23 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hpcsweep import preempt
 from hpcsweep.config import TrialConfig, trial_config_to_dict
 from hpcsweep.fileio import atomic_write_json, atomic_write_text
+from hpcsweep.metrics import write_metrics
 from hpcsweep.nccl import list_ib_devices, nccl_env
 from hpcsweep.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_node_address
-from hpcsweep.slurm.env import slurm_job_env
+from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
 from hpcsweep.sweep_record import now_iso
 
 log = logging.getLogger(__name__)
@@ -125,8 +130,21 @@ def read_metrics(trial_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path) -> None:
-    """Start a torchrun elastic agent for ``hpcsweep.train``; raise ``TrialFailed`` on worker failure."""
+@dataclasses.dataclass(frozen=True)
+class ProcessesResult:
+    """How this node's training processes ended: their exit codes, and the error text if any."""
+
+    exit_codes: list[int]
+    error: str = ""
+
+
+def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path) -> ProcessesResult:
+    """Run a torchrun elastic agent for ``hpcsweep.train`` until its workers have exited.
+
+    The agent runs in a thread: torch installs its own SIGTERM handler when started from the main
+    thread, and the main thread's stop handlers must stay. The thread blocks the stop signals, so
+    the workers start with them blocked (see ``preempt.stop_signals_blocked``).
+    """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -145,21 +163,65 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path) -> None:
         monitor_interval=0.5,
         logs_specs=DefaultLogsSpecs(log_dir=str(trial_dir / "logs" / "torchrun")),
     )
-    try:
-        elastic_launch(config, sys.executable)("-u", "-m", "hpcsweep.train", str(trial_dir))
-    except ChildFailedError as err:
-        message = err.format_msg()
-        log.error("trial workers failed:\n%s", message)
-        raise TrialFailed(message) from None
+    outcome: list[ProcessesResult | BaseException] = []
+
+    def agent() -> None:
+        with preempt.stop_signals_blocked():
+            try:
+                elastic_launch(config, sys.executable)("-u", "-m", "hpcsweep.train", str(trial_dir))
+                outcome.append(ProcessesResult([0] * rdzv.nproc_per_node))
+            except ChildFailedError as err:
+                codes = [failure.exitcode for failure in err.failures.values()]
+                outcome.append(ProcessesResult(codes, err.format_msg()))
+                log.info("trial workers exited with codes %s", codes)
+            except BaseException as err:  # re-raised in the caller's thread
+                outcome.append(err)
+
+    thread = threading.Thread(target=agent, name="torchrun-agent")
+    thread.start()
+    thread.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
-def run_in_process(trial_dir: Path) -> None:
+def run_in_process(trial_dir: Path) -> ProcessesResult:
     """The fast path: a 1-node, 1-process trial trains here, without an agent."""
     from hpcsweep.train import run_trial
 
     code = run_trial(trial_dir)
-    if code != 0:
-        raise TrialFailed(f"training exited with code {code}")
+    return ProcessesResult([code], "" if code == 0 else f"training exited with code {code}")
+
+
+def fail_trial(trial_dir: Path, metrics: dict[str, Any], error: str) -> None:
+    """Mark the trial failed in metrics.json with ``error`` (node 0 only) and raise ``TrialFailed``."""
+    write_metrics(trial_dir / METRICS_FILE, {**metrics, "status": "failed", "error": error})
+    raise TrialFailed(error)
+
+
+def after_stop(
+    trial_dir: Path, job: SlurmJobEnv | None, node_rank: int, cap: int | None, stop: preempt.StopRequest
+) -> None:
+    """Finish a checkpointed stop: record it, then requeue, leave it to Slurm, or fail the trial.
+
+    Raises ``TrialRequeued`` (a ``SystemExit``) or ``TrialFailed``; only node 0 writes or requeues.
+    """
+    metrics = read_metrics(trial_dir)
+    reason = stop.reason or metrics.get("last_stop_reason")
+    took = None if stop.requested_at is None else round(time.monotonic() - stop.requested_at, 3)
+    requeues = job.restart_count if job else 0
+    decision = preempt.decide_after_stop(reason, requeues, cap, under_slurm=job is not None)
+    log.info("stop (%s): checkpoint saved and workers gone %s s after the signal; %s",
+             reason, took, decision.message)
+    if node_rank != 0:
+        raise preempt.TrialRequeued(decision.message)
+    metrics.update(last_stop_reason=reason, stop_to_exit_s=took)
+    if decision.action == "fail":
+        fail_trial(trial_dir, metrics, decision.message)
+    write_metrics(trial_dir / METRICS_FILE, metrics)
+    if decision.action == "requeue" and job is not None:
+        preempt.requeue_job(job.job_label)
+    raise preempt.TrialRequeued(decision.message)
 
 
 def run_trial_on_this_node(
@@ -194,12 +256,42 @@ def run_trial_on_this_node(
         trial_dir, rdzv.node_rank, rdzv.nnodes, rdzv.nproc_per_node, rdzv.endpoint,
     )
 
-    if rdzv.nnodes == 1 and rdzv.nproc_per_node == 1:
-        run_in_process(trial_dir)
-    else:
-        run_elastic_agent(rdzv, trial_dir)
+    job = slurm_job_env(env)
+    cap = preempt.max_requeues_from_env(env)
+    over_cap = preempt.over_cap_error(job.restart_count if job else 0, cap)
+    if over_cap:
+        log.error("trial %s: %s", trial_dir, over_cap)
+        if rdzv.node_rank == 0:
+            fail_trial(trial_dir, read_metrics(trial_dir), over_cap)
+        raise TrialFailed(over_cap)
 
-    metrics = read_metrics(trial_dir)
-    if metrics.get("status") == "failed":
-        raise TrialFailed(metrics.get("error") or "training reported status failed")
+    stop_file = preempt.stop_file_for(trial_dir, rdzv.node_rank)
+    stop_file.unlink(missing_ok=True)
+    os.environ[preempt.STOP_FILE_VAR] = str(stop_file)
+    # The trainer clears STOP_REQUESTED once it has acted; ``signalled`` keeps the reason and time.
+    signalled = preempt.StopRequest()
+
+    def on_stop(reason: str) -> None:
+        log.warning("trial %s: stop signal (%s): finishing the step, then checkpoint", trial_dir, reason)
+        signalled.set(reason)
+        preempt.STOP_REQUESTED.set(reason)
+        preempt.write_stop_file(stop_file, reason)
+
+    with preempt.stop_signals_handled(on_stop):
+        try:
+            if rdzv.nnodes == 1 and rdzv.nproc_per_node == 1:
+                result = run_in_process(trial_dir)
+            else:
+                result = run_elastic_agent(rdzv, trial_dir)
+        finally:
+            # A signal after the last step must not stop the next trial of this process.
+            preempt.STOP_REQUESTED.clear()
+        metrics = read_metrics(trial_dir)
+        outcome = preempt.classify_exit(result.exit_codes, metrics.get("status"))
+        if outcome == "stopped":
+            after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
+    if outcome == "failed":
+        log.error("trial %s failed:\n%s", trial_dir, result.error or metrics.get("error"))
+        error = result.error or metrics.get("error") or "training reported status failed"
+        raise TrialFailed(error if isinstance(error, str) else "\n".join(error))
     return metrics

@@ -4,8 +4,10 @@ Wiring only: read and validate ``TRIAL_DIR/config.yaml``, join the process group
 trainer, resume, train, close. The same entry runs as one plain process (world size 1), under
 ``torchrun --nproc-per-node=K``, and across nodes.
 
-Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k, exactly as a
-preemption signal handler would, so tests exercise the real save-and-requeue path.
+Stops: as a torchrun worker (``main``), USR2 and SIGTERM set ``STOP_REQUESTED`` (see
+``hpcsweep.preempt``), and so does this node's stop file, which the runner writes when it is
+signalled. Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k,
+exactly as a preemption signal handler would, so tests exercise the real save-and-requeue path.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from hpcsweep import metrics
+from hpcsweep import metrics, preempt
 from hpcsweep.checkpoint import CheckpointManager
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.distributed import (
@@ -77,7 +79,8 @@ def run_trial(trial_dir: Path) -> int:
     trainer = None
     restarts = previous["restarts"] + 1 if previous else 0
     try:
-        trainer = Trainer(cfg, world, trial_dir, hooks=stop_at_step_hooks(os.environ), restarts=restarts)
+        hooks = [*stop_at_step_hooks(os.environ), *preempt.stop_file_hooks(os.environ, STOP_REQUESTED)]
+        trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts)
         trainer.resume()
         code = trainer.fit()
         trainer.close()
@@ -108,7 +111,7 @@ def stop_at_step_hooks(env: Mapping[str, str]) -> list[StepHook]:
 
     def request_stop(trainer: Trainer, step: int) -> None:
         if step == stop_at:
-            STOP_REQUESTED.set()
+            STOP_REQUESTED.set("test_hook")
 
     return [request_stop]
 
@@ -118,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.train", description=__doc__.splitlines()[0])
     parser.add_argument("trial_dir", type=Path, help="directory holding config.yaml")
     args = parser.parse_args(argv)
-    return run_trial(args.trial_dir)
+    with preempt.stop_signals_handled(STOP_REQUESTED.set):
+        # The runner starts workers with the stop signals blocked: one that came during imports
+        # is delivered here, to the handler.
+        preempt.unblock_stop_signals()
+        return run_trial(args.trial_dir)
 
 
 if __name__ == "__main__":

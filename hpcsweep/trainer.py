@@ -11,7 +11,6 @@ import contextlib
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from hpcsweep.distributed import (
     mean_over_ranks,
     node_name,
 )
+from hpcsweep.preempt import EXIT_REQUEUE, STOP_REQUESTED, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,6 @@ EXIT_OK = 0
 """The trial completed, stopped early, or was already done."""
 EXIT_FAILED = 1
 """The trial raised; metrics.json says ``failed`` and holds the error."""
-EXIT_REQUEUE = 3
-"""A stop was requested (preemption, time limit): a checkpoint is saved, requeue to resume."""
-
-STOP_REQUESTED = threading.Event()
-"""Set (by a signal handler) to make the trainer save and exit with ``EXIT_REQUEUE`` after the
-current step. Cleared once the trainer has acted on it."""
 
 StepHook = Callable[["Trainer", int], None]
 """Called on every rank after each optimizer step with the number of steps done."""
@@ -70,7 +64,7 @@ class Trainer:
         world: WorldInfo,
         trial_dir: Path,
         *,
-        stop_event: threading.Event = STOP_REQUESTED,
+        stop_event: StopRequest = STOP_REQUESTED,
         hooks: Sequence[StepHook] = (),
         restarts: int = 0,
     ) -> None:
@@ -230,8 +224,11 @@ class Trainer:
             if stop or (tcfg.ckpt_every and self.step % tcfg.ckpt_every == 0):
                 self.save("running")
             if stop:
-                log.info("stop requested: saved at step %d, exiting for requeue", self.step)
-                self.write_report()
+                # The reason is known on the ranks that saw the signal or stop file, maybe not on rank 0.
+                reasons = all_gather_objects(self.world, self.stop_event.reason)
+                reason = next((r for r in reasons if r), None)
+                log.info("stop requested (%s): saved at step %d, exiting for requeue", reason, self.step)
+                self.write_report(last_stop_reason=reason)
                 self.stop_event.clear()
                 return EXIT_REQUEUE
         return self.finish("completed")

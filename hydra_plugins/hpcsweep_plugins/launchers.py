@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,11 @@ class SlurmLauncher(BaseSubmititLauncher):
     _EXECUTOR = "slurm"
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        from hpcsweep.preempt import MAX_REQUEUES_VAR
+
+        # The trial's runner enforces the requeue cap (submitit's own signal handling, which
+        # would, is replaced while the trial runs).
+        os.environ[MAX_REQUEUES_VAR] = str(self.params["max_num_timeout"])
         result = super().__call__(*args, **kwargs)
         # Hydra's run_job catches the trial's exception; raise it, so that the array task exits
         # non-zero and Slurm accounting says FAILED instead of COMPLETED.

@@ -1,0 +1,261 @@
+"""Stop requests and requeues: Slurm's signals in, a checkpoint and a requeue out.
+
+How a stop flows:
+
+1. Slurm signals the job: ``USR2`` ``signal_delay_s`` before the time limit (``--signal``; NCCL
+   may catch USR1, so it is avoided), ``SIGTERM`` when the job is preempted, cancelled, or its
+   node is taken down. ``stop_reason`` names which.
+2. On each node the runner's handlers (which replace submitit's for the duration of the trial)
+   record the reason and the time, set ``STOP_REQUESTED`` for an in-process trial, and write
+   the node's *stop file*, which every worker's step hook checks: workers usually get Slurm's
+   signals as well, but nothing here relies on that.
+3. Workers finish the current step, agree on the stop across ranks, rank 0 saves a checkpoint,
+   and all exit with ``EXIT_REQUEUE``.
+4. Node 0's runner decides (``decide_after_stop``): requeue the job itself after a time-limit
+   signal, leave the requeue to Slurm after a preemption (``PreemptMode=REQUEUE`` with
+   ``--requeue``), or fail the trial once it has been requeued ``max_num_timeout`` times. The
+   process then leaves with ``SystemExit`` (``TrialRequeued``) so that neither Hydra nor
+   submitit records a result: the requeued job reruns the same pickle into the same trial dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from hpcsweep.fileio import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+TIME_LIMIT = "time_limit"
+"""The stop came from Slurm's warning signal before the job's time limit."""
+PREEMPTED = "preempted"
+"""The stop came from a SIGTERM: preemption, a node taken down, a cancel or requeue."""
+
+EXIT_REQUEUE = 3
+"""Exit code of a process that stopped after a checkpoint so that its trial is requeued."""
+
+# USR2 is submitit's and Slurm-launched PyTorch's usual warning signal; USR1 is avoided because
+# NCCL may catch it.
+SIGNAL_REASONS: Mapping[signal.Signals, str] = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
+
+MAX_REQUEUES_VAR = "HPCSWEEP_MAX_REQUEUES"
+"""Environment variable carrying the launcher's ``max_num_timeout`` into the trial."""
+STOP_FILE_VAR = "HPCSWEEP_STOP_FILE"
+"""Environment variable naming the stop file the workers of this node watch."""
+
+
+# ----- pure decisions ---------------------------------------------------------------------------
+
+
+def stop_reason(signum: int) -> str:
+    """The stop reason a signal stands for; ``ValueError`` for a signal that is not a stop."""
+    try:
+        return SIGNAL_REASONS[signal.Signals(signum)]
+    except (KeyError, ValueError):
+        raise ValueError(f"signal {signum} is not a stop signal; expected one of {sorted(SIGNAL_REASONS)}") from None
+
+
+def max_requeues_from_env(env: Mapping[str, str]) -> int | None:
+    """The requeue cap from ``HPCSWEEP_MAX_REQUEUES`` (None: no cap)."""
+    raw = env.get(MAX_REQUEUES_VAR, "").strip()
+    if not raw:
+        return None
+    cap = int(raw)
+    if cap < 0:
+        raise ValueError(f"{MAX_REQUEUES_VAR}={raw!r}: must be >= 0")
+    return cap
+
+
+def over_cap_error(requeues: int, cap: int | None) -> str | None:
+    """The ``error`` of a trial that starts again after more requeues than its cap, else None."""
+    if cap is None or requeues <= cap:
+        return None
+    return (
+        f"requeued {requeues} times, more than max_num_timeout={cap} allows "
+        "(hydra.launcher.max_num_timeout): not resuming"
+    )
+
+
+Outcome = Literal["completed", "stopped", "failed"]
+
+
+def classify_exit(exit_codes: Iterable[int], status: str | None) -> Outcome:
+    """What this node's training processes ended as, from their exit codes and metrics.json status.
+
+    torchrun reports a worker's ``EXIT_REQUEUE`` as a failure and terminates the others (whose
+    codes then are negative signal numbers), so a stop is "some process exited EXIT_REQUEUE, and
+    metrics.json still says running".
+    """
+    codes = list(exit_codes)
+    if status == "failed":
+        return "failed"
+    if codes and all(code == 0 for code in codes):
+        return "completed"
+    if EXIT_REQUEUE in codes and status == "running" and all(code in (0, EXIT_REQUEUE) or code < 0 for code in codes):
+        return "stopped"
+    return "failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class StopDecision:
+    """What node 0 does after a stop: ``requeue`` (scontrol), ``slurm_requeues``, ``exit``, ``fail``."""
+
+    action: Literal["requeue", "slurm_requeues", "exit", "fail"]
+    message: str
+
+
+def decide_after_stop(reason: str | None, requeues: int, cap: int | None, under_slurm: bool) -> StopDecision:
+    """The pure requeue decision after a checkpointed stop.
+
+    ``requeues`` counts the job's requeues so far (``SLURM_RESTART_COUNT``); the stop being
+    handled would be one more. A SIGTERM means Slurm is already requeueing (preemption, node
+    down), so requeueing again would count twice.
+    """
+    if not under_slurm:
+        return StopDecision("exit", "checkpoint saved; run the same trial directory again to resume")
+    if cap is not None and requeues >= cap:
+        return StopDecision(
+            "fail",
+            f"stopped ({reason or 'unknown reason'}) after {requeues} requeue(s); max_num_timeout={cap} "
+            "allows no more (hydra.launcher.max_num_timeout)",
+        )
+    if reason == PREEMPTED:
+        return StopDecision("slurm_requeues", "preempted: Slurm requeues the job")
+    return StopDecision("requeue", f"{reason or 'stop requested'}: requeueing the job")
+
+
+# ----- stop requests ----------------------------------------------------------------------------
+
+
+class StopRequest(threading.Event):
+    """An event that also carries why it was set and when (``time.monotonic``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason: str | None = None
+        self.requested_at: float | None = None
+
+    def set(self, reason: str = "requested") -> None:  # type: ignore[override]
+        """Request a stop; the first reason and time win until ``clear``."""
+        if self.reason is None:
+            self.reason, self.requested_at = reason, time.monotonic()
+        super().set()
+
+    def clear(self) -> None:
+        self.reason = self.requested_at = None
+        super().clear()
+
+
+STOP_REQUESTED = StopRequest()
+"""Set by a signal handler (or a stop file) to make the trainer save and exit after this step."""
+
+
+def stop_file_for(trial_dir: Path, node_rank: int) -> Path:
+    """The stop file the workers of node ``node_rank`` watch."""
+    return trial_dir / "stop" / f"node{node_rank}.json"
+
+
+def write_stop_file(path: Path, reason: str) -> None:
+    """Ask this node's workers to stop (atomically, so a worker never reads half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"reason": reason, "requested_at": time.time()})
+
+
+def read_stop_file(path: Path) -> str | None:
+    """The reason in a stop file, or None when there is none."""
+    try:
+        return str(json.loads(path.read_text())["reason"])
+    except FileNotFoundError:
+        return None
+
+
+def stop_file_hooks(env: Mapping[str, str], stop: StopRequest) -> list[Callable[[Any, int], None]]:
+    """A step hook that sets ``stop`` once this node's stop file appears (none without the variable)."""
+    if not env.get(STOP_FILE_VAR):
+        return []
+    path = Path(env[STOP_FILE_VAR])
+
+    def check_stop_file(trainer: Any, step: int) -> None:
+        if not stop.is_set() and path.exists():
+            stop.set(read_stop_file(path) or "requested")
+
+    return [check_stop_file]
+
+
+# ----- signals ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def stop_signals_handled(on_stop: Callable[[str], None]) -> Iterator[None]:
+    """Call ``on_stop(reason)`` on USR2 and SIGTERM inside the block; restore the old handlers after.
+
+    Replaces submitit's handlers (USR2 would requeue and ``sys.exit`` mid-step, SIGTERM is
+    ignored) for the duration of the trial. Must run in the main thread.
+    """
+    def handler(signum: int, frame: Any) -> None:
+        on_stop(stop_reason(signum))
+
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_REASONS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Block USR2 and SIGTERM in this thread inside the block.
+
+    Child processes inherit the mask, so a worker started here holds a stop signal pending while
+    it imports torch, instead of dying of it, until ``unblock_stop_signals`` once its handlers are
+    in place. The process's other threads (the main one) still receive the signals.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNAL_REASONS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_REASONS)
+
+
+def unblock_stop_signals() -> None:
+    """Let stop signals in (a pending one is delivered now); call once the handlers are installed."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_REASONS)
+
+
+class TrialRequeued(SystemExit):
+    """Leave the process after a checkpointed stop, without a result for Hydra or submitit.
+
+    Hydra's ``run_job`` and submitit's ``process_job`` catch ``Exception`` only, so this passes
+    through both: no result pickle says "completed" or "failed", and the requeued job reruns.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EXIT_REQUEUE)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def requeue_job(job_label: str) -> None:
+    """``scontrol requeue`` the job (``ARRAYID_TASK`` for an array task); log, not raise, a refusal.
+
+    Slurm refuses a job that is already pending or completing: then it is being requeued already.
+    """
+    from hpcsweep.slurm import commands
+
+    try:
+        commands.requeue(job_label)
+        log.info("requeued job %s", job_label)
+    except commands.SlurmCommandError as err:
+        log.warning("requeue of job %s refused (already requeued?): %s", job_label, err)
