@@ -22,6 +22,7 @@ from hpcsweep.launch.prepare import (
     exit_with_config_error,
     prepare_trials,
 )
+from hpcsweep.launch.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_partition_names
 from hpcsweep.sweep_record import (
@@ -69,7 +70,9 @@ def _group_by_allocation(
     return list(groups.values())
 
 
-def _submit_array(launcher: Any, parameters: dict[str, Any], trials: Sequence[PreparedTrial]) -> list[Any]:
+def _submit_array(
+    launcher: Any, call: SharedLauncherCall, parameters: dict[str, Any], trials: Sequence[PreparedTrial]
+) -> list[Any]:
     import submitit
 
     executor = submitit.AutoExecutor(
@@ -78,12 +81,12 @@ def _submit_array(launcher: Any, parameters: dict[str, Any], trials: Sequence[Pr
         slurm_max_num_timeout=launcher.params["max_num_timeout"],
     )
     executor.update_parameters(**parameters)
-    singletons = Singleton.get_state()  # a deep copy of Hydra's global state: take it once
-    job_params = [(t.overrides, "hydra.sweep.dir", t.num, f"job_id_for_{t.num}", singletons) for t in trials]
-    return executor.map_array(launcher, *zip(*job_params))
+    return executor.map_array(call, [t.overrides for t in trials], [t.num for t in trials])
 
 
-def launch_on_slurm(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+def launch_on_slurm(
+    launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Sequence[JobReturn]:
     """Validate every trial and the launcher settings, submit, write ``sweep.json``.
 
     Returns at once with each trial's job id as its return value, unless ``wait`` is set, in
@@ -102,11 +105,13 @@ def launch_on_slurm(launcher: Any, job_overrides: Sequence[Sequence[str]], initi
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    shared = write_shared_launcher(sweep_dir / ".submitit", launcher, Singleton.get_state())
+    call = SharedLauncherCall(str(shared))
     jobs_by_trial: dict[int, Any] = {}
     arrays: list[ArrayRecord] = []
     for parameters, group in _group_by_allocation(trials, params):
         for piece in chunk(group, max_array_size):
-            jobs = _submit_array(launcher, parameters, piece)
+            jobs = _submit_array(launcher, call, parameters, piece)
             for trial, job in zip(piece, jobs, strict=True):
                 jobs_by_trial[trial.num] = job
             arrays.append(ArrayRecord(str(jobs[0].job_id).split("_")[0], [t.num for t in piece]))

@@ -1,0 +1,46 @@
+"""The function each array task runs: a launcher pickled once per sweep, not once per trial.
+
+submitit pickles the submitted function with every trial. Hydra's submitit launcher submits
+itself, and it carries the whole master config, the config loader and Hydra's global state:
+tens of milliseconds of pickling per trial, most of a thousand-trial submission. Here the
+launcher is written once into the sweep's submitit folder and each trial pickles only its path.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from hpcsweep.fileio import atomic_write_bytes
+
+LAUNCHER_FILE = "launcher.pkl"
+
+
+def write_shared_launcher(folder: Path, launcher: Any, singleton_state: Any) -> Path:
+    """Pickle the launcher and Hydra's global state once; return the file's path."""
+    path = folder / LAUNCHER_FILE
+    atomic_write_bytes(path, cloudpickle.dumps((launcher, singleton_state)))
+    return path
+
+
+@dataclass(frozen=True)
+class SharedLauncherCall:
+    """Runs trial ``job_num`` through the launcher stored at ``launcher_path``."""
+
+    launcher_path: str
+
+    def __call__(self, overrides: Sequence[str], job_num: int) -> Any:
+        with open(self.launcher_path, "rb") as handle:
+            launcher, singleton_state = pickle.load(handle)
+        return launcher(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}", singleton_state)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Resubmit the same call (submitit's hook for requeue after a timeout)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
