@@ -1,0 +1,183 @@
+"""Stop signals and requeue decisions: the pure parts on literals, the signal plumbing for real."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from hpcsweep import preempt, runner
+from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
+from hpcsweep.preempt import EXIT_REQUEUE, PREEMPTED, TIME_LIMIT
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize(
+    ("signum", "reason"), [(signal.SIGUSR2, TIME_LIMIT), (signal.SIGTERM, PREEMPTED)]
+)
+def test_each_stop_signal_has_its_reason(signum, reason):
+    assert preempt.stop_reason(signum) == reason
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGINT, 9999])
+def test_other_signals_are_not_stops(signum):
+    with pytest.raises(ValueError, match="not a stop signal"):
+        preempt.stop_reason(signum)
+
+
+def test_the_cap_comes_from_the_environment():
+    assert preempt.max_requeues_from_env({}) is None
+    assert preempt.max_requeues_from_env({"HPCSWEEP_MAX_REQUEUES": "2"}) == 2
+    with pytest.raises(ValueError, match="HPCSWEEP_MAX_REQUEUES"):
+        preempt.max_requeues_from_env({"HPCSWEEP_MAX_REQUEUES": "-1"})
+
+
+@pytest.mark.parametrize(
+    ("requeues", "cap", "over"), [(0, None, False), (5, None, False), (0, 0, False), (1, 0, True), (2, 2, False), (3, 2, True)]
+)
+def test_a_trial_starting_beyond_its_cap_fails(requeues, cap, over):
+    error = preempt.over_cap_error(requeues, cap)
+    assert (error is not None) == over
+    if over:
+        assert f"requeued {requeues} times" in error and f"max_num_timeout={cap}" in error
+
+
+@pytest.mark.parametrize(
+    ("codes", "status", "outcome"),
+    [
+        ([0], "completed", "completed"),
+        ([0, 0], "stopped_early", "completed"),
+        ([EXIT_REQUEUE], "running", "stopped"),
+        # torchrun terminates the other workers once one exits: their codes are -SIGTERM.
+        ([EXIT_REQUEUE, -signal.SIGTERM], "running", "stopped"),
+        ([EXIT_REQUEUE, EXIT_REQUEUE], "running", "stopped"),
+        ([1, EXIT_REQUEUE], "running", "failed"),
+        ([EXIT_REQUEUE], "failed", "failed"),
+        ([1], "failed", "failed"),
+        ([0], "failed", "failed"),
+        ([-signal.SIGKILL], "running", "failed"),
+        ([], None, "failed"),
+    ],
+)
+def test_the_outcome_comes_from_exit_codes_and_status(codes, status, outcome):
+    assert preempt.classify_exit(codes, status) == outcome
+
+
+@pytest.mark.parametrize(
+    ("reason", "requeues", "cap", "under_slurm", "action"),
+    [
+        (TIME_LIMIT, 0, 20, True, "requeue"),
+        (PREEMPTED, 0, 20, True, "slurm_requeues"),
+        ("test_hook", 0, None, True, "requeue"),
+        (TIME_LIMIT, 2, 2, True, "fail"),
+        (PREEMPTED, 1, 0, True, "fail"),
+        (PREEMPTED, 0, 0, True, "fail"),
+        (TIME_LIMIT, 9, 2, False, "exit"),
+    ],
+)
+def test_what_follows_a_stop(reason, requeues, cap, under_slurm, action):
+    decision = preempt.decide_after_stop(reason, requeues, cap, under_slurm)
+    assert decision.action == action
+    if action == "fail":
+        assert f"max_num_timeout={cap}" in decision.message and reason in decision.message
+
+
+def test_the_first_stop_reason_wins_until_cleared():
+    stop = preempt.StopRequest()
+    stop.set(TIME_LIMIT)
+    stop.set(PREEMPTED)
+    assert stop.is_set() and stop.reason == TIME_LIMIT and stop.requested_at is not None
+    stop.clear()
+    assert not stop.is_set() and stop.reason is None and stop.requested_at is None
+
+
+def test_a_real_signal_calls_the_handler_and_the_old_handler_comes_back():
+    before = signal.getsignal(signal.SIGUSR2)
+    got = []
+    with preempt.stop_signals_handled(got.append):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert got == [TIME_LIMIT, PREEMPTED]
+    assert signal.getsignal(signal.SIGUSR2) is before
+
+
+def test_a_signal_blocked_in_a_thread_reaches_the_main_thread():
+    got = []
+    entered, release = threading.Event(), threading.Event()
+
+    def blocked_thread():
+        with preempt.stop_signals_blocked():
+            entered.set()
+            release.wait(10)
+
+    with preempt.stop_signals_handled(got.append):
+        thread = threading.Thread(target=blocked_thread)
+        thread.start()
+        assert entered.wait(10)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+        thread.join(10)
+    assert got == [TIME_LIMIT]
+
+
+def test_the_stop_file_hook_sets_the_stop_with_its_reason(tmp_path):
+    path = preempt.stop_file_for(tmp_path, 1)
+    stop = preempt.StopRequest()
+    (hook,) = preempt.stop_file_hooks({preempt.STOP_FILE_VAR: str(path)}, stop)
+    hook(None, 1)
+    assert not stop.is_set()
+    preempt.write_stop_file(path, PREEMPTED)
+    hook(None, 2)
+    assert stop.reason == PREEMPTED
+    assert preempt.stop_file_hooks({}, stop) == []
+
+
+def test_requeued_passes_through_except_exception():
+    with pytest.raises(preempt.TrialRequeued) as info:
+        try:
+            raise preempt.TrialRequeued("requeueing")
+        except Exception:  # what Hydra's run_job and submitit's process_job catch
+            pytest.fail("TrialRequeued must not be an Exception")
+    assert info.value.code == EXIT_REQUEUE
+
+
+def small_trial():
+    cfg = trial_config_to_dict(trial_config_from_dict({}))
+    for key, value in {
+        "data.batch_size": 4, "data.seq_len": 32, "data.synthetic_tokens": 50_000, "trainer.device": "cpu",
+        "trainer.max_steps": 6, "trainer.warmup_steps": 2, "trainer.eval_every": 6, "trainer.eval_batches": 1,
+        "trainer.log_every": 1, "trainer.ckpt_every": 0,
+    }.items():
+        group, name = key.split(".")
+        cfg[group][name] = value
+    return trial_config_from_dict(cfg)
+
+
+def test_a_signal_to_an_in_process_trial_saves_and_leaves_for_requeue(tmp_path, monkeypatch):
+    trial_dir = tmp_path / "trial"
+    # The test hook stands in for Slurm's signal arriving mid-run: a real USR2 to this process.
+    monkeypatch.setattr(preempt, "stop_file_hooks", lambda env, stop: [
+        lambda trainer, step: os.kill(os.getpid(), signal.SIGUSR2) if step == 3 else None
+    ])
+    with pytest.raises(preempt.TrialRequeued):
+        runner.run_trial_on_this_node(small_trial(), trial_dir, env={})
+    metrics = runner.read_metrics(trial_dir)
+    assert (metrics["status"], metrics["step"], metrics["last_stop_reason"]) == ("running", 3, TIME_LIMIT)
+    assert metrics["stop_to_exit_s"] < 30
+    assert not preempt.STOP_REQUESTED.is_set()
+
+
+def test_a_trial_requeued_beyond_its_cap_fails_before_training(tmp_path):
+    trial_dir = tmp_path / "trial"
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+           "SLURM_RESTART_COUNT": "2", "HPCSWEEP_MAX_REQUEUES": "1", "MASTER_ADDR": "127.0.0.1"}
+    with pytest.raises(runner.TrialFailed, match="max_num_timeout=1"):
+        runner.run_trial_on_this_node(small_trial(), trial_dir, env=env)
+    metrics = runner.read_metrics(trial_dir)
+    assert metrics["status"] == "failed" and "requeued 2 times" in metrics["error"]
