@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from hpcsweep.config import TrialConfig
 from hpcsweep.launch.prepare import exit_with_config_error, validate_composed
 
 log = logging.getLogger("hpcsweep")
@@ -50,7 +52,15 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
     except ValueError as err:
         exit_with_config_error(err, "the trial did not run")
     trial_dir = Path(HydraConfig.get().runtime.output_dir)
-    return run_trial_on_this_node(trial, trial_dir)
+    return run_trial_on_this_node(with_workers_per_node(trial), trial_dir)
+
+
+def with_workers_per_node(trial: TrialConfig) -> TrialConfig:
+    """The trial with ``trainer.nproc_per_node=auto`` resolved on this node (one worker per GPU)."""
+    from hpcsweep.distributed import resolve_nproc_per_node, visible_cuda_devices
+
+    nproc = resolve_nproc_per_node(trial.trainer.nproc_per_node, visible_cuda_devices(trial.trainer.device))
+    return dataclasses.replace(trial, trainer=dataclasses.replace(trial.trainer, nproc_per_node=nproc))
 
 
 @hydra.main(config_path="pkg://hpcsweep.configs", config_name="config", version_base="1.3")

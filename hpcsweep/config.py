@@ -201,8 +201,9 @@ class TrainerConfig:
 
     nodes: int = 1
     """Nodes per trial; drives the Slurm allocation."""
-    nproc_per_node: int = 1
-    """Worker processes per node (one per GPU on a GPU node)."""
+    nproc_per_node: int | Literal["auto"] = "auto"
+    """Worker processes per node. ``auto``: one per GPU the node gives the trial (the launcher's
+    ``gpus_per_node`` on Slurm), or 1 without GPUs. A number also sets the GPUs asked for."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto``: CUDA when available, else CPU (gloo)."""
     max_steps: int = 200
@@ -247,7 +248,10 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
         _require(
-            self.nproc_per_node >= 1, "trainer.nproc_per_node", self.nproc_per_node, "an integer >= 1"
+            self.nproc_per_node == "auto" or self.nproc_per_node >= 1,
+            "trainer.nproc_per_node",
+            self.nproc_per_node,
+            "auto or an integer >= 1",
         )
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "an integer >= 1")
         _require(self.grad_accum >= 1, "trainer.grad_accum", self.grad_accum, "an integer >= 1")

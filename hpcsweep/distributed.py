@@ -121,3 +121,17 @@ def mean_over_ranks(world: WorldInfo, value: torch.Tensor) -> torch.Tensor:
     value = value.detach().clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / world.world_size
+
+
+def resolve_nproc_per_node(setting: int | str, visible_cuda_devices: int) -> int:
+    """Workers per node: the configured number, or for ``auto`` one per visible GPU (at least 1)."""
+    if setting == "auto":
+        return max(1, visible_cuda_devices)
+    return int(setting)
+
+
+def visible_cuda_devices(device_pref: str) -> int:
+    """How many CUDA devices this process may use (0 on CPU, or when ``trainer.device=cpu``)."""
+    if device_pref == "cpu" or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()

@@ -47,10 +47,12 @@ def check_partition(partition: str | None, known: Collection[str]) -> None:
 
 
 def gpus_per_node(trial: TrialConfig, launcher_gpus: int) -> int:
-    """GPUs to ask for on each node: none on CPU partitions, else one per worker when the trial says."""
+    """GPUs to ask for on each node: none on CPU partitions, else one per worker when the trial
+    names its worker count, else the launcher's number (the workers then follow the GPUs)."""
     if launcher_gpus == 0:
         return 0
-    return trial.trainer.nproc_per_node if trial.trainer.nproc_per_node > 1 else launcher_gpus
+    nproc = trial.trainer.nproc_per_node
+    return launcher_gpus if nproc == "auto" else nproc
 
 
 def executor_parameters(

@@ -99,3 +99,8 @@ def test_excluded_nodes_from_launcher_topology_and_placement_are_merged():
     params = executor_parameters(config, {**LAUNCHER, "exclude": "node4,node1"}, {"exclude": "node3", "switches": "1@00:10:00"})
     assert params["slurm_exclude"] == "node1,node2,node3,node4"
     assert "exclude" not in params["slurm_additional_parameters"]
+
+
+def test_auto_workers_follow_the_launchers_gpus():
+    assert executor_parameters(trial(), LAUNCHER)["gpus_per_node"] == 8
+    assert executor_parameters(trial(nproc_per_node=1), LAUNCHER)["gpus_per_node"] == 1

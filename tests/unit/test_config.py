@@ -33,3 +33,15 @@ def test_bad_values_name_key_value_and_allowed(values, message):
     with pytest.raises(ValueError) as err:
         trial_config_from_dict(values)
     assert message in str(err.value)
+
+
+def test_nproc_per_node_is_auto_or_a_positive_integer():
+    from hpcsweep.distributed import resolve_nproc_per_node
+
+    assert trial_config_from_dict({}).trainer.nproc_per_node == "auto"
+    assert trial_config_from_dict({"trainer": {"nproc_per_node": 4}}).trainer.nproc_per_node == 4
+    with pytest.raises(ValueError, match="trainer.nproc_per_node='many' is not allowed: an integer or one of 'auto'"):
+        trial_config_from_dict({"trainer": {"nproc_per_node": "many"}})
+    assert resolve_nproc_per_node("auto", 8) == 8
+    assert resolve_nproc_per_node("auto", 0) == 1
+    assert resolve_nproc_per_node(2, 8) == 2
