@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpcsweep.report_data import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
+from hpcsweep.sweep_record import missing_sweep_message
 
 CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
@@ -111,8 +112,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the report; exit 0 (a report of failed trials is still a report)."""
     args = parse_args(argv)
-    if not (args.sweep_dir / "sweep.json").exists():
-        print(f"{args.sweep_dir}: no sweep.json here; pass the sweep's multirun dir", file=sys.stderr)
+    missing = missing_sweep_message(args.sweep_dir)
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
     sweep = load_sweep(args.sweep_dir)
     if sweep.slurm_error:

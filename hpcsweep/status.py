@@ -25,6 +25,7 @@ from hpcsweep.report_data import (
     resolve_trial_dir,
     swept_keys,
 )
+from hpcsweep.sweep_record import missing_sweep_message
 
 BAR_WIDTH = 20
 LOG_LINES = 30
@@ -142,8 +143,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Show the status (once, or until all trials end); exit 1 when a trial failed."""
     args = parse_args(argv)
-    if not (args.sweep_dir / "sweep.json").exists():
-        print(f"{args.sweep_dir}: no sweep.json here; pass the sweep's multirun dir", file=sys.stderr)
+    missing = missing_sweep_message(args.sweep_dir)
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
     while True:
         text, rows = render_status(args.sweep_dir)

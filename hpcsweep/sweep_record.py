@@ -83,6 +83,13 @@ def parse_sweep_record(text: str) -> SweepRecord:
     )
 
 
+def missing_sweep_message(sweep_dir: str | Path) -> str | None:
+    """Why ``sweep_dir`` is not a sweep (no ``sweep.json``), or None when it is one."""
+    if (Path(sweep_dir) / SWEEP_FILE).exists():
+        return None
+    return f"{sweep_dir}: no {SWEEP_FILE} here; pass the sweep's multirun dir"
+
+
 def read_sweep_record(sweep_dir: str | Path) -> SweepRecord:
     """Read ``SWEEP_DIR/sweep.json``."""
     return parse_sweep_record((Path(sweep_dir) / SWEEP_FILE).read_text())
