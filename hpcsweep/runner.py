@@ -278,6 +278,8 @@ def run_trial_on_this_node(
         preempt.write_stop_file(stop_file, reason)
 
     with preempt.stop_signals_handled(on_stop):
+        if preempt.STOP_REQUESTED.reason:  # signalled during start-up, before these handlers
+            on_stop(preempt.STOP_REQUESTED.reason)
         try:
             if rdzv.nnodes == 1 and rdzv.nproc_per_node == 1:
                 result = run_in_process(trial_dir)

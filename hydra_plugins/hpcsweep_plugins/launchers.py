@@ -22,12 +22,14 @@ class SlurmLauncher(BaseSubmititLauncher):
     _EXECUTOR = "slurm"
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        from hpcsweep.preempt import MAX_REQUEUES_VAR
+        from hpcsweep.preempt import MAX_REQUEUES_VAR, STOP_REQUESTED, stop_signals_handled
 
-        # The trial's runner enforces the requeue cap (submitit's own signal handling, which
-        # would, is replaced while the trial runs).
+        # The trial's runner enforces the requeue cap and handles the stop signals; submitit's
+        # handlers (USR2: requeue and sys.exit at once) are replaced from here on, so a signal
+        # during start-up is kept for the runner instead.
         os.environ[MAX_REQUEUES_VAR] = str(self.params["max_num_timeout"])
-        result = super().__call__(*args, **kwargs)
+        with stop_signals_handled(STOP_REQUESTED.set):
+            result = super().__call__(*args, **kwargs)
         # Hydra's run_job catches the trial's exception; raise it, so that the array task exits
         # non-zero and Slurm accounting says FAILED instead of COMPLETED.
         if result.status == JobStatus.FAILED:

@@ -152,7 +152,7 @@ def small_trial():
     for key, value in {
         "data.batch_size": 4, "data.seq_len": 32, "data.synthetic_tokens": 50_000, "trainer.device": "cpu",
         "trainer.max_steps": 6, "trainer.warmup_steps": 2, "trainer.eval_every": 6, "trainer.eval_batches": 1,
-        "trainer.log_every": 1, "trainer.ckpt_every": 0,
+        "trainer.log_every": 1, "trainer.ckpt_every": 0, "trainer.nproc_per_node": 1,
     }.items():
         group, name = key.split(".")
         cfg[group][name] = value
