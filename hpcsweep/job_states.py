@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hpcsweep.slurm.cluster_info import gpus_from_tres
 from hpcsweep.slurm.commands import SlurmCommandError, sacct, squeue
 
 SACCT_FIELDS = ("JobID", "State", "ElapsedRaw", "AllocTRES", "NodeList")
@@ -60,21 +61,6 @@ class JobState:
 def base_state(text: str) -> str:
     """``CANCELLED by 1000`` -> ``CANCELLED``; ``RUNNING`` stays."""
     return text.split()[0].rstrip("+") if text.strip() else "UNKNOWN"
-
-
-def gpus_from_tres(tres: str) -> int:
-    """GPUs in a TRES list: ``billing=8,cpu=8,gres/gpu=2,node=1`` -> 2; no ``gres/gpu`` -> 0.
-
-    Typed entries (``gres/gpu:a100=2``) repeat the plain one and count only when it is absent.
-    """
-    plain, typed = None, 0
-    for item in tres.split(","):
-        name, _, count = item.partition("=")
-        if name == "gres/gpu":
-            plain = int(count)
-        elif name.startswith("gres/gpu:"):
-            typed += int(count)
-    return typed if plain is None else plain
 
 
 def expand_task_ids(job_id: str) -> list[str]:

@@ -1,7 +1,7 @@
-"""The cluster's switch tree, node states, and where a multi-node trial should run.
+"""The cluster's switch tree and where a multi-node trial should run.
 
-Parsing is pure: :func:`parse_topology` takes ``scontrol show topology`` output and
-:func:`parse_node_states` takes ``scontrol show nodes --oneliner`` output (Slurm 22.05 formats).
+Parsing is pure: :func:`parse_topology` takes ``scontrol show topology`` output (Slurm 22.05
+format); node states come from :mod:`hpcsweep.slurm.nodes`.
 A cluster without a topology plugin parses to an empty :class:`SwitchTree`, which means
 "no constraint" everywhere below.
 
@@ -21,11 +21,12 @@ switch); higher up a greedy choice of leaves is used, which keeps the search fas
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hpcsweep.slurm.cluster_info import parse_fields
 from hpcsweep.slurm.env import expand_nodelist
+from hpcsweep.slurm.nodes import NodeState
 
 TOPOLOGY_MODES = ("switches", "pin", "off")
 """Allowed values of the ``topology.mode`` config key."""
@@ -85,92 +86,6 @@ class SwitchTree:
         return [leaf for leaf in self.leaves if switch in self.ancestors(leaf)]
 
 
-@dataclass(frozen=True)
-class NodeState:
-    """One node of ``scontrol show nodes --oneliner``."""
-
-    name: str
-    state: str
-    """Base state: ``IDLE``, ``MIXED``, ``ALLOCATED``, ``DOWN``, ..."""
-    flags: frozenset[str]
-    """``DRAIN``, ``NOT_RESPONDING`` (the ``*`` of ``DOWN*``), ``COMPLETING``, ..."""
-    partitions: tuple[str, ...]
-    cpus_total: int
-    cpus_alloc: int
-    gpus_total: int
-    gpus_alloc: int
-
-    @property
-    def is_usable(self) -> bool:
-        """Whether Slurm may start new work here: not down, drained, failing or unreachable."""
-        return self.state not in _UNUSABLE_STATES and not self.flags & _UNUSABLE_FLAGS
-
-    @property
-    def free_gpus(self) -> int:
-        """GPUs not allocated to any job (0 on an unusable node)."""
-        return max(self.gpus_total - self.gpus_alloc, 0) if self.is_usable else 0
-
-    @property
-    def is_free(self) -> bool:
-        """Usable and wholly idle: no CPU or GPU allocated and no job completing.
-
-        A trial takes whole nodes (one torchrun agent using every GPU), so a node with any
-        allocation counts as busy.
-        """
-        return (
-            self.is_usable
-            and self.state == "IDLE"
-            and "COMPLETING" not in self.flags
-            and self.cpus_alloc == 0
-            and self.gpus_alloc == 0
-        )
-
-
-_UNUSABLE_STATES = frozenset({"DOWN", "FUTURE", "UNKNOWN", "ERROR"})
-_UNUSABLE_FLAGS = frozenset(
-    {
-        "DRAIN",
-        "DRAINED",
-        "DRAINING",
-        "FAIL",
-        "FAILING",
-        "NOT_RESPONDING",
-        "MAINT",
-        "MAINTENANCE",
-        "REBOOT_REQUESTED",
-        "REBOOT_ISSUED",
-        "POWERING_DOWN",
-        "POWER_DOWN",
-        "INVALID_REG",
-        "RESERVED",
-    }
-)
-# sinfo-style suffixes that scontrol also appends to a state, e.g. DOWN*.
-_STATE_SUFFIXES = {
-    "*": "NOT_RESPONDING",
-    "~": "POWERED_DOWN",
-    "#": "POWERING_UP",
-    "%": "POWERING_DOWN",
-    "$": "MAINTENANCE",
-    "@": "REBOOT_REQUESTED",
-    "^": "REBOOT_ISSUED",
-    "!": "POWER_DOWN",
-    "-": "PLANNED",
-}
-_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_]*)=")
-
-
-def parse_fields(line: str) -> dict[str, str]:
-    """``Key=Value`` pairs of one ``scontrol`` line; a value runs up to the next ``Key=``
-    (``OS=Linux 6.1.0 #1 SMP`` and ``Reason=Not responding`` contain spaces)."""
-    matches = list(_KEY.finditer(line))
-    fields: dict[str, str] = {}
-    for i, match in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        fields[match.group(1)] = line[match.end() : end].strip()
-    return fields
-
-
 def parse_topology(text: str) -> SwitchTree:
     """Parse ``scontrol show topology``; lines that describe no switch (messages such as
     "Topology plugin may not be configured") are ignored, so such output is an empty tree."""
@@ -189,62 +104,6 @@ def parse_topology(text: str) -> SwitchTree:
             )
         )
     return SwitchTree.from_switches(switches)
-
-
-def parse_node_states(text: str) -> list[NodeState]:
-    """Parse ``scontrol show nodes --oneliner``, one :class:`NodeState` per ``NodeName=`` line."""
-    states = []
-    for line in text.splitlines():
-        if not line.startswith("NodeName="):
-            continue
-        f = parse_fields(line)
-        base, flags = _parse_state(f.get("State", "UNKNOWN"))
-        partitions = f.get("Partitions", "")
-        states.append(
-            NodeState(
-                name=f["NodeName"],
-                state=base,
-                flags=flags,
-                partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
-                cpus_total=_int(f.get("CPUTot")),
-                cpus_alloc=_int(f.get("CPUAlloc")),
-                gpus_total=_tres_gpus(f.get("CfgTRES", "")) or _gres_gpus(f.get("Gres", "")),
-                gpus_alloc=_tres_gpus(f.get("AllocTRES", "")),
-            )
-        )
-    return states
-
-
-def _parse_state(raw: str) -> tuple[str, frozenset[str]]:
-    words = raw.upper().split("+")
-    flags = set(words[1:])
-    base = words[0]
-    while base and base[-1] in _STATE_SUFFIXES:
-        flags.add(_STATE_SUFFIXES[base[-1]])
-        base = base[:-1]
-    return base, frozenset(flags)
-
-
-def _int(raw: str | None) -> int:
-    return int(raw) if raw and raw.isdigit() else 0
-
-
-def _tres_gpus(tres: str) -> int:
-    for item in tres.split(","):
-        key, _, value = item.partition("=")
-        if key == "gres/gpu":
-            return _int(value)
-    return 0
-
-
-def _gres_gpus(gres: str) -> int:
-    # Gres=gpu:a100:8(S:0-1),gpu:v100:2 — the count is the last ':' field before any '('.
-    total = 0
-    for item in re.split(r",(?![^()]*\))", gres):
-        parts = item.split("(")[0].split(":")
-        if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
 
 
 @dataclass(frozen=True)

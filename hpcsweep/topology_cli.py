@@ -7,11 +7,10 @@ import sys
 from collections.abc import Sequence
 
 from hpcsweep.slurm import commands
+from hpcsweep.slurm.nodes import NodeState, parse_node_states
 from hpcsweep.topology import (
-    NodeState,
     SwitchTree,
     choose_nodes,
-    parse_node_states,
     parse_topology,
     topology_sbatch_options,
 )

@@ -25,6 +25,7 @@ from hpcsweep.launch.prepare import (
 from hpcsweep.launch.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_partition_names
+from hpcsweep.slurm.nodes import parse_node_states
 from hpcsweep.sweep_record import (
     ArrayRecord,
     SweepRecord,
@@ -32,7 +33,7 @@ from hpcsweep.sweep_record import (
     now_iso,
     write_sweep_record,
 )
-from hpcsweep.topology import parse_node_states, parse_topology, topology_sbatch_options
+from hpcsweep.topology import parse_topology, topology_sbatch_options
 
 log = logging.getLogger(__name__)
 

@@ -20,5 +20,33 @@ def parse_max_array_size(text: str) -> int:
 
 def parse_node_address(text: str) -> str | None:
     """``NodeAddr`` from ``scontrol show node NAME --oneliner`` output."""
-    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", text)
-    return match.group(1) if match else None
+    return parse_fields(text).get("NodeAddr") or None
+
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_]*)=")
+
+
+def parse_fields(line: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one ``scontrol`` line; a value runs up to the next ``Key=``
+    (``OS=Linux 6.1.0 #1 SMP`` and ``Reason=Not responding`` contain spaces)."""
+    matches = list(_KEY.finditer(line))
+    fields: dict[str, str] = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields[match.group(1)] = line[match.end() : end].strip()
+    return fields
+
+
+def gpus_from_tres(tres: str) -> int:
+    """GPUs in a TRES list: ``billing=8,cpu=8,gres/gpu=2,node=1`` -> 2; no ``gres/gpu`` -> 0.
+
+    Typed entries (``gres/gpu:a100=2``) repeat the plain one and count only when it is absent.
+    """
+    plain, typed = None, 0
+    for item in tres.split(","):
+        name, _, count = item.partition("=")
+        if name == "gres/gpu":
+            plain = int(count)
+        elif name.startswith("gres/gpu:"):
+            typed += int(count)
+    return typed if plain is None else plain

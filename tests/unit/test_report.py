@@ -9,9 +9,10 @@ import pytest
 
 from hpcsweep import report
 from hpcsweep.failure import OOM_ADVICE, summarize_error
-from hpcsweep.job_states import JobState, expand_task_ids, gpus_from_tres, parse_sacct
+from hpcsweep.job_states import JobState, expand_task_ids, parse_sacct
 from hpcsweep.report_data import load_sweep, sort_rows, trial_status
 from hpcsweep.report_plot import wants_log_axis
+from hpcsweep.slurm.cluster_info import gpus_from_tres
 
 from .sweep_fixtures import make_sweep, metrics
 

@@ -5,12 +5,11 @@ import random
 
 import pytest
 
+from hpcsweep.slurm.cluster_info import parse_fields
+from hpcsweep.slurm.nodes import NodeState, parse_node_states
 from hpcsweep.topology import (
-    NodeState,
     choose_nodes,
     fewest_switches,
-    parse_fields,
-    parse_node_states,
     parse_topology,
     topology_sbatch_options,
 )
