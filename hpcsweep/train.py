@@ -43,6 +43,7 @@ from hpcsweep.trainer import (
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
 FINAL_STATUSES = ("completed", "stopped_early")
+STOP_RECORD = ("last_stop_reason", "stop_to_exit_s")
 
 
 def setup_logging(trial_dir: Path, rank: int) -> None:
@@ -81,6 +82,8 @@ def run_trial(trial_dir: Path) -> int:
     try:
         hooks = [*stop_at_step_hooks(os.environ), *preempt.stop_file_hooks(os.environ, STOP_REQUESTED)]
         trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts)
+        # Why and how fast the last run stopped stays on record after the resume.
+        trainer.report.update({k: previous[k] for k in STOP_RECORD if previous and k in previous})
         trainer.resume()
         code = trainer.fit()
         trainer.close()
