@@ -174,7 +174,7 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path) -> ProcessesResult:
                 codes = [failure.exitcode for failure in err.failures.values()]
                 outcome.append(ProcessesResult(codes, err.format_msg()))
                 log.info("trial workers exited with codes %s", codes)
-            except BaseException as err:  # re-raised in the caller's thread
+            except BaseException as err:  # noqa: BLE001  (re-raised in the caller's thread)
                 outcome.append(err)
 
     thread = threading.Thread(target=agent, name="torchrun-agent")

@@ -22,7 +22,11 @@ class SlurmLauncher(BaseSubmititLauncher):
     _EXECUTOR = "slurm"
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        from hpcsweep.preempt import MAX_REQUEUES_VAR, STOP_REQUESTED, stop_signals_handled
+        from hpcsweep.preempt import (
+            MAX_REQUEUES_VAR,
+            STOP_REQUESTED,
+            stop_signals_handled,
+        )
 
         # The trial's runner enforces the requeue cap and handles the stop signals; submitit's
         # handlers (USR2: requeue and sys.exit at once) are replaced from here on, so a signal

@@ -142,7 +142,7 @@ def test_requeued_passes_through_except_exception():
     with pytest.raises(preempt.TrialRequeued) as info:
         try:
             raise preempt.TrialRequeued("requeueing")
-        except Exception:  # what Hydra's run_job and submitit's process_job catch
+        except Exception:  # noqa: BLE001  (what Hydra's run_job and submitit's process_job catch)
             pytest.fail("TrialRequeued must not be an Exception")
     assert info.value.code == EXIT_REQUEUE
 
