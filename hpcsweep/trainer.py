@@ -76,11 +76,18 @@ class Trainer:
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        # Every parameter gets a gradient each step (DeepSeek's experts are two fused 3-d tensors
-        # and the router gets gradients through the routing weights), so DDP needs no unused-
-        # parameter search. Buffers (rotary tables, the routing bias) never change: no broadcast.
+        # Exact resume needs the same gradient buckets before and after a restart. Without
+        # find_unused_parameters, DDP regroups its buckets by the gradients' arrival order after the
+        # first step of every process, so a resumed run's first step all-reduces a differently laid
+        # out buffer than the uninterrupted run did at that step; from 3 ranks up the ring sums each
+        # element in another order and the weights drift in the last bits. With it, the initial
+        # buckets (reverse parameter order) stay for good. Every parameter gets a gradient each
+        # step, so the unused-parameter search finds nothing; it costs one graph walk per step.
+        # Buffers (rotary tables, the routing bias) never change: no broadcast.
         self.ddp_model = (
-            DistributedDataParallel(self.model, broadcast_buffers=False) if world.is_distributed else self.model
+            DistributedDataParallel(self.model, broadcast_buffers=False, find_unused_parameters=True)
+            if world.is_distributed
+            else self.model
         )
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
         self.corpus = data.load_corpus(cfg.data, cfg.model.vocab_size)
