@@ -128,12 +128,6 @@ def final_state(env: dict[str, str], job_id: str) -> str:
                     and sacct_states(env, job_id)[job_id], timeout=60, what=f"accounting of {job_id}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resume is not bit-exact at world size 4, with or without signals: a local 1x4 run stopped "
-    "by HPCSWEEP_TEST_STOP_AT_STEP=4 and resumed gives the same hash as this test's trial, not the "
-    "straight run's (world size 2 and 1 resume exactly)",
-)
 def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_path, slurm_env, reference):
     shape = ["trainer.nodes=2", "trainer.nproc_per_node=2", "hydra.launcher.cpus_per_task=2"]
     job_id, trial_dir = submit(tmp_path, slurm_env, *shape)
