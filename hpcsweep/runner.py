@@ -293,7 +293,11 @@ def run_trial_on_this_node(
         if outcome == "stopped":
             after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
     if outcome == "failed":
-        log.error("trial %s failed:\n%s", trial_dir, result.error or metrics.get("error"))
-        error = result.error or metrics.get("error") or "training reported status failed"
-        raise TrialFailed(error if isinstance(error, str) else "\n".join(error))
+        # torchrun's summary names the failed ranks; the traceback is what rank 0 wrote.
+        worker_error = metrics.get("error")
+        if isinstance(worker_error, list):
+            worker_error = "\n".join(worker_error)
+        details = "\n".join(part for part in (result.error, worker_error) if part) or "training reported status failed"
+        log.error("trial %s failed:\n%s", trial_dir, details)
+        raise TrialFailed(details)
     return metrics
