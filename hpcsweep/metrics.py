@@ -6,15 +6,16 @@ one by a pure "which rank logs" rule. Tags are fixed (``TAGS``) so sweeps compar
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from hpcsweep.fileio import atomic_write_json
+from hpcsweep.sweep_record import now_iso
 
 TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
 A100_BF16_PEAK_FLOPS = 312e12
@@ -86,22 +87,6 @@ def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def now_iso() -> str:
-    """The current UTC time, ISO 8601."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON via a temp file, fsync and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def read_metrics(path: Path) -> dict[str, Any] | None:
     """The metrics.json of a trial, or None when there is none (or it is unreadable)."""
     try:
@@ -138,4 +123,4 @@ def write_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
     """Rewrite metrics.json with ``metrics`` and a fresh ``updated_at``."""
     if metrics["status"] not in STATUSES:
         raise ValueError(f"status={metrics['status']!r} is not one of {STATUSES}")
-    write_json_atomic(path, {**metrics, "updated_at": now_iso()})
+    atomic_write_json(path, {**metrics, "updated_at": now_iso()})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -93,20 +92,3 @@ def missing_sweep_message(sweep_dir: str | Path) -> str | None:
 def read_sweep_record(sweep_dir: str | Path) -> SweepRecord:
     """Read ``SWEEP_DIR/sweep.json``."""
     return parse_sweep_record((Path(sweep_dir) / SWEEP_FILE).read_text())
-
-
-def trial_records(
-    sweep_dir: Path, job_overrides: Sequence[Sequence[str]], first_num: int, job_ids: Sequence[str | None]
-) -> list[TrialRecord]:
-    """Records for trials numbered from ``first_num``, whose dirs are ``SWEEP_DIR/<num>``."""
-    submitted = now_iso()
-    return [
-        TrialRecord(
-            num=first_num + i,
-            overrides=list(overrides),
-            trial_dir=str(sweep_dir / str(first_num + i)),
-            job_id=job_id,
-            submitted_at=submitted,
-        )
-        for i, (overrides, job_id) in enumerate(zip(job_overrides, job_ids, strict=True))
-    ]
