@@ -46,6 +46,28 @@ def check_partition(partition: str | None, known: Collection[str]) -> None:
         )
 
 
+# Slurm keeps --signal's delay in 16 bits.
+MAX_SIGNAL_DELAY_S = 65535
+
+
+def check_time_limit(params: Mapping[str, Any]) -> None:
+    """Reject a time limit, warning delay or requeue cap that would loop or never warn.
+
+    A warning at or before the job's start would stop every run before it trained a step, and
+    the trial would requeue until its cap.
+    """
+    timeout_min, delay, cap = params.get("timeout_min"), params.get("signal_delay_s"), params.get("max_num_timeout")
+    if not isinstance(timeout_min, int) or isinstance(timeout_min, bool) or timeout_min < 1:
+        raise ValueError(f"hydra.launcher.timeout_min={timeout_min!r} is not allowed: a whole number of minutes >= 1")
+    if not isinstance(delay, int) or isinstance(delay, bool) or not 1 <= delay < min(timeout_min * 60, MAX_SIGNAL_DELAY_S + 1):
+        raise ValueError(
+            f"hydra.launcher.signal_delay_s={delay!r} is not allowed: whole seconds from 1 to "
+            f"{min(timeout_min * 60 - 1, MAX_SIGNAL_DELAY_S)} (below timeout_min={timeout_min} minutes)"
+        )
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise ValueError(f"hydra.launcher.max_num_timeout={cap!r} is not allowed: a whole number >= 0")
+
+
 def gpus_per_node(trial: TrialConfig, launcher_gpus: int) -> int:
     """GPUs to ask for on each node: none on CPU partitions, else one per worker when the trial
     names its worker count, else the launcher's number (the workers then follow the GPUs)."""

@@ -14,6 +14,7 @@ from hpcsweep.launch.allocation import (
     allocation_key,
     check_option_values,
     check_partition,
+    check_time_limit,
     chunk,
     executor_parameters,
 )
@@ -97,6 +98,7 @@ def launch_on_slurm(
     try:
         trials = prepare_trials(launcher, job_overrides, initial_job_idx)
         check_option_values(params)
+        check_time_limit(params)
         check_partition(params.get("partition"), parse_partition_names(commands.show_partitions()))
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")

@@ -1,9 +1,11 @@
-"""Stops on the real local cluster: a USR2 by scancel, a real preemption, a requeue cap, a node
-taken down. Every trial that finishes must end with the weights of an
-uninterrupted run of the same config, computed locally (same world size, no Slurm)."""
+"""Stops on the real local cluster: Slurm's time-limit warning, a USR2 by scancel (to a sweep
+trial and to the batch shell of ``slurm/train.sbatch``), a real preemption, a requeue cap, a node
+taken down. Every trial that finishes must end with the weights of an uninterrupted run of the
+same config, computed locally (same world size, no Slurm)."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import (
+    REPO,
     SMALL_TRIAL,
     read_json,
     run_hpcsweep,
@@ -83,11 +86,11 @@ def reference(tmp_path, slurm_env):
     """Start the uninterrupted reference run; killed at teardown if the test did not wait for it."""
     started: list[Reference | ClusterReference] = []
 
-    def start(world_size: int, *overrides: str) -> Reference | ClusterReference:
+    def start(world_size: int, *overrides: str, env: dict[str, str] = slurm_env) -> Reference | ClusterReference:
         if world_size > 2 and any(o.startswith("trainer.nodes=") and o != "trainer.nodes=1" for o in overrides):
-            started.append(ClusterReference(tmp_path, slurm_env, *overrides))
+            started.append(ClusterReference(tmp_path, env, *overrides))
         else:
-            started.append(Reference(tmp_path, slurm_env, world_size, *overrides))
+            started.append(Reference(tmp_path, env, world_size, *overrides))
         return started[-1]
 
     yield start
@@ -102,23 +105,34 @@ def step_of(trial_dir: Path) -> int:
         return 0
 
 
-def queued(env: dict[str, str], job_id: str) -> str:
-    """The job's squeue state (``PENDING``, ``RUNNING``...), or "" once it has left the queue."""
-    out = subprocess.run(["squeue", "--noheader", "--array", "--jobs", job_id, "--format=%T"],
+def queued(env: dict[str, str], job_id: str) -> tuple[str, datetime.datetime | None]:
+    """The job's squeue state (``PENDING``, ``RUNNING``...) and its (expected) start time; ("", None)
+    once it has left the queue."""
+    out = subprocess.run(["squeue", "--noheader", "--array", "--jobs", job_id, "--format=%T|%S"],
                          env=env, capture_output=True, text=True, timeout=30, check=False)
-    return out.stdout.strip()
+    state, _, start = out.stdout.strip().partition("|")
+    try:
+        return state, datetime.datetime.fromisoformat(start)
+    except ValueError:
+        return state, None
+
+
+# A requeued job may start only once its old credential, revoked in whole seconds, is older than
+# the new one: a start in the same second is killed ("Job credential revoked") and the job fails.
+REQUEUE_START_DELAY_S = 3
 
 
 def wait_until_final(env: dict[str, str], job_id: str, trial_dir: Path, timeout: float = 300) -> dict:
-    """Wait until the trial has ended and its job has left the queue; start a requeued job at once.
+    """Wait until the trial has ended and its job has left the queue; start a requeued job soon.
 
     A requeued job waits ~20 s (the cluster's cred_expire) before it may start: moving its
-    StartTime to now only shortens the test.
+    StartTime to a few seconds from now only shortens the test.
     """
     def final():
-        state = queued(env, job_id)
-        if state == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+        state, start = queued(env, job_id)
+        now = datetime.datetime.now()
+        if state == "PENDING" and start and start > now + datetime.timedelta(seconds=REQUEUE_START_DELAY_S + 2):
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{REQUEUE_START_DELAY_S}"],
                            env=env, capture_output=True, timeout=30, check=False)
         metrics = read_json(trial_dir / "metrics.json") if (trial_dir / "metrics.json").exists() else {}
         return metrics if not state and metrics.get("status") in ("completed", "failed") else None
@@ -217,3 +231,78 @@ def test_a_trial_whose_node_fails_comes_back_elsewhere_and_resumes(tmp_path, slu
     assert victim not in metrics["nodes"]
     assert metrics["restarts"] >= 1
     assert metrics["weights_sha256"] == expected.weights_sha256()
+
+
+# slurmctld looks at time limits every 30 s (PERIODIC_TIMEOUT) and sends the --signal warning at
+# the first look that finds the job within signal_delay_s + 30 s of its limit: with a 1-minute
+# limit and a 1 s delay, 29-59 s into a run, and the kill one look (30 s) later. A requeued run
+# starts a few seconds after a look, so its warning comes two looks later, ~55 s in. Each run
+# spends 10-20 s of that starting Python, torch and transformers.
+TIME_LIMIT = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=1", "hydra.launcher.max_num_timeout=30"]
+LONGEST_RUN_S = 59
+
+
+def steps_trained_in(seconds: float, tmp_path: Path, env: dict[str, str]) -> int:
+    """How many steps of FAST's model this machine trains in ``seconds``, from a short local run."""
+    run_dir = tmp_path / "calibration"
+    local_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    args = [f"hydra.run.dir={run_dir}", *TRAINING, "trainer.max_steps=60", "trainer.log_every=30",
+            "trainer.eval_every=60", "trainer.ckpt_every=0"]
+    result = run_hpcsweep(args, tmp_path, local_env, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    tokens_per_s = read_json(run_dir / "metrics.json")["tokens_per_s"]
+    return max(1, round(seconds * tokens_per_s / (setting("data.batch_size") * setting("data.seq_len"))))
+
+
+def setting(key: str) -> int:
+    """An integer setting of ``TRAINING``."""
+    (value,) = [o.split("=", 1)[1] for o in TRAINING if o.startswith(f"{key}=")]
+    return int(value)
+
+
+def test_a_trial_needing_three_time_limits_completes_through_requeues(tmp_path, slurm_env, reference):
+    # The trial and its reference train side by side: one thread each, or on 2 cores their
+    # thread pools would spin against each other and run 5-10x slower than alone.
+    env = {**slurm_env, "OMP_NUM_THREADS": "1"}
+    # More training than two of the longest runs hold, so at least three runs, whatever this
+    # machine's speed: with start-up, about three 1-minute time limits of work.
+    max_steps = steps_trained_in(2.2 * LONGEST_RUN_S, tmp_path, env)
+    long = [f"trainer.max_steps={max_steps}", "trainer.ckpt_every=0", f"trainer.eval_every={max_steps}",
+            "trainer.log_every=50"]
+    job_id, trial_dir = submit(tmp_path, env, *long, *TIME_LIMIT)
+    expected = reference(1, *long, env=env)
+
+    metrics = wait_until_final(slurm_env, job_id, trial_dir, timeout=900)
+    assert metrics["status"] == "completed", metrics.get("error")
+    assert metrics["step"] == max_steps
+    assert metrics["restarts"] >= 2, metrics
+    assert metrics["last_stop_reason"] == "time_limit"
+    assert metrics["stop_to_exit_s"] < 25
+    assert metrics["weights_sha256"] == expected.weights_sha256()
+    # Every run but the last was requeued by the trial itself, none ran into the limit.
+    runs = slurm(slurm_env, "sacct", "--duplicates", "--noheader", "--parsable2", "-X", "-j", job_id,
+                 "--format=State").split()
+    assert runs.count("REQUEUED") == metrics["restarts"] and runs[-1] == "COMPLETED", runs
+    assert "TIMEOUT" not in runs
+
+
+def test_train_sbatch_traps_usr2_forwards_it_requeues_and_resumes(tmp_path, slurm_env, reference):
+    env = {**slurm_env, "HPCSWEEP_PYTHON": sys.executable}
+    training = [o for o in TRAINING if not o.startswith("trainer.nodes")] + ["trainer.nproc_per_node=1"]
+    submitted = slurm(env, "sbatch", "--parsable", f"--chdir={tmp_path}", "--nodes=2",
+                      "--cpus-per-task=1", "--time=10", str(REPO / "slurm" / "train.sbatch"), *training)
+    job_id = submitted.strip().split(";")[0]
+    expected = reference(2, "trainer.nodes=2", "trainer.nproc_per_node=1")
+    trial_dir = tmp_path / "outputs" / f"sbatch-{job_id}"
+    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
+    # Only the batch shell gets the signal, as with --signal=B:USR2: its trap must pass it on.
+    slurm(slurm_env, "scancel", "--batch", "--signal=USR2", job_id)
+
+    metrics = wait_until_final(slurm_env, job_id, trial_dir)
+    log = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert metrics["status"] == "completed", metrics.get("error", "") + log[-3000:]
+    assert "train.sbatch: USR2 at" in log
+    assert metrics["last_stop_reason"] == "time_limit"
+    assert metrics["restarts"] >= 1
+    assert metrics["weights_sha256"] == expected.weights_sha256()
+    assert final_state(slurm_env, job_id) == "COMPLETED"

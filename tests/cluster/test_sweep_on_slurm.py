@@ -52,6 +52,7 @@ def test_two_trial_sweep_is_one_array_and_completes(tmp_path, slurm_env):
         ("model.nosuch=1", "Could not override 'model.nosuch'"),
         ("trainer.nodes=0", "trainer.nodes=0 is not allowed: an integer >= 1"),
         ("hydra.launcher.partition=nosuch", "hydra.launcher.partition='nosuch' is not a partition of this cluster; allowed: batch, urgent"),
+        ("hydra.launcher.signal_delay_s=900", "hydra.launcher.signal_delay_s=900 is not allowed: whole seconds from 1 to 899"),
     ],
 )
 def test_bad_config_fails_before_any_job_is_submitted(tmp_path, slurm_env, override, message):

@@ -7,6 +7,7 @@ from hpcsweep.launch.allocation import (
     allocation_key,
     check_option_values,
     check_partition,
+    check_time_limit,
     chunk,
     executor_parameters,
 )
@@ -104,3 +105,27 @@ def test_excluded_nodes_from_launcher_topology_and_placement_are_merged():
 def test_auto_workers_follow_the_launchers_gpus():
     assert executor_parameters(trial(), LAUNCHER)["gpus_per_node"] == 8
     assert executor_parameters(trial(nproc_per_node=1), LAUNCHER)["gpus_per_node"] == 1
+
+
+TIME_LIMIT = {"timeout_min": 1, "signal_delay_s": 5, "max_num_timeout": 0}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"timeout_min": 0}, r"hydra.launcher.timeout_min=0 is not allowed: a whole number of minutes >= 1"),
+        ({"timeout_min": 1.5}, r"timeout_min=1.5"),
+        ({"signal_delay_s": 60}, r"signal_delay_s=60 is not allowed: whole seconds from 1 to 59 \(below timeout_min=1"),
+        ({"signal_delay_s": 0}, r"signal_delay_s=0 is not allowed"),
+        ({"timeout_min": 2000, "signal_delay_s": 70000}, r"from 1 to 65535"),
+        ({"max_num_timeout": -1}, r"hydra.launcher.max_num_timeout=-1 is not allowed: a whole number >= 0"),
+    ],
+)
+def test_time_limit_settings_that_would_loop_or_never_warn_are_rejected(change, message):
+    with pytest.raises(ValueError, match=message):
+        check_time_limit({**TIME_LIMIT, **change})
+
+
+def test_a_warning_inside_the_time_limit_is_accepted():
+    check_time_limit(TIME_LIMIT)
+    check_time_limit({"timeout_min": 240, "signal_delay_s": 120, "max_num_timeout": 20})
