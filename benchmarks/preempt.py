@@ -2,7 +2,7 @@
 
     python benchmarks/preempt.py [--stops 5] [--nproc 2] [--steps-between 3]
 
-Runs one small trial locally (``python -m hpcsweep hydra.run.dir=...``, no Slurm) through the
+Runs one trial of the default model and data locally (``python -m hpcsweep hydra.run.dir=...``, no Slurm) through the
 real runner: with ``--nproc`` > 1 that is the torchrun path, whose workers learn of the stop only
 through the runner's stop file, since the signal goes to the runner's process alone. Each round
 starts the trial (resuming the same dir), waits until it has done ``--steps-between`` more steps,
@@ -25,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+# The default model and data (configs/config.yaml); only the schedule is shortened and checkpoints
+# come from the stops alone.
 TRIAL = [
-    "trainer.max_steps=400", "trainer.ckpt_every=1000", "trainer.eval_every=1000", "trainer.log_every=1",
-    "trainer.eval_batches=1", "trainer.warmup_steps=2", "data.batch_size=4", "data.seq_len=32",
+    "trainer.max_steps=30", "trainer.ckpt_every=1000", "trainer.eval_every=1000", "trainer.log_every=1",
+    "trainer.eval_batches=1", "trainer.warmup_steps=2",
 ]
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 

@@ -294,7 +294,7 @@ class TopologyConfig:
 
     mode: Literal["switches", "pin", "off"] = "switches"
     """``switches``: --switches=K@max_wait; ``pin``: an explicit --nodelist; ``off``: no constraint."""
-    max_wait_min: int = 10
+    max_wait_min: int = 5
     """How long Slurm may hold a trial waiting for the fewest-switch placement."""
     exclude: list[str] = field(default_factory=list)
     """Nodes never to choose."""

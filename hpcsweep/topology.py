@@ -283,6 +283,22 @@ def fewest_switches(tree: SwitchTree, n: int, usable_nodes: Collection[str]) -> 
     return _min_leaves((c for c in counts if c), n) or 0
 
 
+def capped_max_wait_min(max_wait_min: int, max_switch_wait_s: int) -> tuple[int, str | None]:
+    """The ``--switches`` wait Slurm will honour, and a warning when that is less than asked.
+
+    Slurm silently caps the wait at ``SchedulerParameters=max_switch_wait``; asking for the cap
+    itself keeps the submitted request and what happens the same.
+    """
+    cap_min = max_switch_wait_s // 60
+    if max_wait_min <= cap_min:
+        return max_wait_min, None
+    return cap_min, (
+        f"topology.max_wait_min={max_wait_min} is more than this cluster allows "
+        f"(SchedulerParameters=max_switch_wait={max_switch_wait_s} s): multi-node trials wait at most "
+        f"{cap_min} min for their fewest leaf switches, then start on more"
+    )
+
+
 def topology_sbatch_options(
     mode: str,
     nodes: int,
@@ -299,7 +315,7 @@ def topology_sbatch_options(
     ``exclude`` when nodes are excluded. ``pin``: ``{"nodelist": ...}`` from the free usable
     nodes of ``partition`` chosen by :func:`choose_nodes`; when too few are free it falls back
     to ``switches``. ``off``, a single node, or a cluster without a topology give ``{}``.
-    Note that Slurm caps the wait at ``SchedulerParameters=max_switch_wait`` (300 s by default).
+    Slurm caps the wait at ``SchedulerParameters=max_switch_wait``: see :func:`capped_max_wait_min`.
     """
     if mode not in TOPOLOGY_MODES:
         raise ValueError(f"topology.mode: unknown mode {mode!r}; allowed: {', '.join(TOPOLOGY_MODES)}")

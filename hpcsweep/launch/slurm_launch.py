@@ -25,7 +25,7 @@ from hpcsweep.launch.prepare import (
 )
 from hpcsweep.launch.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.slurm import commands
-from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_partition_names
+from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_max_switch_wait, parse_partition_names
 from hpcsweep.slurm.nodes import parse_node_states
 from hpcsweep.sweep_record import (
     ArrayRecord,
@@ -34,12 +34,14 @@ from hpcsweep.sweep_record import (
     now_iso,
     write_sweep_record,
 )
-from hpcsweep.topology import parse_topology, topology_sbatch_options
+from hpcsweep.topology import capped_max_wait_min, parse_topology, topology_sbatch_options
 
 log = logging.getLogger(__name__)
 
 
-def _placement_options(trials: Sequence[PreparedTrial], params: dict[str, Any]) -> dict[int, dict[str, str]]:
+def _placement_options(
+    trials: Sequence[PreparedTrial], params: dict[str, Any], max_switch_wait_s: int
+) -> dict[int, dict[str, str]]:
     """Switch-tree constraints per trial, from one look at the topology and node states."""
     placed = [t for t in trials if t.config.trainer.nodes > 1 and t.config.topology.mode != "off"]
     if not placed:
@@ -47,24 +49,29 @@ def _placement_options(trials: Sequence[PreparedTrial], params: dict[str, Any]) 
     tree = parse_topology(commands.show_topology())
     states = parse_node_states(commands.show_nodes())
     options = {}
+    warned: set[str] = set()
     for trial in placed:
         topo = trial.config.topology
+        max_wait_min, warning = capped_max_wait_min(topo.max_wait_min, max_switch_wait_s)
+        if warning and warning not in warned:
+            warned.add(warning)
+            log.warning(warning)
         options[trial.num] = topology_sbatch_options(
             topo.mode,
             trial.config.trainer.nodes,
             tree,
             states,
             exclude=[*topo.exclude, *(params.get("exclude") or "").split(",")],
-            max_wait_min=topo.max_wait_min,
+            max_wait_min=max_wait_min,
             partition=params.get("partition"),
         )
     return options
 
 
 def _group_by_allocation(
-    trials: Sequence[PreparedTrial], params: dict[str, Any]
+    trials: Sequence[PreparedTrial], params: dict[str, Any], max_switch_wait_s: int
 ) -> list[tuple[dict[str, Any], list[PreparedTrial]]]:
-    placement = _placement_options(trials, params)
+    placement = _placement_options(trials, params, max_switch_wait_s)
     groups: dict[tuple, tuple[dict[str, Any], list[PreparedTrial]]] = {}
     for trial in trials:
         parameters = executor_parameters(trial.config, params, placement.get(trial.num))
@@ -102,7 +109,8 @@ def launch_on_slurm(
         check_partition(params.get("partition"), parse_partition_names(commands.show_partitions()))
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
-    max_array_size = parse_max_array_size(commands.show_config())
+    slurm_config = commands.show_config()
+    max_array_size = parse_max_array_size(slurm_config)
     if params.get("max_array_size"):
         max_array_size = min(max_array_size, int(params["max_array_size"]))
 
@@ -112,7 +120,7 @@ def launch_on_slurm(
     call = SharedLauncherCall(str(shared))
     jobs_by_trial: dict[int, Any] = {}
     arrays: list[ArrayRecord] = []
-    for parameters, group in _group_by_allocation(trials, params):
+    for parameters, group in _group_by_allocation(trials, params, parse_max_switch_wait(slurm_config)):
         for piece in chunk(group, max_array_size):
             jobs = _submit_array(launcher, call, parameters, piece)
             for trial, job in zip(piece, jobs, strict=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
+DEFAULT_MAX_SWITCH_WAIT_S = 300
 
 
 def parse_partition_names(text: str) -> list[str]:
@@ -16,6 +17,17 @@ def parse_max_array_size(text: str) -> int:
     """``MaxArraySize`` from ``scontrol show config`` output (Slurm's default when absent)."""
     match = re.search(r"^MaxArraySize\s*=\s*(\d+)", text, flags=re.MULTILINE)
     return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
+
+
+def parse_max_switch_wait(text: str) -> int:
+    """``SchedulerParameters=max_switch_wait`` in seconds from ``scontrol show config`` output
+    (Slurm's default when absent): the longest a job may wait for its ``--switches`` count."""
+    match = re.search(r"^SchedulerParameters\s*=\s*(.*)$", text, flags=re.MULTILINE)
+    for item in (match.group(1) if match else "").split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "max_switch_wait" and value.isdigit():
+            return int(value)
+    return DEFAULT_MAX_SWITCH_WAIT_S
 
 
 def parse_node_address(text: str) -> str | None:

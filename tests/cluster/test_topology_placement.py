@@ -20,13 +20,14 @@ def node1_busy(slurm_env):
     slurm(slurm_env, "scancel", job_id)
 
 
-def submit_two_node_trial(tmp_path, env, mode: str) -> dict:
-    # 3 minutes: under the default SchedulerParameters=max_switch_wait (300 s), which caps the request.
-    args = ["-m", "trainer.nodes=2", f"topology.mode={mode}", "topology.max_wait_min=3", *SMALL_TRIAL, "trainer.max_steps=2"]
+def submit_two_node_trial(tmp_path, env, mode: str, max_wait_min: int = 3) -> tuple[dict, str]:
+    """Submit a two-node trial; return its sweep.json record and the command's log."""
+    args = ["-m", "trainer.nodes=2", f"topology.mode={mode}", f"topology.max_wait_min={max_wait_min}", *SMALL_TRIAL,
+            "trainer.max_steps=2"]
     result = run_hpcsweep(args, tmp_path, env)
     assert result.returncode == 0, result.stdout + result.stderr
     (trial,) = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))["trials"]
-    return trial
+    return trial, result.stdout + result.stderr
 
 
 def placed_nodes(env, job_id: str) -> list[str]:
@@ -40,7 +41,7 @@ def placed_nodes(env, job_id: str) -> list[str]:
 
 
 def test_pin_mode_submits_and_lands_on_one_leaf(tmp_path, slurm_env, node1_busy):
-    trial = submit_two_node_trial(tmp_path, slurm_env, "pin")
+    trial, _ = submit_two_node_trial(tmp_path, slurm_env, "pin")
     script = next(tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh")).read_text()
     assert "#SBATCH --nodelist=node3,node4" in script
     assert placed_nodes(slurm_env, trial["job_id"]) == ["node3", "node4"]
@@ -48,8 +49,10 @@ def test_pin_mode_submits_and_lands_on_one_leaf(tmp_path, slurm_env, node1_busy)
 
 
 def test_switches_mode_asks_slurm_for_one_leaf(tmp_path, slurm_env, node1_busy):
-    trial = submit_two_node_trial(tmp_path, slurm_env, "switches")
+    # 30 minutes: more than the cluster's SchedulerParameters=max_switch_wait (300 s by default).
+    trial, log = submit_two_node_trial(tmp_path, slurm_env, "switches", max_wait_min=30)
+    assert "topology.max_wait_min=30 is more than this cluster allows" in log
     job = slurm(slurm_env, "scontrol", "show", "job", "--oneliner", trial["job_id"])
-    assert "Switches=1@00:03:00" in job, job
+    assert "Switches=1@00:05:00" in job, job
     assert placed_nodes(slurm_env, trial["job_id"]) == ["node3", "node4"]
     subprocess.run(["scancel", trial["job_id"]], env=slurm_env, check=True, timeout=30)

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from hpcsweep import train
 from hpcsweep.checkpoint import (
@@ -21,7 +20,8 @@ from hpcsweep.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
+
+from .trial_dirs import make_trial_dir
 
 torch.set_num_threads(1)
 
@@ -74,12 +74,11 @@ def test_a_pickled_object_that_is_not_a_tensor_is_refused(tmp_path, caplog):
 
 
 def make_trial(path: Path, **trainer) -> Path:
-    cfg = trial_config_to_dict(trial_config_from_dict({}))
-    cfg["data"].update(batch_size=4, seq_len=16, synthetic_tokens=20_000)
-    cfg["trainer"].update(device="cpu", max_steps=6, warmup_steps=1, eval_every=2, eval_batches=1, **trainer)
-    path.mkdir()
-    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return path
+    return make_trial_dir(path, {
+        "data.batch_size": 4, "data.seq_len": 16, "data.synthetic_tokens": 20_000, "trainer.device": "cpu",
+        "trainer.max_steps": 6, "trainer.warmup_steps": 1, "trainer.eval_every": 2, "trainer.eval_batches": 1,
+        **{f"trainer.{key}": value for key, value in trainer.items()},
+    })
 
 
 def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, monkeypatch):

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from hpcsweep import preempt, runner
-from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
+from hpcsweep.config import trial_config_from_dict
 from hpcsweep.preempt import EXIT_REQUEUE, PREEMPTED, TIME_LIMIT
+
+from .trial_dirs import trial_config
 
 torch.set_num_threads(1)
 
@@ -38,6 +40,7 @@ def test_the_cap_comes_from_the_environment():
 @pytest.mark.parametrize(
     ("requeues", "cap", "over"), [(0, None, False), (5, None, False), (0, 0, False), (1, 0, True), (2, 2, False), (3, 2, True)]
 )
+
 def test_a_trial_starting_beyond_its_cap_fails(requeues, cap, over):
     error = preempt.over_cap_error(requeues, cap)
     assert (error is not None) == over
@@ -148,15 +151,11 @@ def test_requeued_passes_through_except_exception():
 
 
 def small_trial():
-    cfg = trial_config_to_dict(trial_config_from_dict({}))
-    for key, value in {
+    return trial_config_from_dict(trial_config({
         "data.batch_size": 4, "data.seq_len": 32, "data.synthetic_tokens": 50_000, "trainer.device": "cpu",
         "trainer.max_steps": 6, "trainer.warmup_steps": 2, "trainer.eval_every": 6, "trainer.eval_batches": 1,
         "trainer.log_every": 1, "trainer.ckpt_every": 0, "trainer.nproc_per_node": 1,
-    }.items():
-        group, name = key.split(".")
-        cfg[group][name] = value
-    return trial_config_from_dict(cfg)
+    }))
 
 
 def test_a_signal_to_an_in_process_trial_saves_and_leaves_for_requeue(tmp_path, monkeypatch):

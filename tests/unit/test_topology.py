@@ -5,9 +5,10 @@ import random
 
 import pytest
 
-from hpcsweep.slurm.cluster_info import parse_fields
+from hpcsweep.slurm.cluster_info import parse_fields, parse_max_switch_wait
 from hpcsweep.slurm.nodes import NodeState, parse_node_states
 from hpcsweep.topology import (
+    capped_max_wait_min,
     choose_nodes,
     fewest_switches,
     parse_topology,
@@ -324,3 +325,16 @@ def test_describe_local_cluster():
     assert "leaf1 (level 0)  free: node1,node2  busy: -  unusable: -" in text
     assert "placement for 3 node(s): node1,node2,node3" in text
     assert "--switches=2@00:10:00" in text
+
+
+def test_max_switch_wait_from_scheduler_parameters():
+    assert parse_max_switch_wait("SchedulerParameters     = bf_continue,max_switch_wait=900,sched_interval=2\n") == 900
+    assert parse_max_switch_wait("SchedulerParameters     = (null)\nMaxArraySize = 1001\n") == 300
+    assert parse_max_switch_wait("MaxArraySize = 1001\n") == 300
+
+
+def test_a_wait_beyond_max_switch_wait_is_capped_with_a_warning_naming_both():
+    assert capped_max_wait_min(5, 300) == (5, None)
+    minutes, warning = capped_max_wait_min(30, 300)
+    assert minutes == 5
+    assert "topology.max_wait_min=30" in warning and "max_switch_wait=300 s" in warning and "at most 5 min" in warning

@@ -1,6 +1,5 @@
 """Two gloo ranks under torchrun: exact resume, and equivalence with one rank at twice the batch."""
 
-import json
 import os
 import socket
 import subprocess
@@ -9,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hpcsweep import train
-from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
+
+from .trial_dirs import make_trial_dir, read_metrics
 
 torch.set_num_threads(1)
 
@@ -33,13 +32,7 @@ BASE = {
 
 
 def make_trial(path: Path, **overrides) -> Path:
-    cfg = trial_config_to_dict(trial_config_from_dict({}))
-    for key, value in {**BASE, **overrides}.items():
-        group, name = key.split(".")
-        cfg[group][name] = value
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return path
+    return make_trial_dir(path, {**BASE, **overrides})
 
 
 def free_port() -> int:
@@ -64,9 +57,6 @@ def torchrun(trial: Path, **env: str) -> int:
     return done.returncode
 
 
-def metrics(trial: Path) -> dict:
-    return json.loads((trial / "metrics.json").read_text())
-
 
 def losses(trial: Path) -> list[tuple[int, float]]:
     events = EventAccumulator(str(trial / "tb"))
@@ -80,7 +70,7 @@ def two_rank_runs(tmp_path_factory):
     straight = make_trial(root / "straight")
     resumed = make_trial(root / "resumed")
     codes = [torchrun(straight), torchrun(resumed, HPCSWEEP_TEST_STOP_AT_STEP="5")]
-    stopped = metrics(resumed)
+    stopped = read_metrics(resumed)
     codes.append(torchrun(resumed))
     return straight, resumed, codes, stopped
 
@@ -90,7 +80,7 @@ def test_two_ranks_stop_and_resume_exactly(two_rank_runs):
     assert codes == [0, 1, 0]
     assert (stopped["status"], stopped["step"]) == ("running", 5)
     assert "exitcode  : 3" in (resumed / "torchrun.err").read_text()
-    done, reference = metrics(resumed), metrics(straight)
+    done, reference = read_metrics(resumed), read_metrics(straight)
     assert (done["status"], done["step"], done["restarts"], done["world_size"]) == ("completed", 10, 1, 2)
     assert done["weights_sha256"] == reference["weights_sha256"]
     assert "resumed from step00000005" in (resumed / "train.log").read_text()
@@ -99,10 +89,10 @@ def test_two_ranks_stop_and_resume_exactly(two_rank_runs):
 
 def test_ranks_record_where_they_ran(two_rank_runs):
     straight, *_ = two_rank_runs
-    ranks = metrics(straight)["ranks"]
+    ranks = read_metrics(straight)["ranks"]
     assert [(r["rank"], r["local_rank"]) for r in ranks] == [(0, 0), (1, 1)]
     assert len({r["pid"] for r in ranks}) == 2
-    assert metrics(straight)["nodes"] == [socket.gethostname()]
+    assert read_metrics(straight)["nodes"] == [socket.gethostname()]
 
 
 @pytest.mark.parametrize("one_rank", [{"data.batch_size": 8}, {"trainer.grad_accum": 2}])
@@ -114,4 +104,4 @@ def test_two_ranks_equal_one_rank_with_twice_the_batch(two_rank_runs, tmp_path, 
     assert [s for s, _ in two] == [s for s, _ in one] == list(range(1, 11))
     assert max(abs(a - b) for (_, a), (_, b) in zip(two, one)) < 1e-5
     assert two[-1][1] < two[0][1] - 0.5  # the curves are real training, not a constant
-    assert abs(metrics(straight)["val_loss"] - metrics(single)["val_loss"]) < 1e-5
+    assert abs(read_metrics(straight)["val_loss"] - read_metrics(single)["val_loss"]) < 1e-5

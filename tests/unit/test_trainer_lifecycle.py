@@ -1,33 +1,27 @@
 """Early stopping, re-running a finished trial, and a failing trial's report."""
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from hpcsweep import train
-from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
 from hpcsweep.data import write_token_file
+
+from .trial_dirs import make_trial_dir, read_metrics
 
 torch.set_num_threads(1)
 
 
+LIFECYCLE = {
+    "data.batch_size": 4, "data.seq_len": 16, "data.synthetic_tokens": 20_000, "trainer.device": "cpu",
+    "trainer.max_steps": 40, "trainer.warmup_steps": 0, "trainer.eval_every": 2, "trainer.eval_batches": 1,
+    "trainer.ckpt_every": 0,
+}
+
+
 def make_trial(path: Path, **overrides) -> Path:
-    cfg = trial_config_to_dict(trial_config_from_dict({}))
-    cfg["data"].update(batch_size=4, seq_len=16, synthetic_tokens=20_000)
-    cfg["trainer"].update(device="cpu", max_steps=40, warmup_steps=0, eval_every=2, eval_batches=1, ckpt_every=0)
-    for key, value in overrides.items():
-        group, name = key.split(".")
-        cfg[group][name] = value
-    path.mkdir()
-    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def metrics(trial: Path) -> dict:
-    return json.loads((trial / "metrics.json").read_text())
+    return make_trial_dir(path, {**LIFECYCLE, **overrides})
 
 
 def test_a_stalled_val_loss_stops_early_and_a_rerun_does_nothing(tmp_path):
@@ -36,24 +30,24 @@ def test_a_stalled_val_loss_stops_early_and_a_rerun_does_nothing(tmp_path):
         tmp_path / "t", **{"model.lr": 1e-7, "trainer.early_stop_patience": 2, "trainer.early_stop_min_delta": 0.01}
     )
     assert train.run_trial(trial) == 0
-    first = metrics(trial)
+    first = read_metrics(trial)
     assert (first["status"], first["step"]) == ("stopped_early", 6)
     assert first["best_val_loss"] == min(first["best_val_loss"], first["val_loss"])
     assert len(first["weights_sha256"]) == 64
 
     assert train.run_trial(trial) == 0
     assert "already stopped_early: nothing to do" in (trial / "train.log").read_text()
-    assert metrics(trial) == first  # not rewritten: nothing ran
+    assert read_metrics(trial) == first  # not rewritten: nothing ran
     assert [p.name.split("-")[0] for p in (trial / "checkpoints").glob("*.pt")] == ["step00000006"]
 
 
 def test_a_completed_trial_is_not_trained_twice(tmp_path):
     trial = make_trial(tmp_path / "t", **{"trainer.max_steps": 3})
     assert train.run_trial(trial) == 0
-    first = metrics(trial)
+    first = read_metrics(trial)
     assert (first["status"], first["step"], first["restarts"]) == ("completed", 3, 0)
     assert train.run_trial(trial) == 0
-    assert metrics(trial) == first
+    assert read_metrics(trial) == first
     assert "already completed: nothing to do" in (trial / "train.log").read_text()
 
 
@@ -63,7 +57,7 @@ def test_a_completed_status_without_its_final_checkpoint_is_trained(tmp_path):
     for path in (trial / "checkpoints").iterdir():
         path.unlink()
     assert train.run_trial(trial) == 0
-    again = metrics(trial)
+    again = read_metrics(trial)
     assert (again["status"], again["restarts"]) == ("completed", 1)
 
 
@@ -72,6 +66,6 @@ def test_a_failing_trial_reports_failed_with_the_error(tmp_path):
     write_token_file(tokens, np.arange(5000) % 1000, vocab_size=1000, tokenizer="test")
     trial = make_trial(tmp_path / "t", **{"data.kind": "file", "data.path": str(tokens)})
     assert train.run_trial(trial) == train.EXIT_FAILED
-    report = metrics(trial)
+    report = read_metrics(trial)
     assert report["status"] == "failed"
     assert "model.vocab_size=256 is not allowed" in "\n".join(report["error"])

@@ -1,14 +1,13 @@
 """Exact resume in one process: N steps straight equals N/2, stop request, resume, N/2 more."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from hpcsweep import train
-from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
+
+from .trial_dirs import make_trial_dir, read_metrics
 
 torch.set_num_threads(1)
 
@@ -27,18 +26,7 @@ SMALL = {
 
 
 def make_trial(path: Path, **overrides) -> Path:
-    """A trial dir holding config.yaml, as the runner writes it."""
-    cfg = trial_config_to_dict(trial_config_from_dict({}))
-    for key, value in {**SMALL, **overrides}.items():
-        group, name = key.split(".")
-        cfg[group][name] = value
-    path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def read_metrics(trial: Path) -> dict:
-    return json.loads((trial / "metrics.json").read_text())
+    return make_trial_dir(path, {**SMALL, **overrides})
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v3", "llama"])
