@@ -48,6 +48,21 @@ class TrialFailed(RuntimeError):
     """The trial's training failed; the message carries the worker's last error lines."""
 
 
+def worker_threads(env: Mapping[str, str], nproc_per_node: int, cpus_visible: int) -> int | None:
+    """``OMP_NUM_THREADS`` for each torchrun worker, or None to keep the value the user set.
+
+    The torchrun command sets 1 for several workers, but its launcher API, used here, sets nothing:
+    each worker would start a thread per CPU of the node, and together they oversubscribe it (4 tiny
+    workers on 2 cores trained 16x slower). The task's CPUs (``SLURM_CPUS_PER_TASK``, else the CPUs
+    this process may run on) are shared out among the workers instead.
+    """
+    if env.get("OMP_NUM_THREADS"):
+        return None
+    raw = env.get("SLURM_CPUS_PER_TASK", "")
+    cpus = int(raw) if raw.isdigit() and int(raw) > 0 else cpus_visible
+    return max(1, cpus // nproc_per_node)
+
+
 def free_port() -> int:
     """A TCP port free on this host right now (for local trials, where no job id exists)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -138,12 +153,13 @@ class ProcessesResult:
     error: str = ""
 
 
-def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path) -> ProcessesResult:
+def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) -> ProcessesResult:
     """Run a torchrun elastic agent for ``hpcsweep.train`` until its workers have exited.
 
     The agent runs in a thread: torch installs its own SIGTERM handler when started from the main
     thread, and the main thread's stop handlers must stay. The thread blocks the stop signals, so
-    the workers start with them blocked (see ``preempt.stop_signals_blocked``).
+    the workers start with them blocked (see ``preempt.stop_signals_blocked``). The workers inherit
+    ``OMP_NUM_THREADS=threads`` unless ``threads`` is None.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -178,8 +194,15 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path) -> ProcessesResult:
                 outcome.append(err)
 
     thread = threading.Thread(target=agent, name="torchrun-agent")
-    thread.start()
-    thread.join()
+    if threads is not None:
+        # Only for these workers: later trials of a local sweep run in this process too.
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        thread.start()
+        thread.join()
+    finally:
+        if threads is not None:
+            os.environ.pop("OMP_NUM_THREADS", None)
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
@@ -284,7 +307,8 @@ def run_trial_on_this_node(
             if rdzv.nnodes == 1 and rdzv.nproc_per_node == 1:
                 result = run_in_process(trial_dir)
             else:
-                result = run_elastic_agent(rdzv, trial_dir)
+                threads = worker_threads(env, rdzv.nproc_per_node, len(os.sched_getaffinity(0)))
+                result = run_elastic_agent(rdzv, trial_dir, threads)
         finally:
             # A signal after the last step must not stop the next trial of this process.
             preempt.STOP_REQUESTED.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -33,6 +34,15 @@ SMALL_TRIAL = [
     "hydra.launcher.gpus_per_node=0",
     "hydra.launcher.timeout_min=15",
 ]
+
+
+# A trial long enough to be stopped mid-run, evaluating and checkpointing on the way.
+STOPPABLE_TRIAL = [o for o in SMALL_TRIAL if not o.startswith("trainer.max_steps")] + [
+    "trainer.max_steps=20", "trainer.ckpt_every=10", "trainer.eval_every=10", "trainer.log_every=1",
+    "topology.mode=off",
+]
+TWO_NODES_TWO_PROCESSES = ["trainer.nodes=2", "trainer.nproc_per_node=2", "hydra.launcher.cpus_per_task=2"]
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
@@ -104,3 +114,34 @@ def only_sweep_dir(cwd: Path) -> Path:
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+def wait_until_ended(env: dict[str, str], job_id: str, timeout: float = 400) -> str:
+    """Wait until accounting shows the job in a terminal state; return that state."""
+    def state():
+        value = sacct_states(env, job_id).get(job_id, "PENDING")
+        return value if value.split()[0] in TERMINAL_STATES else None
+
+    return wait_for(state, timeout=timeout, what=f"job {job_id} to end")
+
+
+@dataclasses.dataclass(frozen=True)
+class EndedTrial:
+    job_id: str
+    state: str
+    trial_dir: Path
+
+
+@pytest.fixture(scope="session")
+def two_node_trial(tmp_path_factory, slurm_env) -> EndedTrial:
+    """One uninterrupted 2-node x 2-process sweep trial of ``STOPPABLE_TRIAL``, run once per session.
+
+    The multi-node test checks where its ranks ran; the stop tests of the same shape compare their
+    final weights with its. A cluster run, not a local one, is their reference: from three ranks up
+    it makes no assumption about how the ranks' reduction order depends on the layout.
+    """
+    cwd = tmp_path_factory.mktemp("two-node-trial")
+    result = run_hpcsweep(["-m", *STOPPABLE_TRIAL, *TWO_NODES_TWO_PROCESSES], cwd, slurm_env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (trial,) = read_json(next(cwd.glob("multirun/*/*/sweep.json")))["trials"]
+    return EndedTrial(trial["job_id"], wait_until_ended(slurm_env, trial["job_id"]), cwd / trial["trial_dir"])

@@ -6,18 +6,7 @@ import os
 import subprocess
 import sys
 
-from .conftest import REPO, SMALL_TRIAL, read_json, run_hpcsweep, sacct_states, wait_for
-
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-
-
-def wait_until_done(env, job_id: str, timeout: float = 400) -> str:
-    def state():
-        states = sacct_states(env, job_id)
-        value = states.get(job_id, "PENDING")
-        return value if value.split()[0] in TERMINAL else None
-
-    return wait_for(state, timeout=timeout, what=f"job {job_id} to end")
+from .conftest import REPO, SMALL_TRIAL, read_json, wait_until_ended
 
 
 def assert_two_nodes_four_ranks(metrics, allocated_nodes):
@@ -31,21 +20,14 @@ def assert_two_nodes_four_ranks(metrics, allocated_nodes):
         assert sorted(r["local_rank"] for r in ranks if r["node"] == node) == [0, 1]
 
 
-def test_two_nodes_two_processes_each_via_the_sweep(tmp_path, slurm_env):
-    args = ["-m", "trainer.nodes=2", "trainer.nproc_per_node=2", "topology.mode=off", *SMALL_TRIAL,
-            "trainer.max_steps=4", "hydra.launcher.cpus_per_task=2"]
-    result = run_hpcsweep(args, tmp_path, slurm_env, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    sweep = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))
-    (trial,) = sweep["trials"]
-    assert wait_until_done(slurm_env, trial["job_id"]) == "COMPLETED"
-
-    env_record = read_json(tmp_path / trial["trial_dir"] / "environment.json")
+def test_two_nodes_two_processes_each_via_the_sweep(two_node_trial, slurm_env):
+    assert two_node_trial.state == "COMPLETED"
+    env_record = read_json(two_node_trial.trial_dir / "environment.json")
     allocated = subprocess.run(
         ["scontrol", "show", "hostnames", env_record["slurm"]["nodelist"]],
         env=slurm_env, capture_output=True, text=True, check=True, timeout=30,
     ).stdout.split()
-    metrics = read_json(tmp_path / trial["trial_dir"] / "metrics.json")
+    metrics = read_json(two_node_trial.trial_dir / "metrics.json")
     assert_two_nodes_four_ranks(metrics, allocated)
     assert env_record["rendezvous"]["NNODES"] == "2"
     assert env_record["rendezvous"]["WORLD_SIZE"] == "4"
@@ -60,7 +42,7 @@ def test_plain_sbatch_route_runs_a_two_node_trial(tmp_path, slurm_env):
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True, timeout=60,
     )
     job_id = submitted.stdout.strip().split(";")[0]
-    state = wait_until_done(slurm_env, job_id)
+    state = wait_until_ended(slurm_env, job_id)
     log = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert state == "COMPLETED", log[-3000:]
 

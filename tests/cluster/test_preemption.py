@@ -1,7 +1,8 @@
 """Stops on the real local cluster: Slurm's time-limit warning, a USR2 by scancel (to a sweep
 trial and to the batch shell of ``slurm/train.sbatch``), a real preemption, a requeue cap, a node
 taken down. Every trial that finishes must end with the weights of an uninterrupted run of the
-same config, computed locally (same world size, no Slurm)."""
+same config: computed locally (same world size, no Slurm) up to two ranks, where a gradient sum is
+one addition in any layout; for the 2-node x 2-process trial, the session's ``two_node_trial``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from .conftest import (
     REPO,
-    SMALL_TRIAL,
+    STOPPABLE_TRIAL,
+    TWO_NODES_TWO_PROCESSES,
     read_json,
     run_hpcsweep,
     sacct_states,
@@ -22,16 +24,12 @@ from .conftest import (
     wait_for,
 )
 
-FAST = [o for o in SMALL_TRIAL if not o.startswith("trainer.max_steps")] + [
-    "trainer.max_steps=20", "trainer.ckpt_every=10", "trainer.eval_every=10", "trainer.log_every=1",
-    "topology.mode=off",
-]
-TRAINING = [o for o in FAST if not o.startswith("hydra.")]
+TRAINING = [o for o in STOPPABLE_TRIAL if not o.startswith("hydra.")]
 
 
 def submit(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[str, Path]:
     """Submit a one-trial sweep; return its job id (``ARRAY_TASK``) and trial dir."""
-    result = run_hpcsweep(["-m", *FAST, *overrides], tmp_path, env, timeout=120)
+    result = run_hpcsweep(["-m", *STOPPABLE_TRIAL, *overrides], tmp_path, env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     (trial,) = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))["trials"]
     return trial["job_id"], tmp_path / trial["trial_dir"]
@@ -59,38 +57,13 @@ class Reference:
         return read_json(self.run_dir / "metrics.json")["weights_sha256"]
 
 
-class ClusterReference:
-    """The same multi-node trial uninterrupted on the cluster, laid out over nodes as the test's.
-
-    With two ranks a gradient sum is one addition, the same in any layout, so a local run serves;
-    from three ranks up the cluster run is the reference that makes no assumption about how the
-    ranks' order depends on the layout."""
-
-    def __init__(self, tmp_path: Path, env: dict[str, str], *overrides: str) -> None:
-        cwd = tmp_path / "reference"
-        cwd.mkdir()
-        self.env = env
-        self.job_id, self.trial_dir = submit(cwd, env, *overrides)
-
-    def kill(self) -> None:
-        subprocess.run(["scancel", self.job_id], env=self.env, capture_output=True, timeout=30, check=False)
-
-    def weights_sha256(self) -> str:
-        metrics = wait_until_final(self.env, self.job_id, self.trial_dir)
-        assert metrics["status"] == "completed", metrics.get("error")
-        return metrics["weights_sha256"]
-
-
 @pytest.fixture
 def reference(tmp_path, slurm_env):
     """Start the uninterrupted reference run; killed at teardown if the test did not wait for it."""
-    started: list[Reference | ClusterReference] = []
+    started: list[Reference] = []
 
-    def start(world_size: int, *overrides: str, env: dict[str, str] = slurm_env) -> Reference | ClusterReference:
-        if world_size > 2 and any(o.startswith("trainer.nodes=") and o != "trainer.nodes=1" for o in overrides):
-            started.append(ClusterReference(tmp_path, env, *overrides))
-        else:
-            started.append(Reference(tmp_path, env, world_size, *overrides))
+    def start(world_size: int, *overrides: str, env: dict[str, str] = slurm_env) -> Reference:
+        started.append(Reference(tmp_path, env, world_size, *overrides))
         return started[-1]
 
     yield start
@@ -145,10 +118,9 @@ def final_state(env: dict[str, str], job_id: str) -> str:
                     and sacct_states(env, job_id)[job_id], timeout=60, what=f"accounting of {job_id}")
 
 
-def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_path, slurm_env, reference):
-    shape = ["trainer.nodes=2", "trainer.nproc_per_node=2", "hydra.launcher.cpus_per_task=2"]
-    job_id, trial_dir = submit(tmp_path, slurm_env, *shape)
-    expected = reference(4, *shape)
+def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_path, slurm_env, two_node_trial):
+    assert two_node_trial.state == "COMPLETED"
+    job_id, trial_dir = submit(tmp_path, slurm_env, *TWO_NODES_TWO_PROCESSES)
     wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     slurm(slurm_env, "scancel", "--signal=USR2", job_id)
 
@@ -157,7 +129,7 @@ def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_p
     assert metrics["last_stop_reason"] == "time_limit"
     assert metrics["restarts"] >= 1 and metrics["slurm_restart_count"] >= 1
     assert metrics["stop_to_exit_s"] < 30
-    assert metrics["weights_sha256"] == expected.weights_sha256()
+    assert metrics["weights_sha256"] == read_json(two_node_trial.trial_dir / "metrics.json")["weights_sha256"]
     assert final_state(slurm_env, job_id) == "COMPLETED"
 
 
@@ -243,7 +215,7 @@ LONGEST_RUN_S = 59
 
 
 def steps_trained_in(seconds: float, tmp_path: Path, env: dict[str, str]) -> int:
-    """How many steps of FAST's model this machine trains in ``seconds``, from a short local run."""
+    """How many steps of STOPPABLE_TRIAL's model this machine trains in ``seconds``, from a short local run."""
     run_dir = tmp_path / "calibration"
     local_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     args = [f"hydra.run.dir={run_dir}", *TRAINING, "trainer.max_steps=60", "trainer.log_every=30",
@@ -264,9 +236,9 @@ def test_a_trial_needing_three_time_limits_completes_through_requeues(tmp_path, 
     # The trial and its reference train side by side: one thread each, or on 2 cores their
     # thread pools would spin against each other and run 5-10x slower than alone.
     env = {**slurm_env, "OMP_NUM_THREADS": "1"}
-    # More training than two of the longest runs hold, so at least three runs, whatever this
-    # machine's speed: with start-up, about three 1-minute time limits of work.
-    max_steps = steps_trained_in(2.2 * LONGEST_RUN_S, tmp_path, env)
+    # Training for two of the longest runs: more than two runs hold after their start-up, so at
+    # least three runs whatever this machine's speed; with start-up, about three 1-minute limits.
+    max_steps = steps_trained_in(2 * LONGEST_RUN_S, tmp_path, env)
     long = [f"trainer.max_steps={max_steps}", "trainer.ckpt_every=0", f"trainer.eval_every={max_steps}",
             "trainer.log_every=50"]
     job_id, trial_dir = submit(tmp_path, env, *long, *TIME_LIMIT)
