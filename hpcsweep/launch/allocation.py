@@ -56,15 +56,19 @@ def check_time_limit(params: Mapping[str, Any]) -> None:
     A warning at or before the job's start would stop every run before it trained a step, and
     the trial would requeue until its cap.
     """
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
     timeout_min, delay, cap = params.get("timeout_min"), params.get("signal_delay_s"), params.get("max_num_timeout")
-    if not isinstance(timeout_min, int) or isinstance(timeout_min, bool) or timeout_min < 1:
+    if not whole(timeout_min) or timeout_min < 1:
         raise ValueError(f"hydra.launcher.timeout_min={timeout_min!r} is not allowed: a whole number of minutes >= 1")
-    if not isinstance(delay, int) or isinstance(delay, bool) or not 1 <= delay < min(timeout_min * 60, MAX_SIGNAL_DELAY_S + 1):
+    longest_delay = min(timeout_min * 60 - 1, MAX_SIGNAL_DELAY_S)
+    if not whole(delay) or not 1 <= delay <= longest_delay:
         raise ValueError(
             f"hydra.launcher.signal_delay_s={delay!r} is not allowed: whole seconds from 1 to "
-            f"{min(timeout_min * 60 - 1, MAX_SIGNAL_DELAY_S)} (below timeout_min={timeout_min} minutes)"
+            f"{longest_delay} (below timeout_min={timeout_min} minutes)"
         )
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+    if not whole(cap) or cap < 0:
         raise ValueError(f"hydra.launcher.max_num_timeout={cap!r} is not allowed: a whole number >= 0")
 
 
