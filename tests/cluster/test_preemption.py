@@ -35,16 +35,21 @@ def submit(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[str, P
     return trial["job_id"], tmp_path / trial["trial_dir"]
 
 
+def outside_any_job(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without a Slurm job's variables: a run that trains here, on its own."""
+    return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
 class Reference:
     """The same training run uninterrupted, locally on one node, started in the background."""
 
     def __init__(self, tmp_path: Path, env: dict[str, str], world_size: int, *overrides: str) -> None:
-        local_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
         self.run_dir = tmp_path / "reference"
         args = [f"hydra.run.dir={self.run_dir}", *TRAINING, f"trainer.nproc_per_node={world_size}",
                 *[o for o in overrides if not o.startswith(("hydra.", "+hydra.", "trainer.nodes", "trainer.nproc"))]]
-        self.proc = subprocess.Popen([sys.executable, "-m", "hpcsweep", *args], cwd=tmp_path, env=local_env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "hpcsweep", *args], cwd=tmp_path,
+                                     env=outside_any_job(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -217,10 +222,9 @@ LONGEST_RUN_S = 59
 def steps_trained_in(seconds: float, tmp_path: Path, env: dict[str, str]) -> int:
     """How many steps of STOPPABLE_TRIAL's model this machine trains in ``seconds``, from a short local run."""
     run_dir = tmp_path / "calibration"
-    local_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     args = [f"hydra.run.dir={run_dir}", *TRAINING, "trainer.max_steps=60", "trainer.log_every=30",
             "trainer.eval_every=60", "trainer.ckpt_every=0"]
-    result = run_hpcsweep(args, tmp_path, local_env, timeout=300)
+    result = run_hpcsweep(args, tmp_path, outside_any_job(env), timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     tokens_per_s = read_json(run_dir / "metrics.json")["tokens_per_s"]
     return max(1, round(seconds * tokens_per_s / (setting("data.batch_size") * setting("data.seq_len"))))
