@@ -194,6 +194,7 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) ->
                 outcome.append(err)
 
     thread = threading.Thread(target=agent, name="torchrun-agent")
+    previous_threads = os.environ.get("OMP_NUM_THREADS")
     if threads is not None:
         # Only for these workers: later trials of a local sweep run in this process too.
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -201,8 +202,10 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) ->
         thread.start()
         thread.join()
     finally:
-        if threads is not None:
+        if previous_threads is None:
             os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = previous_threads
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]

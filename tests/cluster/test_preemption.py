@@ -19,9 +19,9 @@ from .conftest import (
     TWO_NODES_TWO_PROCESSES,
     read_json,
     run_hpcsweep,
-    sacct_states,
     slurm,
     wait_for,
+    wait_until_ended,
 )
 
 TRAINING = [o for o in STOPPABLE_TRIAL if not o.startswith("hydra.")]
@@ -118,11 +118,6 @@ def wait_until_final(env: dict[str, str], job_id: str, trial_dir: Path, timeout:
     return wait_for(final, timeout=timeout, what=f"job {job_id} to end and leave the queue", interval=1.0)
 
 
-def final_state(env: dict[str, str], job_id: str) -> str:
-    return wait_for(lambda: sacct_states(env, job_id).get(job_id) in ("COMPLETED", "FAILED")
-                    and sacct_states(env, job_id)[job_id], timeout=60, what=f"accounting of {job_id}")
-
-
 def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_path, slurm_env, two_node_trial):
     assert two_node_trial.state == "COMPLETED"
     job_id, trial_dir = submit(tmp_path, slurm_env, *TWO_NODES_TWO_PROCESSES)
@@ -135,7 +130,7 @@ def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_p
     assert metrics["restarts"] >= 1 and metrics["slurm_restart_count"] >= 1
     assert metrics["stop_to_exit_s"] < 30
     assert metrics["weights_sha256"] == read_json(two_node_trial.trial_dir / "metrics.json")["weights_sha256"]
-    assert final_state(slurm_env, job_id) == "COMPLETED"
+    assert wait_until_ended(slurm_env, job_id, timeout=60) == "COMPLETED"
 
 
 @pytest.fixture
@@ -162,7 +157,7 @@ def test_a_preempted_trial_is_requeued_by_slurm_and_resumes(tmp_path, slurm_env,
     assert metrics["last_stop_reason"] == "preempted"
     assert metrics["restarts"] >= 1
     assert metrics["weights_sha256"] == expected.weights_sha256()
-    assert final_state(slurm_env, job_id) == "COMPLETED"
+    assert wait_until_ended(slurm_env, job_id, timeout=60) == "COMPLETED"
 
 
 def test_a_trial_preempted_beyond_its_cap_fails_and_leaves_the_queue(tmp_path, slurm_env, node4_freed):
@@ -174,7 +169,7 @@ def test_a_trial_preempted_beyond_its_cap_fails_and_leaves_the_queue(tmp_path, s
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     assert metrics["status"] == "failed"
     assert "max_num_timeout=0" in metrics["error"]
-    assert final_state(slurm_env, job_id) == "FAILED"
+    assert wait_until_ended(slurm_env, job_id, timeout=60) == "FAILED"
 
 
 @pytest.fixture
@@ -281,4 +276,4 @@ def test_train_sbatch_traps_usr2_forwards_it_requeues_and_resumes(tmp_path, slur
     assert metrics["last_stop_reason"] == "time_limit"
     assert metrics["restarts"] >= 1
     assert metrics["weights_sha256"] == expected.weights_sha256()
-    assert final_state(slurm_env, job_id) == "COMPLETED"
+    assert wait_until_ended(slurm_env, job_id, timeout=60) == "COMPLETED"
