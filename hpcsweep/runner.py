@@ -53,13 +53,14 @@ def worker_threads(env: Mapping[str, str], nproc_per_node: int, cpus_visible: in
 
     The torchrun command sets 1 for several workers, but its launcher API, used here, sets nothing:
     each worker would start a thread per CPU of the node, and together they oversubscribe it (4 tiny
-    workers on 2 cores trained 16x slower). The task's CPUs (``SLURM_CPUS_PER_TASK``, else the CPUs
-    this process may run on) are shared out among the workers instead.
+    workers on 2 cores trained 16x slower). The task's CPUs are shared out among the workers instead:
+    ``SLURM_CPUS_PER_TASK``, but never more than the CPUs this process may run on, since a node may
+    declare more CPUs than it has (Slurm's ``config_overrides``, or a cgroup smaller than the task).
     """
     if env.get("OMP_NUM_THREADS"):
         return None
     raw = env.get("SLURM_CPUS_PER_TASK", "")
-    cpus = int(raw) if raw.isdigit() and int(raw) > 0 else cpus_visible
+    cpus = min(int(raw), cpus_visible) if raw.isdigit() and int(raw) > 0 else cpus_visible
     return max(1, cpus // nproc_per_node)
 
 

@@ -75,15 +75,16 @@ def submitted() -> Iterator[list[str]]:
         slurm("scancel", *ids)
 
 
-def test_four_nodes_with_8_cpus_and_8_a100s() -> None:
+def test_four_nodes_shaped_like_the_a100_launcher_defaults() -> None:
     out = slurm("sinfo", "-h", "-N", "-p", "batch", "-o", "%N|%T|%c|%m|%G")
     rows = {name: rest for name, *rest in (line.split("|") for line in out.splitlines())}
     assert sorted(rows) == NODES
     for node, (state, cpus, mem, gres) in rows.items():
         # idle on a fresh cluster; other cluster tests may have jobs running at the same time.
         assert state in ("idle", "mixed", "allocated"), f"{node} is {state}"
-        assert (cpus, gres) == ("8", "gpu:a100:8"), node
-        assert int(mem) >= 4000, node
+        # configs/hydra/launcher/slurm.yaml asks for 64 CPUs and 8 GPUs per node.
+        assert (cpus, gres) == ("64", "gpu:a100:8"), node
+        assert int(mem) == 512000, node
 
 
 def test_partitions_batch_preemptable_urgent_high_priority() -> None:
@@ -138,11 +139,11 @@ def test_srun_spans_two_nodes() -> None:
 
 
 def test_urgent_job_preempts_batch_job_by_requeue(submitted: list[str]) -> None:
-    # Both want all 8 CPUs of node4, so the urgent job can only start by evicting the batch job.
-    low = sbatch("-p", "batch", "-w", "node4", "-c", "8", "--output=/dev/null", "--wrap", "sleep 300")
+    # Both want all 64 CPUs of node4, so the urgent job can only start by evicting the batch job.
+    low = sbatch("-p", "batch", "-w", "node4", "-c", "64", "--output=/dev/null", "--wrap", "sleep 300")
     submitted.append(low)
     wait_for(lambda: job_fields(low).get("JobState") == "RUNNING", JOB_TIMEOUT_S, f"batch job {low} to run")
-    high = sbatch("-p", "urgent", "-w", "node4", "-c", "8", "--output=/dev/null", "--wrap", "sleep 1")
+    high = sbatch("-p", "urgent", "-w", "node4", "-c", "64", "--output=/dev/null", "--wrap", "sleep 1")
     submitted.append(high)
     wait_for(lambda: job_fields(low).get("Restarts", "0") != "0", JOB_TIMEOUT_S, f"job {low} requeued")
     wait_for(lambda: completed_in_sacct(high), JOB_TIMEOUT_S, f"urgent job {high} COMPLETED")

@@ -13,6 +13,8 @@ from hpcsweep.runner import worker_threads
         ({"SLURM_CPUS_PER_TASK": "3"}, 8, 128, 1),    # never below one
         ({}, 4, 16, 4),                                # no Slurm: the CPUs this process may use
         ({"SLURM_CPUS_PER_TASK": ""}, 2, 2, 1),
+        ({"SLURM_CPUS_PER_TASK": "64"}, 1, 2, 2),     # 64 declared CPUs on 2 real cores: 2 threads
+        ({"SLURM_CPUS_PER_TASK": "64"}, 2, 2, 1),
     ],
 )
 def test_workers_share_the_tasks_cpus(env, nproc, visible, threads):
