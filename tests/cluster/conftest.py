@@ -20,7 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
-# A trial small enough that several fit on 2 cores, yet real training end to end.
+# A trial small enough that several fit on 2 cores, yet real training end to end. The launcher
+# keeps a user's A100 defaults (64 CPUs and 8 GPUs per node, which the local nodes declare).
 SMALL_TRIAL = [
     "trainer.max_steps=8",
     "trainer.eval_every=4",
@@ -30,8 +31,6 @@ SMALL_TRIAL = [
     "trainer.eval_batches=1",
     "data.batch_size=4",
     "data.seq_len=32",
-    "hydra.launcher.cpus_per_task=1",
-    "hydra.launcher.gpus_per_node=0",
     "hydra.launcher.timeout_min=15",
 ]
 
@@ -41,7 +40,7 @@ STOPPABLE_TRIAL = [o for o in SMALL_TRIAL if not o.startswith("trainer.max_steps
     "trainer.max_steps=20", "trainer.ckpt_every=10", "trainer.eval_every=10", "trainer.log_every=1",
     "topology.mode=off",
 ]
-TWO_NODES_TWO_PROCESSES = ["trainer.nodes=2", "trainer.nproc_per_node=2", "hydra.launcher.cpus_per_task=2"]
+TWO_NODES_TWO_PROCESSES = ["trainer.nodes=2", "trainer.nproc_per_node=2"]
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
