@@ -89,7 +89,8 @@ def missing_sweep_message(sweep_dir: str | Path) -> str | None:
     path = Path(sweep_dir)
     if any((path / name).exists() for name in (SWEEP_FILE, *TRIAL_FILES)):
         return None
-    return f"{sweep_dir}: no {SWEEP_FILE} and no {'/'.join(TRIAL_FILES)} here; pass a sweep's multirun dir or a trial dir"
+    files = "/".join(TRIAL_FILES)
+    return f"{sweep_dir}: no {SWEEP_FILE} and no {files} here; pass a sweep's multirun dir or a trial dir"
 
 
 def read_sweep_record(sweep_dir: str | Path) -> SweepRecord:

@@ -22,7 +22,7 @@ _UNAVAILABLE_NODES = "UnavailableNodes:"
 
 NEVER_CLEARS: Mapping[str, str] = {
     "PartitionConfig": (
-        "the job asks for more than any node set of its partition has (nodes, GPUs, CPUs or memory per node)"
+        "its partition cannot give what the job asks for (more nodes, GPUs, CPUs or memory per node than it has)"
     ),
     "PartitionNodeLimit": "the job's node count is outside the partition's MinNodes/MaxNodes",
     "PartitionTimeLimit": "the job's time limit is longer than the partition's MaxTime",
