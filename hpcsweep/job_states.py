@@ -1,24 +1,30 @@
 """The Slurm state of a sweep's array tasks: one ``sacct`` call for every array of the sweep.
 
-Parsing is pure (``parse_sacct``, ``parse_squeue`` take the command's text); ``query_job_states``
-is the one side effect. ``squeue`` is asked only when accounting does not answer.
+Parsing is pure (``parse_sacct``, ``parse_squeue`` take the command's text, ``with_reasons`` and
+``with_verdicts`` combine them); ``query_job_states`` is the one side effect. ``squeue`` is asked
+when accounting does not answer, or when a task is queued: its ``%r`` is the live reason a task
+waits (sacct's ``Reason`` is the last reason other than Priority/Resources that reached the
+database, without the ``UnavailableNodes`` detail). ``scontrol show nodes`` is asked only when a
+task waits for nodes that are not available (``ReqNodeNotAvail, UnavailableNodes:...``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from hpcsweep.slurm.cluster_info import gpus_from_tres
-from hpcsweep.slurm.commands import SlurmCommandError, sacct, squeue
+from hpcsweep.slurm.commands import SlurmCommandError, sacct, show_nodes, squeue
+from hpcsweep.slurm.nodes import NodeState, parse_node_states
+from hpcsweep.slurm.pending import needs_node_states, never_clears, parse_reason
 
 SACCT_FIELDS = ("JobID", "State", "ElapsedRaw", "AllocTRES", "NodeList")
-SQUEUE_FORMAT = "%i|%T|%N"
+SQUEUE_FORMAT = "%i|%T|%N|%r"
 FAILED_STATES = frozenset(
     {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE"}
 )
-"""End states that mean a trial did not finish."""
+"""End states that mean a trial did not finish (a cancel included: ``cancelled`` tells it apart)."""
 ACTIVE_STATES = frozenset(
     {
         "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -26,6 +32,8 @@ ACTIVE_STATES = frozenset(
     }
 )
 """States after which more happens (a preempted task of a requeueing partition comes back)."""
+QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+"""States of a task waiting in the queue: the ones with a pending reason."""
 _ARRAY_RANGE = re.compile(r"^(?P<array>\d+)_\[(?P<ranges>[^\]]+)\]$")
 
 
@@ -41,10 +49,25 @@ class JobState:
     """GPUs allocated (``gres/gpu`` of ``AllocTRES``); None when unknown."""
     nodes: str = ""
     """The nodelist expression, empty while pending."""
+    reason: str = ""
+    """Why a queued task waits (``squeue``'s ``%r``: ``Priority``, ``ReqNodeNotAvail, ...``)."""
+    never_starts: str = ""
+    """Why waiting will never start it (``hpcsweep.slurm.pending.never_clears``); '' when it may start."""
 
     @property
     def failed(self) -> bool:
+        """Ended without finishing: failed, timed out, killed or cancelled."""
         return self.state in FAILED_STATES
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled by a user or an admin (``CANCELLED by UID``)."""
+        return self.state == "CANCELLED"
+
+    @property
+    def queued(self) -> bool:
+        """Waiting in the queue, with a pending reason."""
+        return self.state in QUEUED_STATES
 
     @property
     def active(self) -> bool:
@@ -102,26 +125,73 @@ def parse_sacct(text: str) -> dict[str, JobState]:
 
 
 def parse_squeue(text: str) -> dict[str, JobState]:
-    """``squeue --array --noheader --format=<SQUEUE_FORMAT>`` output -> task id -> state."""
+    """``squeue --array --noheader --format=<SQUEUE_FORMAT>`` output -> task id -> state.
+
+    A running task's reason is ``None`` in squeue: it is kept only for queued tasks.
+    """
     states: dict[str, JobState] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
-        job_id, state, nodes = line.split("|")[:3]
+        job_id, state, nodes, reason = (line.split("|", 3) + [""])[:4]
+        state = base_state(state)
+        reason = reason.strip() if state in QUEUED_STATES else ""
         for task_id in expand_task_ids(job_id):
-            states[task_id] = JobState(job_id=task_id, state=base_state(state), nodes=nodes)
+            states[task_id] = JobState(job_id=task_id, state=state, nodes=nodes, reason=reason)
     return states
 
 
-def query_job_states(array_job_ids: Sequence[str]) -> dict[str, JobState]:
-    """The state of every task of the given arrays from one ``sacct`` call.
+def with_reasons(states: Mapping[str, JobState], queue: Mapping[str, JobState]) -> dict[str, JobState]:
+    """sacct's states with squeue's reasons for the tasks both see queued."""
+    merged = dict(states)
+    for task_id, state in states.items():
+        live = queue.get(task_id)
+        if state.queued and live is not None and live.reason:
+            merged[task_id] = replace(state, reason=live.reason)
+    return merged
 
-    Without accounting, one ``squeue`` call instead: it knows only tasks still queued or running.
-    Raises ``SlurmCommandError`` when neither answers.
+
+def needs_nodes(states: Mapping[str, JobState]) -> bool:
+    """Whether some queued task's reason can be judged only from the state of its nodes."""
+    return any(s.queued and needs_node_states(parse_reason(s.reason)) for s in states.values() if s.reason)
+
+
+def with_verdicts(states: Mapping[str, JobState], nodes: Sequence[NodeState] | None) -> dict[str, JobState]:
+    """Each queued task with ``never_starts`` set when its reason never clears (``nodes``: None if unknown)."""
+    by_name = None if nodes is None else {node.name: node for node in nodes}
+    judged = dict(states)
+    for task_id, state in states.items():
+        if state.queued and state.reason:
+            why = never_clears(parse_reason(state.reason), by_name)
+            if why:
+                judged[task_id] = replace(state, never_starts=why)
+    return judged
+
+
+def query_job_states(array_job_ids: Sequence[str]) -> dict[str, JobState]:
+    """The state of every task of the given arrays, and why the queued ones wait.
+
+    One ``sacct`` call, plus one ``squeue`` call only when a task is queued, plus one
+    ``scontrol show nodes`` only when a task waits for unavailable nodes. Without accounting,
+    the ``squeue`` call alone: it knows only tasks still queued or running. Raises
+    ``SlurmCommandError`` when neither sacct nor squeue answers.
     """
     if not array_job_ids:
         return {}
     try:
-        return parse_sacct(sacct(array_job_ids, SACCT_FIELDS))
+        states = parse_sacct(sacct(array_job_ids, SACCT_FIELDS))
     except SlurmCommandError:
-        return parse_squeue(squeue(array_job_ids, SQUEUE_FORMAT))
+        states = parse_squeue(squeue(array_job_ids, SQUEUE_FORMAT))
+    else:
+        if any(state.queued for state in states.values()):
+            try:
+                states = with_reasons(states, parse_squeue(squeue(array_job_ids, SQUEUE_FORMAT)))
+            except SlurmCommandError:
+                # The states stand without reasons: accounting answered, the controller did not.
+                return states
+    try:
+        nodes = parse_node_states(show_nodes()) if needs_nodes(states) else None
+    except SlurmCommandError:
+        # Unknown node states judge no ReqNodeNotAvail as never clearing: no false alarm.
+        nodes = None
+    return with_verdicts(states, nodes)

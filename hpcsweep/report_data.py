@@ -2,17 +2,21 @@
 
 ``build_row`` is pure: one trial's record, metrics.json, Slurm state, scalars and error text in,
 one ``TrialRow`` out. ``load_sweep`` does the reading: sweep.json, each trial's metrics.json and
-event files, and one ``sacct`` call for the whole sweep (none for a local sweep).
+event files, and one ``sacct`` call for the whole sweep (none for a local sweep). A trial dir
+without sweep.json (``sbatch slurm/train.sbatch`` writes one) loads as a sweep of that one trial.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hpcsweep.event_reader import ScalarSeries, read_scalars
 from hpcsweep.failure import summarize_error, trial_error_text
@@ -20,9 +24,14 @@ from hpcsweep.hparams import split_override
 from hpcsweep.job_states import JobState, query_job_states
 from hpcsweep.metrics import read_metrics
 from hpcsweep.slurm.commands import SlurmCommandError
-from hpcsweep.sweep_record import SweepRecord, TrialRecord, read_sweep_record
+from hpcsweep.sweep_record import SWEEP_FILE, ArrayRecord, SweepRecord, TrialRecord, read_sweep_record
 
-FINAL_STATUSES = ("completed", "stopped_early", "failed")
+FINAL_STATUSES = ("completed", "stopped_early", "failed", "cancelled", "stopped")
+"""Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
+FINISHED_STATUSES = ("completed", "stopped_early")
+"""Statuses the trainer writes when a trial is done, whatever Slurm says afterwards."""
+ENVIRONMENT_FILE = "environment.json"
+OVERRIDES_FILE = ".hydra/overrides.yaml"
 METRICS = ("best_val_loss", "val_loss", "train_loss", "tokens_per_s", "gpu_hours", "step", "restarts")
 """Row fields ``--metric`` may sort by."""
 SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s"}
@@ -38,7 +47,7 @@ class TrialRow:
     num: int
     overrides: dict[str, str]
     status: str
-    """``completed``, ``stopped_early``, ``failed``, ``running`` or ``pending``."""
+    """``completed``, ``stopped_early``, ``failed``, ``cancelled``, ``stopped``, ``running`` or ``pending``."""
     job_id: str | None = None
     slurm_state: str | None = None
     step: int | None = None
@@ -54,6 +63,10 @@ class TrialRow:
     error: str = ""
     """For a failed trial: why, in one line."""
     trial_dir: str = ""
+    reason: str = ""
+    """For a pending trial: why Slurm has not started it (``Priority``, ``PartitionConfig`` ...)."""
+    never_starts: str = ""
+    """For a pending trial whose reason never clears: why waiting will not start it, in one line."""
 
 
 @dataclass(frozen=True)
@@ -80,21 +93,27 @@ def override_values(overrides: Sequence[str]) -> dict[str, str]:
 def trial_status(metrics_status: str | None, job: JobState | None, on_slurm: bool) -> str:
     """The one status of a trial, from metrics.json and the Slurm state of its task.
 
-    A task Slurm ended badly is ``failed`` unless the trial had already finished. A task Slurm
-    ended while metrics.json is missing or says running never reported its end: ``failed`` too.
+    A trial the trainer finished keeps its status. One that someone cancelled (Slurm's
+    ``CANCELLED by UID``, or metrics.json's ``cancelled`` for a local trial) is ``cancelled``: a
+    person ended it, nothing failed. A task Slurm ended badly otherwise is ``failed``. A trial that
+    stopped after a checkpoint is ``stopped`` once nothing requeues it; while Slurm has it queued or
+    running, Slurm's state says where it is. A task Slurm ended while metrics.json is missing or
+    says running never reported its end: ``failed`` too.
     """
-    if metrics_status in ("completed", "stopped_early"):
+    if metrics_status in FINISHED_STATUSES:
         return metrics_status
-    if job is not None and job.failed:
-        return "failed"
-    if metrics_status == "failed":
-        return "failed"
-    if job is not None and not job.active:
+    if (job is not None and job.cancelled) or metrics_status == "cancelled":
+        return "cancelled"
+    if (job is not None and job.failed) or metrics_status == "failed":
         return "failed"
     if metrics_status == "running" and (job is None or job.state == "RUNNING"):
         return "running"
-    if job is not None:
+    if job is not None and job.active:
         return "running" if job.state in ("RUNNING", "COMPLETING") else "pending"
+    if metrics_status == "stopped":
+        return "stopped"
+    if job is not None:
+        return "failed"
     return "pending" if on_slurm or metrics_status is None else metrics_status
 
 
@@ -140,6 +159,7 @@ def build_row(
         step = max((s.steps[-1] for s in scalars.values() if s.steps), default=None)
     status = trial_status(metrics.get("status"), job, on_slurm)
     nodes = job.nodes if job is not None and job.nodes else ",".join(metrics.get("nodes") or [])
+    waiting = job if status == "pending" and job is not None else None
     return TrialRow(
         num=trial.num,
         overrides=override_values(trial.overrides),
@@ -155,6 +175,8 @@ def build_row(
         nodes=nodes,
         error=summarize_error(error_text) if status == "failed" else "",
         trial_dir=trial.trial_dir,
+        reason=waiting.reason if waiting is not None else "",
+        never_starts=waiting.never_starts if waiting is not None else "",
         **values,
     )
 
@@ -188,10 +210,43 @@ def resolve_trial_dir(sweep_dir: Path, trial: TrialRecord) -> Path:
     return recorded if recorded.exists() else sweep_dir / str(trial.num)
 
 
+def single_trial_record(
+    trial_dir: str, environment: Mapping[str, Any] | None, overrides: Sequence[str]
+) -> SweepRecord:
+    """A trial dir without sweep.json as a sweep of one trial (number 0).
+
+    Its job is the one ``environment.json``'s ``slurm`` block names (``ARRAYID_TASK`` for an array
+    task, the plain job id for ``sbatch slurm/train.sbatch``); without that block it ran locally.
+    """
+    environment = environment or {}
+    slurm = environment.get("slurm") or {}
+    job_id = slurm.get("job_label") or slurm.get("job_id")
+    recorded_at = environment.get("recorded_at", "")
+    trial = TrialRecord(0, list(overrides), trial_dir, job_id, recorded_at)
+    return SweepRecord(
+        sweep_dir=trial_dir,
+        launcher="slurm" if job_id else "local",
+        created_at=recorded_at,
+        trials=[trial],
+        arrays=[ArrayRecord(job_id, [0])] if job_id else [],
+    )
+
+
+def read_record(path: Path) -> SweepRecord:
+    """``path/sweep.json``, or (no sweep.json) ``path`` read as a single trial dir."""
+    if (path / SWEEP_FILE).exists():
+        return read_sweep_record(path)
+    environment_path, overrides_path = path / ENVIRONMENT_FILE, path / OVERRIDES_FILE
+    environment = json.loads(environment_path.read_text()) if environment_path.exists() else None
+    overrides = yaml.safe_load(overrides_path.read_text()) if overrides_path.exists() else None
+    # Absolute, so that resolve_trial_dir finds it whatever directory a report is made from.
+    return single_trial_record(str(path.resolve()), environment, overrides or [])
+
+
 def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_scalars: bool = True) -> SweepData:
-    """Read a sweep, running or finished: its rows and (``with_scalars``) all trials' scalars."""
+    """Read a sweep (or a single trial dir), running or finished: its rows and all trials' scalars."""
     sweep_dir = Path(sweep_dir)
-    record = read_sweep_record(sweep_dir)
+    record = read_record(sweep_dir)
     on_slurm = record.launcher == "slurm"
     jobs: Mapping[str, JobState] = {}
     slurm_error = None

@@ -1,9 +1,12 @@
 """``python -m hpcsweep.status SWEEP_DIR``: where each trial of a sweep is, now.
 
 One line per trial: Slurm state, a progress bar of step/max_steps, the ETA from its throughput,
-the latest loss, restarts and nodes; failed trials add why. Each poll makes one ``sacct`` call for
-the whole sweep (none for a local sweep). ``--follow`` refreshes until every trial has ended;
-``--logs N`` tails trial N's ``train.log`` and submitit ``.err``. Exits 1 when a trial failed.
+the latest loss, restarts and nodes, or for a pending trial Slurm's reason it waits; failed trials
+add why, and a reason that never clears (``PartitionConfig`` ...) is flagged in red with what it
+means. Each poll makes one ``sacct`` call for the whole sweep (none for a local sweep), plus one
+``squeue`` while a trial is queued. SWEEP_DIR may also be one trial dir (``sbatch
+slurm/train.sbatch`` writes one). ``--follow`` refreshes until every trial has ended, or stops
+when a trial can never start; ``--logs N`` tails trial N's ``train.log`` and submitit ``.err``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,19 @@ from hpcsweep.sweep_record import missing_sweep_message
 BAR_WIDTH = 20
 LOG_LINES = 30
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+RED, RESET = "\x1b[31m", "\x1b[0m"
+EXIT_FAILED = 1
+"""Exit status when a trial failed (and none is stuck)."""
+EXIT_NEVER_STARTS = 3
+"""Exit status when a pending trial can never start: its Slurm reason never clears."""
+EPILOG = f"""\
+exit status:
+  0  no trial failed and none is stuck (cancelled and stopped trials are not failures)
+  {EXIT_FAILED}  a trial failed
+  2  SWEEP_DIR is neither a sweep nor a trial dir
+  {EXIT_NEVER_STARTS}  a pending trial can never start: Slurm's reason for it never clears
+     (PartitionConfig, PartitionTimeLimit, QOSMaxWallDurationPerJobLimit, InvalidAccount,
+     ReqNodeNotAvail on DOWN or DRAINED nodes, ...); --follow then stops instead of waiting for ever"""
 
 
 def progress_bar(step: int | None, max_steps: int | None, width: int = BAR_WIDTH) -> str:
@@ -68,17 +84,43 @@ def trial_params(row: TrialRow, keys: Sequence[str]) -> str:
     return " ".join(f"{k}={row.overrides.get(k, '')}" for k in keys)
 
 
-def status_line(row: TrialRow, params: str, eta: float | None) -> str:
-    """One trial's line (plus its error line when it failed); ``params`` comes padded."""
+def paint(text: str, color: bool) -> str:
+    """``text`` in red for a terminal (``color``), else as it is."""
+    return f"{RED}{text}{RESET}" if color else text
+
+
+def where_column(row: TrialRow, color: bool) -> str:
+    """The nodes of a placed trial, or squeue-style ``(Reason)`` of a pending one (red if it never clears)."""
+    if row.status == "pending" and row.reason:
+        return paint(f"({row.reason})", color and bool(row.never_starts))
+    return row.nodes or "-"
+
+
+def status_line(row: TrialRow, params: str, eta: float | None, color: bool = False) -> str:
+    """One trial's line, plus why when it failed or can never start; ``params`` comes padded."""
     state = row.slurm_state or row.status
     loss = row.train_loss if row.train_loss is not None else row.val_loss
     steps = f"{row.step if row.step is not None else '-'}/{row.max_steps or '-'}"
     line = (
         f"#{row.num:<3} {params}  {row.status:<13} {state:<11} {progress_bar(row.step, row.max_steps)} "
         f"{steps:>11}  eta {format_duration(eta):>7}  loss {'-' if loss is None else f'{loss:.4f}'}  "
-        f"restarts {row.restarts if row.restarts is not None else '-'}  {row.nodes or '-'}"
+        f"restarts {row.restarts if row.restarts is not None else '-'}  {where_column(row, color)}"
     )
-    return line + (f"\n     error: {row.error or 'no error recorded'}" if row.status == "failed" else "")
+    if row.status == "failed":
+        line += f"\n     error: {row.error or 'no error recorded'}"
+    if row.status == "pending" and row.never_starts:
+        line += "\n     " + paint(f"never starts: {row.reason.split(',')[0]}: {row.never_starts}", color)
+    return line
+
+
+def stuck_message(rows: Sequence[TrialRow]) -> str:
+    """The line ``--follow`` ends with when some pending trials can never start."""
+    stuck = [row for row in rows if row.status == "pending" and row.never_starts]
+    jobs = " ".join(row.job_id or f"#{row.num}" for row in stuck)
+    return (
+        f"not following: {len(stuck)} pending trial(s) can never start as submitted; "
+        f"cancel them (scancel {jobs}) and resubmit with a request the cluster can hold\n"
+    )
 
 
 def read_step_tokens(trial_dir: Path, world_size: int | None) -> int | None:
@@ -90,7 +132,7 @@ def read_step_tokens(trial_dir: Path, world_size: int | None) -> int | None:
     return tokens_per_step(config, world_size or 1)
 
 
-def render_status(sweep_dir: Path) -> tuple[str, list[TrialRow]]:
+def render_status(sweep_dir: Path, color: bool = False) -> tuple[str, list[TrialRow]]:
     """The status text of one poll and its rows."""
     sweep = load_sweep(sweep_dir, with_scalars=False)
     keys = swept_keys(sweep.rows)
@@ -102,9 +144,10 @@ def render_status(sweep_dir: Path) -> tuple[str, list[TrialRow]]:
         if row.status == "running":
             step_tokens = read_step_tokens(resolve_trial_dir(sweep_dir, trial), row.world_size)
             eta = eta_seconds(row.step, row.max_steps, row.tokens_per_s, step_tokens)
-        lines.append(status_line(row, param_text.ljust(width), eta))
+        lines.append(status_line(row, param_text.ljust(width), eta, color))
     counts = {s: sum(r.status == s for r in sweep.rows) for s in dict.fromkeys(r.status for r in sweep.rows)}
-    summary = f"{sweep_dir}: {len(sweep.rows)} trials, " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    trials = "1 trial" if len(sweep.rows) == 1 else f"{len(sweep.rows)} trials"
+    summary = f"{sweep_dir}: {trials}, " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if sweep.slurm_error:
         summary += f"\n(no Slurm states: {sweep.slurm_error.splitlines()[0]})"
     return "\n".join([summary, *lines]) + "\n", sweep.rows
@@ -131,34 +174,71 @@ def all_ended(rows: Sequence[TrialRow]) -> bool:
     return all(row.status in FINAL_STATUSES for row in rows)
 
 
+def never_starting(rows: Sequence[TrialRow]) -> bool:
+    """True when some pending trial waits for a reason that never clears."""
+    return any(row.status == "pending" and row.never_starts for row in rows)
+
+
+def exit_status(rows: Sequence[TrialRow]) -> int:
+    """``EXIT_NEVER_STARTS`` when a trial is stuck, else ``EXIT_FAILED`` when one failed, else 0.
+
+    Stuck comes first: it says "not everything has ended" to a script that ran ``--follow``.
+    """
+    if never_starting(rows):
+        return EXIT_NEVER_STARTS
+    return EXIT_FAILED if any(row.status == "failed" for row in rows) else 0
+
+
+def use_color(choice: str, isatty: bool) -> bool:
+    """``--color``: ``always``, ``never``, or ``auto`` (only when stdout is a terminal)."""
+    return choice == "always" or (choice == "auto" and isatty)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hpcsweep.status", description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path, help="the sweep's multirun dir (holds sweep.json)")
-    parser.add_argument("--follow", action="store_true", help="refresh until every trial has ended")
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcsweep.status",
+        description=__doc__.splitlines()[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "sweep_dir", type=Path, help="the sweep's multirun dir (holds sweep.json), or one trial dir (sbatch route)"
+    )
+    parser.add_argument(
+        "--follow", action="store_true",
+        help=f"refresh until every trial has ended; stop with exit {EXIT_NEVER_STARTS} if a trial can never start",
+    )
     parser.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between polls (default %(default)s)")
     parser.add_argument("--logs", type=int, metavar="N", help="also tail trial N's train.log and submitit .err")
+    parser.add_argument(
+        "--color", choices=("auto", "always", "never"), default="auto",
+        help="flag reasons that never clear in red: auto (default) only when stdout is a terminal",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Show the status (once, or until all trials end); exit 1 when a trial failed."""
+    """Show the status (once, or until all trials end or one can never start); see ``exit_status``."""
     args = parse_args(argv)
     missing = missing_sweep_message(args.sweep_dir)
     if missing:
         print(missing, file=sys.stderr)
         return 2
+    color = use_color(args.color, sys.stdout.isatty())
     while True:
-        text, rows = render_status(args.sweep_dir)
+        text, rows = render_status(args.sweep_dir, color)
         if args.logs is not None:
             text += "\n" + render_logs(args.sweep_dir, args.logs)
         if args.follow and sys.stdout.isatty():
             text = CLEAR_SCREEN + text
+        if args.follow and never_starting(rows):
+            text += stuck_message(rows)
         sys.stdout.write(text)
         sys.stdout.flush()
-        if not args.follow or all_ended(rows):
+        if not args.follow or all_ended(rows) or never_starting(rows):
             break
         time.sleep(args.interval)
-    return 1 if any(row.status == "failed" for row in rows) else 0
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from pathlib import Path
 from hpcsweep.fileio import atomic_write_json
 
 SWEEP_FILE = "sweep.json"
+TRIAL_FILES = ("metrics.json", "config.yaml", "environment.json")
+"""Files a trial dir holds once it has started: without sweep.json, they make it a sweep of one."""
 SCHEMA_VERSION = 1
 
 
@@ -83,10 +85,12 @@ def parse_sweep_record(text: str) -> SweepRecord:
 
 
 def missing_sweep_message(sweep_dir: str | Path) -> str | None:
-    """Why ``sweep_dir`` is not a sweep (no ``sweep.json``), or None when it is one."""
-    if (Path(sweep_dir) / SWEEP_FILE).exists():
+    """Why ``sweep_dir`` is neither a sweep (``sweep.json``) nor a single trial dir, or None."""
+    path = Path(sweep_dir)
+    if any((path / name).exists() for name in (SWEEP_FILE, *TRIAL_FILES)):
         return None
-    return f"{sweep_dir}: no {SWEEP_FILE} here; pass the sweep's multirun dir"
+    files = "/".join(TRIAL_FILES)
+    return f"{sweep_dir}: no {SWEEP_FILE} and no {files} here; pass a sweep's multirun dir or a trial dir"
 
 
 def read_sweep_record(sweep_dir: str | Path) -> SweepRecord:

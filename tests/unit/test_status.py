@@ -1,11 +1,15 @@
-"""status: progress, ETA, squeue parsing, exit status on failures."""
+"""status: progress, ETA, squeue parsing, pending reasons, cancelled/stopped trials, exit statuses."""
 
 from __future__ import annotations
 
+import pytest
+
 from hpcsweep import status
 from hpcsweep.job_states import parse_squeue
+from hpcsweep.slurm.pending import NEVER_CLEARS
 from hpcsweep.status import eta_seconds, format_duration, progress_bar, tokens_per_step
 
+from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 from .sweep_fixtures import CONFIG, make_sweep, metrics
 
 
@@ -44,3 +48,83 @@ def test_status_lines_and_exit_codes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "error: out of memory: set trainer.grad_checkpointing=true or reduce data.batch_size" in out
     assert "train.log <==\nstep 1 loss 3.0" in out
+
+
+SACCT_ONE_PENDING = (
+    "41_0|RUNNING|60|billing=64,cpu=64,gres/gpu=8,node=1|node1\n"
+    "41_1|PENDING|0||None assigned\n"
+)
+
+
+def pending_sweep(sweep_dir):
+    make_sweep(
+        sweep_dir,
+        [(["model.lr=1e-4"], metrics("running", step=4)), (["model.lr=1e-3"], None)],
+        launcher="slurm",
+    )
+
+
+def test_pending_reason_shown_and_one_squeue_only_while_queued(tmp_path, capsys, fake_slurm):
+    sweep_dir = tmp_path / "sweep"
+    pending_sweep(sweep_dir)
+    fake_slurm.answer("sacct", SACCT_ONE_PENDING)
+    fake_slurm.answer("squeue", "41_0|RUNNING|node1|None\n41_1|PENDING||Priority\n")
+    assert status.main([str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "pending       PENDING" in out and "(Priority)" in out and "never starts" not in out
+    assert len(fake_slurm.calls("sacct")) == 1 and fake_slurm.calls("scontrol") == []
+    assert fake_slurm.calls("squeue") == ["--noheader --array --jobs 41 --format %i|%T|%N|%r"]
+
+    fake_slurm.answer("sacct", SACCT_ONE_PENDING.replace("PENDING|0||None assigned", "RUNNING|5|cpu=64,node=1|node2"))
+    assert status.main([str(sweep_dir)]) == 0
+    assert len(fake_slurm.calls("sacct")) == 2 and len(fake_slurm.calls("squeue")) == 1  # nothing queued: no squeue
+    assert "(Priority)" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("color", "red"), [("always", True), ("never", False), ("auto", False)])
+def test_follow_stops_on_a_reason_that_never_clears(tmp_path, capsys, fake_slurm, color, red):
+    sweep_dir = tmp_path / "sweep"
+    pending_sweep(sweep_dir)
+    fake_slurm.answer("sacct", SACCT_ONE_PENDING)
+    fake_slurm.answer("squeue", "41_1|PENDING||PartitionConfig\n")
+    # --interval 3600: a second poll would hang the test, so passing proves --follow stopped at once
+    code = status.main([str(sweep_dir), "--follow", "--interval", "3600", f"--color={color}"])
+    assert code == status.EXIT_NEVER_STARTS
+    out = capsys.readouterr().out
+    assert len(fake_slurm.calls("sacct")) == 1
+    assert f"never starts: PartitionConfig: {NEVER_CLEARS['PartitionConfig']}" in out
+    assert "not following: 1 pending trial(s) can never start as submitted; cancel them (scancel 41_1)" in out
+    assert (f"{status.RED}(PartitionConfig){status.RESET}" in out) == red
+    assert ("\x1b[" in out) == red  # captured stdout is no terminal: auto means no colour
+
+
+def test_req_node_not_avail_asks_node_states_once(tmp_path, capsys, fake_slurm):
+    sweep_dir = tmp_path / "sweep"
+    pending_sweep(sweep_dir)
+    fake_slurm.answer("sacct", SACCT_ONE_PENDING)
+    fake_slurm.answer("squeue", "41_1|PENDING||ReqNodeNotAvail, UnavailableNodes:node3\n")
+    fake_slurm.answer("scontrol", "NodeName=node3 CPUAlloc=0 CPUTot=64 State=IDLE+DRAIN Partitions=batch Reason=gpu\n")
+    assert status.main([str(sweep_dir)]) == status.EXIT_NEVER_STARTS
+    assert "(node3) are DOWN or DRAINED" in capsys.readouterr().out
+    assert fake_slurm.calls("scontrol") == ["show nodes --oneliner"]
+
+    fake_slurm.answer("scontrol", "NodeName=node3 CPUAlloc=0 CPUTot=64 State=IDLE+REBOOT_ISSUED Partitions=batch\n")
+    assert status.main([str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "(ReqNodeNotAvail, UnavailableNodes:node3)" in out and "never starts" not in out
+
+
+def test_cancelled_and_stopped_trials_are_not_failures(tmp_path, capsys, fake_slurm):
+    slurm_dir, local_dir = tmp_path / "slurm", tmp_path / "local"
+    pending_sweep(slurm_dir)
+    fake_slurm.answer("sacct", "41_0|CANCELLED by 0|60|cpu=64,node=1|node1\n41_1|CANCELLED by 1000|0||None assigned\n")
+    assert status.main([str(slurm_dir), "--follow", "--interval", "3600"]) == 0  # all ended: no second poll
+    out = capsys.readouterr().out
+    assert "2 trials, 2 cancelled" in out and "failed" not in out and "error" not in out
+    assert fake_slurm.calls("squeue") == []
+
+    stopped = metrics("stopped", step=3, last_stop_reason="interrupted")
+    make_sweep(local_dir, [(["model.lr=1e-4"], metrics("cancelled")), (["model.lr=1e-3"], stopped)])
+    assert status.main([str(local_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "2 trials, 1 cancelled, 1 stopped" in out and "error" not in out
