@@ -101,7 +101,7 @@ class Trainer:
         self.logger = metrics.build_logger(world.rank, world.world_size, trial_dir / "tb")
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
         self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
-        self.peak_flops = metrics.peak_flops(world.device.type)
+        self.peak_flops = metrics.device_peak_flops(world.device, tcfg.precision)
         self.step = 0
         self.val_loss: float | None = None
         self.report = metrics.new_report(
