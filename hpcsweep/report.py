@@ -106,7 +106,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table instead of text")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also plot the metric per parameter and curves")
     parser.add_argument("--top", type=int, default=5, help="validation-loss curves of this many best trials")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.top < 1:
+        parser.error(f"--top={args.top} is not allowed: at least 1 curve")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import csv
 import io
 
+import matplotlib.pyplot as plt
 import pytest
 
 from hpcsweep import report
 from hpcsweep.failure import OOM_ADVICE, summarize_error
 from hpcsweep.job_states import JobState, expand_task_ids, parse_sacct
-from hpcsweep.report_data import load_sweep, sort_rows, trial_status
-from hpcsweep.report_plot import wants_log_axis
+from hpcsweep.event_reader import ScalarSeries
+from hpcsweep.report_data import TrialRow, load_sweep, sort_rows, trial_status
+from hpcsweep.report_plot import sweep_figure, wants_log_axis
 from hpcsweep.slurm.cluster_info import gpus_from_tres
 
 from .sweep_fixtures import make_sweep, metrics
@@ -140,7 +142,37 @@ def test_report_cli_csv_markdown_plot(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
 
 
-def test_log_axis_for_wide_positive_ranges():
+def test_log_axis_for_positive_values_spanning_a_decade_or_more():
     assert wants_log_axis([1e-4, 3e-3])
+    assert wants_log_axis([1e-4, 3e-4, 1e-3])  # exactly one decade
+    assert wants_log_axis([3e-5, 3e-4])  # 9.999999999999998 in floating point
     assert not wants_log_axis([1.0, 5.0])
+    assert not wants_log_axis([1.0, 9.9])
     assert not wants_log_axis([0.0, 100.0])
+    assert not wants_log_axis([-1e-3, 1e-3])
+    assert not wants_log_axis([])
+
+
+def test_figure_uses_a_log_axis_for_a_learning_rate_and_counts_the_curves_it_draws():
+    lrs, batches = ["1e-4", "3e-4", "1e-3"], ["8", "16", "32"]
+    rows = [
+        TrialRow(num=i, overrides={"model.lr": lr, "data.batch_size": bs}, status="completed", best_val_loss=3.0 - i)
+        for i, (lr, bs) in enumerate(zip(lrs, batches))
+    ]
+    scalars = {i: {"val/loss": ScalarSeries(steps=[1, 2], wall_times=[0.0, 1.0], values=[4.0, 3.0 - i])}
+               for i in range(3)}
+    fig = sweep_figure(rows, scalars, ["model.lr", "data.batch_size"], "best_val_loss", top=5)
+    lr_axis, batch_axis, curves = fig.axes
+    assert lr_axis.get_xscale() == "log" and batch_axis.get_xscale() == "linear"
+    assert curves.get_title() == "top 3 by best_val_loss" and len(curves.lines) == 3
+    fig = sweep_figure(rows, {0: scalars[0]}, ["model.lr"], "best_val_loss", top=2)
+    assert fig.axes[-1].get_title() == "top 1 by best_val_loss"  # the others have no curve yet
+    assert sweep_figure(rows, scalars, ["model.lr"], "best_val_loss", top=2).axes[-1].get_title() == (
+        "top 2 by best_val_loss")
+    plt.close("all")
+
+
+def test_top_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "--top", "0"])
+    assert "--top=0 is not allowed" in capsys.readouterr().err
