@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 
-import matplotlib.pyplot as plt
 import pytest
 
 from hpcsweep import report
@@ -169,6 +168,8 @@ def test_figure_uses_a_log_axis_for_a_learning_rate_and_counts_the_curves_it_dra
     assert fig.axes[-1].get_title() == "top 1 by best_val_loss"  # the others have no curve yet
     assert sweep_figure(rows, scalars, ["model.lr"], "best_val_loss", top=2).axes[-1].get_title() == (
         "top 2 by best_val_loss")
+    import matplotlib.pyplot as plt  # after sweep_figure chose the Agg backend
+
     plt.close("all")
 
 
