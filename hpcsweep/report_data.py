@@ -21,6 +21,7 @@ from hpcsweep.job_states import JobState, query_job_states
 from hpcsweep.metrics import read_metrics
 from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.sweep_record import SweepRecord, TrialRecord, read_sweep_record
+from hpcsweep.tb_runs import events_dir
 
 FINAL_STATUSES = ("completed", "stopped_early", "failed")
 METRICS = ("best_val_loss", "val_loss", "train_loss", "tokens_per_s", "gpu_hours", "step", "restarts")
@@ -204,7 +205,7 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     for trial in record.trials:
         trial_dir = resolve_trial_dir(sweep_dir, trial)
         metrics = read_metrics(trial_dir / "metrics.json")
-        scalars = read_scalars(trial_dir / "tb") if with_scalars else {}
+        scalars = read_scalars(events_dir(trial_dir)) if with_scalars else {}
         job = jobs.get(trial.job_id) if trial.job_id else None
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
         error = (
