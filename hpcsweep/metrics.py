@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,20 @@ def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
         digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
+
+
+def mean_tokens_per_s(window_rates: Sequence[float]) -> float | None:
+    """The trial's mean throughput from its ``perf/tokens_per_s`` points; None without any.
+
+    Each point is the rate of one window of ``trainer.log_every`` steps, and every full window
+    holds the same number of tokens, so total tokens over total time is the harmonic mean of the
+    rates (the arithmetic mean would let a fast window count as much as a slow one that took
+    longer). The first window after a start or resume and the last one may be shorter; they count
+    as full ones. Points from every attempt of a resumed trial are in its events, so the mean
+    covers the whole run.
+    """
+    rates = [rate for rate in window_rates if rate > 0 and math.isfinite(rate)]
+    return statistics.harmonic_mean(rates) if rates else None
 
 
 def read_metrics(path: Path) -> dict[str, Any] | None:

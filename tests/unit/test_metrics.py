@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcsweep.metrics import device_peak_flops, mfu, peak_flops
+from hpcsweep.metrics import device_peak_flops, mean_tokens_per_s, mfu, peak_flops
 
 
 @pytest.mark.parametrize(
@@ -40,3 +40,11 @@ def test_mfu_is_none_without_a_peak():
 
 def test_a_cpu_worker_has_no_peak():
     assert device_peak_flops(torch.device("cpu"), "fp32") is None
+
+
+def test_mean_throughput_is_tokens_over_time_of_the_logged_windows():
+    # Two windows of the same tokens: 1 s at 1000 tok/s and 10 s at 100 tok/s -> 2000 tokens / 11 s.
+    assert mean_tokens_per_s([1000.0, 100.0]) == pytest.approx(2000 / 11)
+    assert mean_tokens_per_s([250.0, 250.0, 250.0]) == pytest.approx(250.0)
+    assert mean_tokens_per_s([0.0, float("nan"), float("inf"), 300.0]) == pytest.approx(300.0)
+    assert mean_tokens_per_s([]) is None

@@ -16,6 +16,7 @@ from hpcsweep.report_plot import sweep_figure, wants_log_axis
 from hpcsweep.slurm.cluster_info import gpus_from_tres
 
 from .sweep_fixtures import make_sweep, metrics
+from .tb_fixtures import log_scalars, write_hydra_record
 
 SACCT = """\
 57_0|COMPLETED|3600|billing=16,cpu=16,gres/gpu=8,gres/gpu:a100=8,mem=200G,node=2|gpu[01-02]
@@ -177,3 +178,26 @@ def test_top_must_be_positive(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main([str(tmp_path), "--top", "0"])
     assert "--top=0 is not allowed" in capsys.readouterr().err
+
+
+def test_tok_s_is_the_mean_over_every_attempt_in_old_and_new_trial_dirs(tmp_path, capsys):
+    make_sweep(tmp_path, [(["model.lr=1e-4"], metrics("completed", best=3.0, tokens_per_s=400.0)),
+                          (["model.lr=1e-3"], metrics("completed", best=2.0, tokens_per_s=200.0))])
+    # Trial 0 is from before run names: events directly in tb/, a first attempt and a resumed one.
+    log_scalars(tmp_path / "0" / "tb", "perf/tokens_per_s", [(10, 100.0), (20, 100.0)])
+    log_scalars(tmp_path / "0" / "tb", "perf/tokens_per_s", [(30, 400.0)])
+    # Trial 1 writes its events into the run named by its overrides.
+    write_hydra_record(tmp_path / "1", "model.lr=1e-3")
+    log_scalars(tmp_path / "1" / "tb" / "model.lr=1e-3", "perf/tokens_per_s", [(10, 200.0), (20, 200.0)])
+
+    rows = {row.num: row for row in load_sweep(tmp_path).rows}
+    assert rows[0].mean_tokens_per_s == pytest.approx(3 / (1 / 100 + 1 / 100 + 1 / 400))
+    assert rows[0].tokens_per_s == 400.0  # metrics.json's key keeps its meaning: the latest window
+    assert rows[1].mean_tokens_per_s == pytest.approx(200.0)
+
+    assert report.main([str(tmp_path), "--csv", str(tmp_path / "r.csv")]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    column = header.split().index("mean")  # the header "mean tok/s" is two words, its cells one
+    assert [line.split()[column] for line in lines] == ["200", "133"]
+    table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
+    assert [(r["mean_tokens_per_s"][:6], r["tokens_per_s"]) for r in table] == [("200.0", "200.0"), ("133.33", "400.0")]
