@@ -1,4 +1,4 @@
-"""What a trial reports: TensorBoard scalars under ``tb/`` and ``metrics.json``.
+"""What a trial reports: TensorBoard scalars in its run dir (``hpcsweep.tb_runs``) and ``metrics.json``.
 
 Loggers follow torchtitan: a no-op base, a small TensorBoard logger, and ``build_logger`` that picks
 one by a pure "which rank logs" rule. Tags are fixed (``TAGS``) so sweeps compare across trials;
