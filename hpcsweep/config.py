@@ -273,8 +273,9 @@ class TrainerConfig:
 class NcclConfig:
     """The NCCL environment preset a trial runs under (see ``hpcsweep.nccl``)."""
 
-    preset: Literal["a100_ib", "a100_roce", "ethernet", "none"] = "a100_ib"
-    """Which preset of NCCL variables to export."""
+    preset: Literal["a100_ib", "a100_roce", "ethernet", "none", "auto"] = "auto"
+    """Which preset of NCCL variables to export; ``auto``: ``a100_ib`` on a node with an InfiniBand
+    device, ``none`` elsewhere."""
     debug: bool = False
     """Also export NCCL_DEBUG=INFO and friends."""
     overrides: dict[str, str] = field(default_factory=dict)

@@ -1,13 +1,14 @@
 """TensorBoard HParams for a sweep: each trial's swept parameters, written when the trial starts.
 
-``tensorboard --logdir SWEEP_DIR`` shows every trial's ``tb/`` as a run. Each run gets one small
-event file (``*.hparams``) holding the HParams experiment (parameter names and types, metric tags)
-and the session start (this trial's values), so running trials are listed too. The metrics are
-ordinary scalar tags; the dashboard shows each one's latest value.
+``tensorboard --logdir SWEEP_DIR`` shows each trial's run dir (``hpcsweep.tb_runs``) as a run. Each
+run gets one small event file (``*.hparams``) holding the session start: this trial's values of its
+override keys, so running trials are listed too. The metrics are the runs' ordinary scalar tags;
+the dashboard shows each one's latest value.
 
-Every trial of a sweep carries the same override keys, so the experiment any trial writes is the
-sweep's; TensorBoard reads the first one it finds. No value domain is written, because one trial
-does not know the values of the others.
+No experiment summary is written. Which keys differ across trials (``HParamInfo.differs``, which
+orders the dashboard's columns), their domains and the metric tags belong to the whole sweep, and no
+trial knows the values of the others; when no run carries an experiment, TensorBoard builds it from
+every run's session start, and gets all three right.
 """
 
 from __future__ import annotations
@@ -21,17 +22,13 @@ from typing import Any
 import yaml
 from google.protobuf import struct_pb2
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
 HParamValue = bool | int | float | str
 
-METRIC_TAGS = ("val/loss", "train/loss", "hparams/best_val_loss", "perf/tokens_per_s")
-"""The metrics the dashboard lists: scalar tags of ``hpcsweep.metrics.TAGS`` plus the best
-validation loss so far, which the trainer logs as ``hparams/best_val_loss``."""
 HPARAMS_FILE_SUFFIX = ".hparams"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 CONFIG_FILE = "config.yaml"
-TB_DIR = "tb"
 
 
 def split_override(override: str) -> tuple[str, str] | None:
@@ -79,14 +76,6 @@ def trial_hparams(overrides: Sequence[str], config: Mapping[str, Any]) -> dict[s
     return hparams
 
 
-def _data_type(value: HParamValue) -> int:
-    if isinstance(value, bool):
-        return api_pb2.DATA_TYPE_BOOL
-    if isinstance(value, (int, float)):
-        return api_pb2.DATA_TYPE_FLOAT64
-    return api_pb2.DATA_TYPE_STRING
-
-
 def _proto_value(value: HParamValue) -> struct_pb2.Value:
     if isinstance(value, bool):
         return struct_pb2.Value(bool_value=value)
@@ -101,22 +90,14 @@ def _plugin_value(tag: str, data: plugin_data_pb2.HParamsPluginData) -> summary_
     )
 
 
-def hparams_summary(
-    hparams: Mapping[str, HParamValue], metric_tags: Sequence[str], start_time_secs: float
-) -> summary_pb2.Summary:
-    """The HParams experiment and session-start summary of one trial."""
-    experiment = api_pb2.Experiment(
-        time_created_secs=start_time_secs,
-        hparam_infos=[api_pb2.HParamInfo(name=name, type=_data_type(v)) for name, v in hparams.items()],
-        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in metric_tags],
-    )
+def hparams_summary(hparams: Mapping[str, HParamValue], start_time_secs: float) -> summary_pb2.Summary:
+    """The HParams session-start summary of one trial."""
     session_start = plugin_data_pb2.SessionStartInfo(
         start_time_secs=start_time_secs,
         hparams={name: _proto_value(v) for name, v in hparams.items()},
     )
     return summary_pb2.Summary(
         value=[
-            _plugin_value(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)),
             _plugin_value(
                 metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=session_start)
             ),
@@ -124,31 +105,30 @@ def hparams_summary(
     )
 
 
-def write_hparams(tb_dir: str | Path, hparams: Mapping[str, HParamValue], metric_tags: Sequence[str]) -> None:
-    """Write the HParams experiment and session start into a new event file in ``tb_dir``."""
+def write_hparams(run_dir: str | Path, hparams: Mapping[str, HParamValue]) -> None:
+    """Write the HParams session start into a new event file in ``run_dir``."""
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     now = time.time()
-    writer = EventFileWriter(str(tb_dir), filename_suffix=HPARAMS_FILE_SUFFIX)
+    writer = EventFileWriter(str(run_dir), filename_suffix=HPARAMS_FILE_SUFFIX)
     try:
-        writer.add_event(event_pb2.Event(wall_time=now, summary=hparams_summary(hparams, metric_tags, now)))
+        writer.add_event(event_pb2.Event(wall_time=now, summary=hparams_summary(hparams, now)))
     finally:
         writer.close()
 
 
-def write_trial_hparams(trial_dir: str | Path) -> bool:
-    """Write the HParams data of the trial in ``trial_dir`` into its ``tb/``; True when written.
+def write_trial_hparams(trial_dir: str | Path, run_dir: str | Path) -> bool:
+    """Write the HParams data of the trial in ``trial_dir`` into its TensorBoard ``run_dir``; True when written.
 
     Reads the overrides Hydra recorded (``.hydra/overrides.yaml``) and the resolved
     ``config.yaml``. Does nothing on a resumed trial that has its HParams already, or for a trial
     run outside Hydra (no overrides recorded). Call it on the logging rank only.
     """
-    trial_dir = Path(trial_dir)
-    tb_dir = trial_dir / TB_DIR
+    trial_dir, run_dir = Path(trial_dir), Path(run_dir)
     overrides_path = trial_dir / OVERRIDES_FILE
-    if not overrides_path.exists() or any(tb_dir.glob(f"*{HPARAMS_FILE_SUFFIX}")):
+    if not overrides_path.exists() or any(run_dir.glob(f"*{HPARAMS_FILE_SUFFIX}")):
         return False
     overrides = yaml.safe_load(overrides_path.read_text()) or []
     config = yaml.safe_load((trial_dir / CONFIG_FILE).read_text()) or {}
-    write_hparams(tb_dir, trial_hparams(overrides, config), METRIC_TAGS)
+    write_hparams(run_dir, trial_hparams(overrides, config))
     return True

@@ -1,14 +1,19 @@
-"""What a trial reports: TensorBoard scalars under ``tb/`` and ``metrics.json``.
+"""What a trial reports: TensorBoard scalars in its run dir (``hpcsweep.tb_runs``) and ``metrics.json``.
 
 Loggers follow torchtitan: a no-op base, a small TensorBoard logger, and ``build_logger`` that picks
-one by a pure "which rank logs" rule. Tags are fixed (``TAGS``) so sweeps compare across trials.
+one by a pure "which rank logs" rule. Tags are fixed (``TAGS``) so sweeps compare across trials;
+``perf/mfu`` is logged only where the GPU's peak is known (:func:`peak_flops`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +23,54 @@ from hpcsweep.fileio import atomic_write_json
 from hpcsweep.sweep_record import now_iso
 
 TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
-A100_BF16_PEAK_FLOPS = 312e12
-"""Dense bf16 tensor-core peak of one A100, the MFU reference on CUDA."""
-CPU_NOMINAL_PEAK_FLOPS = 1e11
-"""A nominal 100 GFLOP/s per CPU worker: makes CPU MFU a comparable number, not a hardware fact."""
 STATUSES = ("running", "completed", "failed", "stopped_early")
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """Dense peak FLOP/s of one GPU per math mode (NVIDIA datasheets, without sparsity)."""
+
+    fp32: float
+    """Plain FP32 on the CUDA cores."""
+    tf32: float
+    """FP32 matmuls on the tensor cores in TF32 (when ``torch.backends.cuda.matmul.allow_tf32``)."""
+    half: float
+    """bf16 and fp16 on the tensor cores."""
+
+
+_HOPPER_SXM = GpuPeak(fp32=67e12, tf32=494.5e12, half=989e12)
+GPU_PEAKS: tuple[tuple[re.Pattern[str], GpuPeak], ...] = (
+    (re.compile(r"\bA100\b"), GpuPeak(fp32=19.5e12, tf32=156e12, half=312e12)),
+    (re.compile(r"\bH100\b.*\bPCIe\b", re.IGNORECASE), GpuPeak(fp32=51e12, tf32=378e12, half=756e12)),
+    # "NVIDIA H100 80GB HBM3" is the SXM part; NVL parts have lower clocks and are not listed.
+    (re.compile(r"\bH100\b(?!.*\b(PCIe|NVL)\b)", re.IGNORECASE), _HOPPER_SXM),
+    (re.compile(r"\bH200\b(?!.*\bNVL\b)"), _HOPPER_SXM),
+)
+"""``torch.cuda.get_device_name()`` pattern -> peaks; the first match wins."""
+
+
+def peak_flops(device_name: str | None, precision: str, tf32: bool = False) -> float | None:
+    """Per-worker peak FLOP/s used for MFU, or None where there is no honest reference.
+
+    ``device_name`` is ``torch.cuda.get_device_name()`` (None off CUDA: a CPU has no peak worth
+    dividing by), ``precision`` is ``trainer.precision``, ``tf32`` whether fp32 matmuls run in TF32.
+    An unknown GPU gives None rather than a guess.
+    """
+    if device_name is None:
+        return None
+    peak = next((peak for pattern, peak in GPU_PEAKS if pattern.search(device_name)), None)
+    if peak is None:
+        return None
+    if precision == "fp32":
+        return peak.tf32 if tf32 else peak.fp32
+    return peak.half
+
+
+def device_peak_flops(device: torch.device, precision: str) -> float | None:
+    """:func:`peak_flops` of this worker's device, as PyTorch is set up now."""
+    if device.type != "cuda":
+        return None
+    return peak_flops(torch.cuda.get_device_name(device), precision, torch.backends.cuda.matmul.allow_tf32)
 
 
 def logging_rank(world_size: int) -> int:
@@ -31,21 +79,18 @@ def logging_rank(world_size: int) -> int:
     return 0
 
 
-def peak_flops(device_type: str) -> float:
-    """Per-worker peak FLOP/s used for MFU."""
-    return A100_BF16_PEAK_FLOPS if device_type == "cuda" else CPU_NOMINAL_PEAK_FLOPS
-
-
-def mfu(tokens_per_s: float, flops_per_token: float, world_size: int, peak: float) -> float:
-    """Model FLOPs utilisation: achieved training FLOP/s over the peak of all workers."""
+def mfu(tokens_per_s: float, flops_per_token: float, world_size: int, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved training FLOP/s over the peak of all workers (None without a peak)."""
+    if peak is None:
+        return None
     return tokens_per_s * flops_per_token / (peak * world_size)
 
 
 class Logger:
     """Logs nothing; the logger of every rank but the logging rank."""
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
-        """Record scalars ``{tag: value}`` at ``step``."""
+    def log(self, metrics: Mapping[str, float | None], step: int) -> None:
+        """Record scalars ``{tag: value}`` at ``step``; a None value (not measured here) is left out."""
 
     def close(self) -> None:
         """Flush and release resources."""
@@ -61,9 +106,10 @@ class TensorBoardLogger(Logger):
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
+    def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, step)
+            if value is not None:
+                self.writer.add_scalar(tag, value, step)
 
     def close(self) -> None:
         self.writer.close()
@@ -85,6 +131,20 @@ def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
         digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
+
+
+def mean_tokens_per_s(window_rates: Sequence[float]) -> float | None:
+    """The trial's mean throughput from its ``perf/tokens_per_s`` points; None without any.
+
+    Each point is the rate of one window of ``trainer.log_every`` steps, and every full window
+    holds the same number of tokens, so total tokens over total time is the harmonic mean of the
+    rates (the arithmetic mean would let a fast window count as much as a slow one that took
+    longer). The first window after a start or resume and the last one may be shorter; they count
+    as full ones. Points from every attempt of a resumed trial are in its events, so the mean
+    covers the whole run.
+    """
+    rates = [rate for rate in window_rates if rate > 0 and math.isfinite(rate)]
+    return statistics.harmonic_mean(rates) if rates else None
 
 
 def read_metrics(path: Path) -> dict[str, Any] | None:

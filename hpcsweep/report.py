@@ -1,9 +1,11 @@
 """``python -m hpcsweep.report SWEEP_DIR``: one table of a sweep's trials, best first.
 
 Rows are sorted by ``--metric`` (default ``best_val_loss``, ascending); failed trials come last,
-each with the line that says why. ``--csv``, ``--markdown`` and ``--plot`` give the same data as a
-file, a Markdown table, and a PNG of the metric against each swept parameter plus the
-validation-loss curves of the best trials. Works on a sweep that is still running.
+each with the line that says why. ``mean tok/s`` is the throughput over the whole run, every
+attempt of a resumed trial included, from the trial's TensorBoard events. ``--csv``,
+``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the
+metric against each swept parameter plus the validation-loss curves of the best trials. Works on
+a sweep that is still running.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from hpcsweep.sweep_record import missing_sweep_message
 
 CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
-    "tokens_per_s", "restarts", "gpu_hours", "world_size", "nodes", "error", "trial_dir",
+    "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "world_size", "nodes", "error", "trial_dir",
 )
 
 
@@ -38,7 +40,7 @@ def _steps(row: TrialRow) -> str:
 
 def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells of the report table (numbers already formatted)."""
-    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "tok/s", "restarts", "gpu_h"]
+    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts", "gpu_h"]
     cells = [
         [
             str(row.num),
@@ -48,7 +50,7 @@ def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str
             _number(row.train_loss, 4),
             _number(row.val_loss, 4),
             _number(row.best_val_loss, 4),
-            _number(row.tokens_per_s, 0),
+            _number(row.mean_tokens_per_s, 0),
             _number(row.restarts, 0),
             _number(row.gpu_hours, 3),
         ]
@@ -101,12 +103,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.report", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="the sweep's multirun dir (holds sweep.json)")
     parser.add_argument("--metric", default="best_val_loss", choices=METRICS, help="sort key (default: %(default)s)")
-    parser.add_argument("--descending", action="store_true", help="largest first (e.g. for tokens_per_s)")
+    parser.add_argument("--descending", action="store_true", help="largest first (e.g. for mean_tokens_per_s)")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table instead of text")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also plot the metric per parameter and curves")
     parser.add_argument("--top", type=int, default=5, help="validation-loss curves of this many best trials")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.top < 1:
+        parser.error(f"--top={args.top} is not allowed: at least 1 curve")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,9 +22,10 @@ from hpcsweep.event_reader import ScalarSeries, read_scalars
 from hpcsweep.failure import summarize_error, trial_error_text
 from hpcsweep.hparams import split_override
 from hpcsweep.job_states import JobState, query_job_states
-from hpcsweep.metrics import read_metrics
+from hpcsweep.metrics import mean_tokens_per_s, read_metrics
 from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.sweep_record import SWEEP_FILE, ArrayRecord, SweepRecord, TrialRecord, read_sweep_record
+from hpcsweep.tb_runs import events_dir
 
 FINAL_STATUSES = ("completed", "stopped_early", "failed", "cancelled", "stopped")
 """Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
@@ -32,7 +33,9 @@ FINISHED_STATUSES = ("completed", "stopped_early")
 """Statuses the trainer writes when a trial is done, whatever Slurm says afterwards."""
 ENVIRONMENT_FILE = "environment.json"
 OVERRIDES_FILE = ".hydra/overrides.yaml"
-METRICS = ("best_val_loss", "val_loss", "train_loss", "tokens_per_s", "gpu_hours", "step", "restarts")
+METRICS = (
+    "best_val_loss", "val_loss", "train_loss", "mean_tokens_per_s", "tokens_per_s", "gpu_hours", "step", "restarts"
+)
 """Row fields ``--metric`` may sort by."""
 SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s"}
 """Where a metric comes from when metrics.json lacks it: the latest point of this scalar tag."""
@@ -56,6 +59,9 @@ class TrialRow:
     val_loss: float | None = None
     best_val_loss: float | None = None
     tokens_per_s: float | None = None
+    """The latest logged window's throughput (metrics.json's ``tokens_per_s``)."""
+    mean_tokens_per_s: float | None = None
+    """Throughput over the whole run, every attempt (:func:`hpcsweep.metrics.mean_tokens_per_s`)."""
     restarts: int | None = None
     gpu_hours: float | None = None
     world_size: int | None = None
@@ -158,6 +164,7 @@ def build_row(
     if step is None and scalars:
         step = max((s.steps[-1] for s in scalars.values() if s.steps), default=None)
     status = trial_status(metrics.get("status"), job, on_slurm)
+    throughput = scalars.get("perf/tokens_per_s")
     nodes = job.nodes if job is not None and job.nodes else ",".join(metrics.get("nodes") or [])
     waiting = job if status == "pending" and job is not None else None
     return TrialRow(
@@ -169,6 +176,7 @@ def build_row(
         step=step,
         max_steps=metrics.get("max_steps"),
         best_val_loss=best,
+        mean_tokens_per_s=mean_tokens_per_s(throughput.values if throughput else ()),
         restarts=metrics.get("restarts"),
         gpu_hours=job.gpu_hours if job is not None and job.gpu_hours is not None else local_gpu_hours(metrics),
         world_size=metrics.get("world_size"),
@@ -259,7 +267,7 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     for trial in record.trials:
         trial_dir = resolve_trial_dir(sweep_dir, trial)
         metrics = read_metrics(trial_dir / "metrics.json")
-        scalars = read_scalars(trial_dir / "tb") if with_scalars else {}
+        scalars = read_scalars(events_dir(trial_dir)) if with_scalars else {}
         job = jobs.get(trial.job_id) if trial.job_id else None
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
         error = (

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hpcsweep.event_reader import ScalarSeries
 from hpcsweep.report_data import TrialRow
 
 LOG_SPAN = 10.0
-"""A positive numeric parameter spanning more than this factor is plotted on a log axis."""
+"""A numeric parameter whose values are all > 0 and span at least this factor (max/min) is
+plotted on a log axis: a decade or more, as a learning rate swept 1e-4,3e-4,1e-3 does."""
 
 
 def numeric_values(texts: Sequence[str]) -> list[float] | None:
@@ -21,19 +24,25 @@ def numeric_values(texts: Sequence[str]) -> list[float] | None:
 
 
 def wants_log_axis(values: Sequence[float]) -> bool:
-    """True for positive values spanning more than ``LOG_SPAN`` (learning rates, weight decays)."""
-    return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SPAN
+    """True when every value is > 0 and max/min is at least ``LOG_SPAN`` (learning rates, weight decays).
+
+    Compared in log space with a little slack, so 3e-5..3e-4 (a ratio of 9.999999999999998 in
+    floating point) counts as the decade it is.
+    """
+    if not values or min(values) <= 0:
+        return False
+    return math.log10(max(values) / min(values)) >= math.log10(LOG_SPAN) - 1e-9
 
 
-def plot_sweep(
+def sweep_figure(
     rows: Sequence[TrialRow],
     scalars: Mapping[int, Mapping[str, ScalarSeries]],
     keys: Sequence[str],
     metric: str,
     top: int,
-    path: Path,
-) -> None:
-    """Write the PNG: one panel per swept key, then the curves of the ``top`` first rows."""
+) -> Any:
+    """The matplotlib figure: one panel per swept key, then the val-loss curves of the ``top``
+    first rows that have one (the title says how many that is)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,17 +67,35 @@ def plot_sweep(
         ax.set_ylabel(metric)
         ax.grid(True, alpha=0.3)
     curves = axes[0][-1]
-    for row in [row for row in rows if row.status != "failed"][:top]:
+    with_curves: list[tuple[TrialRow, ScalarSeries]] = []
+    for row in rows:
         series = scalars.get(row.num, {}).get("val/loss")
-        if series and series.steps:
-            label = " ".join(f"{k}={row.overrides.get(k, '')}" for k in keys) or f"#{row.num}"
-            curves.plot(series.steps, series.values, marker=".", label=f"#{row.num} {label}")
+        if row.status != "failed" and series and series.steps and len(with_curves) < top:
+            with_curves.append((row, series))
+    for row, series in with_curves:
+        label = " ".join(f"{k}={row.overrides.get(k, '')}" for k in keys) or f"#{row.num}"
+        curves.plot(series.steps, series.values, marker=".", label=f"#{row.num} {label}")
     curves.set_xlabel("step")
     curves.set_ylabel("val/loss")
-    curves.set_title(f"top {top} by {metric}")
+    curves.set_title(f"top {len(with_curves)} by {metric}")
     curves.grid(True, alpha=0.3)
     if curves.lines:
         curves.legend(fontsize="small")
     fig.tight_layout()
+    return fig
+
+
+def plot_sweep(
+    rows: Sequence[TrialRow],
+    scalars: Mapping[int, Mapping[str, ScalarSeries]],
+    keys: Sequence[str],
+    metric: str,
+    top: int,
+    path: Path,
+) -> None:
+    """Write :func:`sweep_figure` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = sweep_figure(rows, scalars, keys, metric, top)
     fig.savefig(path, dpi=100)
     plt.close(fig)

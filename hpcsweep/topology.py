@@ -305,8 +305,8 @@ def topology_sbatch_options(
     tree: SwitchTree,
     node_states: Sequence[NodeState],
     *,
+    max_wait_min: int,
     exclude: Collection[str] = (),
-    max_wait_min: int = 10,
     partition: str | None = None,
 ) -> dict[str, str]:
     """Extra sbatch options (long names without ``--``) that place a ``nodes``-node trial.
@@ -315,7 +315,8 @@ def topology_sbatch_options(
     ``exclude`` when nodes are excluded. ``pin``: ``{"nodelist": ...}`` from the free usable
     nodes of ``partition`` chosen by :func:`choose_nodes`; when too few are free it falls back
     to ``switches``. ``off``, a single node, or a cluster without a topology give ``{}``.
-    Slurm caps the wait at ``SchedulerParameters=max_switch_wait``: see :func:`capped_max_wait_min`.
+    ``max_wait_min`` is ``topology.max_wait_min`` after :func:`capped_max_wait_min`: Slurm caps
+    the wait at ``SchedulerParameters=max_switch_wait``, and the request should say what happens.
     """
     if mode not in TOPOLOGY_MODES:
         raise ValueError(f"topology.mode: unknown mode {mode!r}; allowed: {', '.join(TOPOLOGY_MODES)}")

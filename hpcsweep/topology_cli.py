@@ -1,4 +1,9 @@
-"""``python -m hpcsweep.topology``: show the switch tree, free and busy nodes, and a placement."""
+"""``python -m hpcsweep.topology``: show the switch tree, free and busy nodes, and a placement.
+
+The ``--switches`` option it previews is the one a sweep submits: ``topology.max_wait_min`` (the
+config's default unless ``--max-wait-min`` says otherwise), capped at the cluster's
+``max_switch_wait`` by the same :func:`hpcsweep.topology.capped_max_wait_min`.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,22 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hpcsweep.config import TopologyConfig
 from hpcsweep.slurm import commands
+from hpcsweep.slurm.cluster_info import parse_max_switch_wait
 from hpcsweep.slurm.nodes import NodeState, parse_node_states
 from hpcsweep.topology import (
     SwitchTree,
+    capped_max_wait_min,
     choose_nodes,
     parse_topology,
     topology_sbatch_options,
 )
 
 
-def describe(tree: SwitchTree, states: Sequence[NodeState], nodes: int, partition: str | None) -> str:
+def describe(
+    tree: SwitchTree, states: Sequence[NodeState], nodes: int, partition: str | None, *, max_wait_min: int
+) -> str:
     """The report the CLI prints, from parsed Slurm output (pure, so it can be tested)."""
     if tree.is_empty:
         return "no switch tree: the cluster has no topology plugin, so placement is unconstrained\n"
@@ -47,7 +57,7 @@ def describe(tree: SwitchTree, states: Sequence[NodeState], nodes: int, partitio
             f"(leaves {','.join(placement.leaves)}, common switch {placement.lca}, "
             f"{placement.hops} pair hops)"
         )
-    options = topology_sbatch_options("switches", nodes, tree, states, partition=partition)
+    options = topology_sbatch_options("switches", nodes, tree, states, max_wait_min=max_wait_min, partition=partition)
     out.append("sbatch options (mode=switches): " + (" ".join(f"--{k}={v}" for k, v in options.items()) or "none"))
     return "\n".join(out) + "\n"
 
@@ -57,12 +67,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.topology", description=__doc__)
     parser.add_argument("--nodes", type=int, default=2, help="nodes per trial (default 2)")
     parser.add_argument("--partition", default=None, help="only nodes of this partition")
+    parser.add_argument(
+        "--max-wait-min",
+        type=int,
+        default=TopologyConfig().max_wait_min,
+        help="topology.max_wait_min of the sweep to preview (default: the config's, %(default)s)",
+    )
     args = parser.parse_args(argv)
+    try:
+        TopologyConfig(max_wait_min=args.max_wait_min)  # the sweep's own check of the value
+    except ValueError as err:
+        parser.error(str(err))
     try:
         tree = parse_topology(commands.show_topology())
         states = parse_node_states(commands.show_nodes())
+        max_switch_wait_s = parse_max_switch_wait(commands.show_config())
     except commands.SlurmCommandError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    sys.stdout.write(describe(tree, states, args.nodes, args.partition))
+    max_wait_min, warning = capped_max_wait_min(args.max_wait_min, max_switch_wait_s)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    sys.stdout.write(describe(tree, states, args.nodes, args.partition, max_wait_min=max_wait_min))
     return 0

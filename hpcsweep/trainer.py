@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcsweep import data, hparams, metrics, model, optim
+from hpcsweep import data, hparams, metrics, model, optim, tb_runs
 from hpcsweep.checkpoint import (
     CheckpointManager,
     load_checkpoint_file,
@@ -96,12 +96,13 @@ class Trainer:
         self.scaler = optim.build_grad_scaler(tcfg.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
         self.ckpt = CheckpointManager(trial_dir / "checkpoints", keep_top_k=tcfg.keep_top_k, enable=self.is_writer)
+        tb_dir = tb_runs.trial_run_dir(trial_dir)
         if self.is_writer:
-            hparams.write_trial_hparams(trial_dir)
-        self.logger = metrics.build_logger(world.rank, world.world_size, trial_dir / "tb")
+            hparams.write_trial_hparams(trial_dir, tb_dir)
+        self.logger = metrics.build_logger(world.rank, world.world_size, tb_dir)
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
         self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
-        self.peak_flops = metrics.peak_flops(world.device.type)
+        self.peak_flops = metrics.device_peak_flops(world.device, tcfg.precision)
         self.step = 0
         self.val_loss: float | None = None
         self.report = metrics.new_report(

@@ -8,11 +8,23 @@ Regenerate the golden files after an intended change, then review the diff:
 
 import os
 import sys
+import typing
 from pathlib import Path
 
 import pytest
+import yaml
 
-from hpcsweep.nccl import DEBUG_VARS, PRESETS, list_ib_devices, nccl_env, render_env_block
+from hpcsweep.config import NcclConfig
+from hpcsweep.nccl import (
+    AUTO_PRESET,
+    DEBUG_VARS,
+    PRESET_VAR,
+    PRESETS,
+    list_ib_devices,
+    nccl_env,
+    render_env_block,
+    resolve_preset,
+)
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 IB_DEVICES = ("mlx5_1", "mlx5_0", "mlx5_10", "mlx5_2")
@@ -25,6 +37,8 @@ GOLDEN_CASES = {
     "nccl_a100_roce_hca": dict(preset="a100_roce", ib_devices=IB_DEVICES),
     "nccl_ethernet": dict(preset="ethernet"),
     "nccl_none": dict(preset="none"),
+    "nccl_auto_ib": dict(preset="auto", ib_devices=IB_DEVICES),
+    "nccl_auto_no_ib": dict(preset="auto"),
     "nccl_a100_ib_debug": dict(
         preset="a100_ib", debug=True, topo_file="/etc/nccl/a100 topo.xml", pg_timeout_s=600
     ),
@@ -48,7 +62,38 @@ def test_golden(stem):
 
 
 def test_every_preset_has_a_golden_file():
-    assert {kw["preset"] for kw in GOLDEN_CASES.values()} == set(PRESETS)
+    assert {kw["preset"] for kw in GOLDEN_CASES.values()} == {*PRESETS, AUTO_PRESET}
+
+
+def test_config_choices_and_config_files_are_the_presets():
+    presets = typing.get_args(typing.get_type_hints(NcclConfig)["preset"])
+    assert set(presets) == {*PRESETS, AUTO_PRESET}
+    configs = Path(__file__).parents[2] / "configs"
+    for preset in presets:
+        assert yaml.safe_load((configs / "nccl" / f"{preset}.yaml").read_text())["preset"] == preset
+    assert "  - nccl: auto\n" in (configs / "config.yaml").read_text()
+    assert NcclConfig().preset == AUTO_PRESET
+
+
+@pytest.mark.parametrize(
+    ("preset", "ib_devices", "expected"),
+    [
+        ("auto", [], "none"),
+        ("auto", ["mlx5_0"], "a100_ib"),
+        ("ethernet", ["mlx5_0"], "ethernet"),
+        ("a100_roce", [], "a100_roce"),
+    ],
+)
+def test_resolve_preset(preset, ib_devices, expected):
+    assert resolve_preset(preset, ib_devices) == expected
+
+
+def test_auto_exports_the_resolved_preset_and_records_it():
+    assert nccl_env("auto", inherited={}) == {PRESET_VAR: "none", "HPCSWEEP_PG_TIMEOUT_S": "1800"}
+    with_ib = nccl_env("auto", ib_devices=IB_DEVICES)
+    assert with_ib == {**nccl_env("a100_ib", ib_devices=IB_DEVICES)} and with_ib[PRESET_VAR] == "a100_ib"
+    # an earlier trial's record in the environment is not "inherited" into this one
+    assert nccl_env("auto", inherited={PRESET_VAR: "a100_ib"})[PRESET_VAR] == "none"
 
 
 def test_every_line_has_a_reason():
@@ -91,13 +136,13 @@ def test_precedence_preset_inherited_debug_overrides():
 
 def test_pg_timeout_and_topo_file():
     env = nccl_env("none", pg_timeout_s=90, topo_file="/t.xml")
-    assert env == {"NCCL_TOPO_FILE": "/t.xml", "HPCSWEEP_PG_TIMEOUT_S": "90"}
+    assert env == {PRESET_VAR: "none", "NCCL_TOPO_FILE": "/t.xml", "HPCSWEEP_PG_TIMEOUT_S": "90"}
     with pytest.raises(ValueError, match="nccl.pg_timeout_s"):
         nccl_env("none", pg_timeout_s=0)
 
 
 def test_unknown_preset_names_key_and_allowed_values():
-    with pytest.raises(ValueError, match=r"nccl\.preset.*a100_ib, a100_roce, ethernet, none"):
+    with pytest.raises(ValueError, match=r"nccl\.preset.*a100_ib, a100_roce, ethernet, none, auto"):
         nccl_env("a100_infiniband")
 
 

@@ -10,11 +10,13 @@ import pytest
 from hpcsweep import report
 from hpcsweep.failure import OOM_ADVICE, summarize_error
 from hpcsweep.job_states import JobState, expand_task_ids, parse_sacct
-from hpcsweep.report_data import load_sweep, sort_rows, trial_status
-from hpcsweep.report_plot import wants_log_axis
+from hpcsweep.event_reader import ScalarSeries
+from hpcsweep.report_data import TrialRow, load_sweep, sort_rows, trial_status
+from hpcsweep.report_plot import sweep_figure, wants_log_axis
 from hpcsweep.slurm.cluster_info import gpus_from_tres
 
 from .sweep_fixtures import make_sweep, metrics
+from .tb_fixtures import log_scalars, write_hydra_record
 
 SACCT = """\
 57_0|COMPLETED|3600|billing=16,cpu=16,gres/gpu=8,gres/gpu:a100=8,mem=200G,node=2|gpu[01-02]
@@ -140,7 +142,62 @@ def test_report_cli_csv_markdown_plot(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
 
 
-def test_log_axis_for_wide_positive_ranges():
+def test_log_axis_for_positive_values_spanning_a_decade_or_more():
     assert wants_log_axis([1e-4, 3e-3])
+    assert wants_log_axis([1e-4, 3e-4, 1e-3])  # exactly one decade
+    assert wants_log_axis([3e-5, 3e-4])  # 9.999999999999998 in floating point
     assert not wants_log_axis([1.0, 5.0])
+    assert not wants_log_axis([1.0, 9.9])
     assert not wants_log_axis([0.0, 100.0])
+    assert not wants_log_axis([-1e-3, 1e-3])
+    assert not wants_log_axis([])
+
+
+def test_figure_uses_a_log_axis_for_a_learning_rate_and_counts_the_curves_it_draws():
+    lrs, batches = ["1e-4", "3e-4", "1e-3"], ["8", "16", "32"]
+    rows = [
+        TrialRow(num=i, overrides={"model.lr": lr, "data.batch_size": bs}, status="completed", best_val_loss=3.0 - i)
+        for i, (lr, bs) in enumerate(zip(lrs, batches))
+    ]
+    scalars = {i: {"val/loss": ScalarSeries(steps=[1, 2], wall_times=[0.0, 1.0], values=[4.0, 3.0 - i])}
+               for i in range(3)}
+    fig = sweep_figure(rows, scalars, ["model.lr", "data.batch_size"], "best_val_loss", top=5)
+    lr_axis, batch_axis, curves = fig.axes
+    assert lr_axis.get_xscale() == "log" and batch_axis.get_xscale() == "linear"
+    assert curves.get_title() == "top 3 by best_val_loss" and len(curves.lines) == 3
+    fig = sweep_figure(rows, {0: scalars[0]}, ["model.lr"], "best_val_loss", top=2)
+    assert fig.axes[-1].get_title() == "top 1 by best_val_loss"  # the others have no curve yet
+    assert sweep_figure(rows, scalars, ["model.lr"], "best_val_loss", top=2).axes[-1].get_title() == (
+        "top 2 by best_val_loss")
+    import matplotlib.pyplot as plt  # after sweep_figure chose the Agg backend
+
+    plt.close("all")
+
+
+def test_top_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path), "--top", "0"])
+    assert "--top=0 is not allowed" in capsys.readouterr().err
+
+
+def test_tok_s_is_the_mean_over_every_attempt_in_old_and_new_trial_dirs(tmp_path, capsys):
+    make_sweep(tmp_path, [(["model.lr=1e-4"], metrics("completed", best=3.0, tokens_per_s=400.0)),
+                          (["model.lr=1e-3"], metrics("completed", best=2.0, tokens_per_s=200.0))])
+    # Trial 0 is from before run names: events directly in tb/, a first attempt and a resumed one.
+    log_scalars(tmp_path / "0" / "tb", "perf/tokens_per_s", [(10, 100.0), (20, 100.0)])
+    log_scalars(tmp_path / "0" / "tb", "perf/tokens_per_s", [(30, 400.0)])
+    # Trial 1 writes its events into the run named by its overrides.
+    write_hydra_record(tmp_path / "1", "model.lr=1e-3")
+    log_scalars(tmp_path / "1" / "tb" / "model.lr=1e-3", "perf/tokens_per_s", [(10, 200.0), (20, 200.0)])
+
+    rows = {row.num: row for row in load_sweep(tmp_path).rows}
+    assert rows[0].mean_tokens_per_s == pytest.approx(3 / (1 / 100 + 1 / 100 + 1 / 400))
+    assert rows[0].tokens_per_s == 400.0  # metrics.json's key keeps its meaning: the latest window
+    assert rows[1].mean_tokens_per_s == pytest.approx(200.0)
+
+    assert report.main([str(tmp_path), "--csv", str(tmp_path / "r.csv")]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    column = header.split().index("mean")  # the header "mean tok/s" is two words, its cells one
+    assert [line.split()[column] for line in lines] == ["200", "133"]
+    table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
+    assert [(r["mean_tokens_per_s"][:6], r["tokens_per_s"]) for r in table] == [("200.0", "200.0"), ("133.33", "400.0")]

@@ -2,9 +2,14 @@
 
 import itertools
 import random
+from pathlib import Path
 
 import pytest
+import yaml
 
+from hpcsweep import topology_cli
+from hpcsweep.config import TopologyConfig
+from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_fields, parse_max_switch_wait
 from hpcsweep.slurm.nodes import NodeState, parse_node_states
 from hpcsweep.topology import (
@@ -156,7 +161,7 @@ def test_no_topology_means_no_constraint(text):
     assert fewest_switches(tree, 2, ["node1", "node2"]) == 0
     states = parse_node_states(LOCAL_NODES)
     for mode in ("switches", "pin", "off"):
-        assert topology_sbatch_options(mode, 2, tree, states) == {}
+        assert topology_sbatch_options(mode, 2, tree, states, max_wait_min=5) == {}
 
 
 # -- choosing nodes --------------------------------------------------------------------------
@@ -287,8 +292,8 @@ def test_switches_mode():
     states = parse_node_states(LOCAL_NODES)
     assert topology_sbatch_options("switches", 2, tree, states, max_wait_min=10) == {"switches": "1@00:10:00"}
     assert topology_sbatch_options("switches", 3, tree, states, max_wait_min=90) == {"switches": "2@01:30:00"}
-    assert topology_sbatch_options("switches", 1, tree, states) == {}
-    assert topology_sbatch_options("off", 4, tree, states) == {}
+    assert topology_sbatch_options("switches", 1, tree, states, max_wait_min=5) == {}
+    assert topology_sbatch_options("off", 4, tree, states, max_wait_min=5) == {}
 
 
 def test_switches_mode_counts_only_usable_nodes_and_passes_exclude():
@@ -301,9 +306,9 @@ def test_switches_mode_counts_only_usable_nodes_and_passes_exclude():
 def test_pin_mode_never_picks_drained_down_or_excluded():
     tree = parse_topology(LOCAL_TOPOLOGY)
     states = states_for({"node1": "IDLE+DRAIN", "node2": "DOWN*", "node3": "IDLE", "node4": "IDLE"})
-    assert topology_sbatch_options("pin", 2, tree, states) == {"nodelist": "node3,node4"}
+    assert topology_sbatch_options("pin", 2, tree, states, max_wait_min=5) == {"nodelist": "node3,node4"}
     states = states_for({"node1": "IDLE", "node2": "IDLE", "node3": "ALLOCATED", "node4": "MIXED"})
-    assert topology_sbatch_options("pin", 2, tree, states, exclude=["node1"]) == {
+    assert topology_sbatch_options("pin", 2, tree, states, max_wait_min=10, exclude=["node1"]) == {
         "switches": "1@00:10:00",
         "exclude": "node1",
     }  # too few free nodes to pin: fall back to the switch constraint
@@ -312,19 +317,21 @@ def test_pin_mode_never_picks_drained_down_or_excluded():
 def test_pin_mode_respects_partition():
     tree = parse_topology(LOCAL_TOPOLOGY)
     states = parse_node_states(LOCAL_NODES.replace("Partitions=batch,urgent", "Partitions=batch", 2))
-    assert topology_sbatch_options("pin", 2, tree, states, partition="urgent") == {"nodelist": "node3,node4"}
+    assert topology_sbatch_options("pin", 2, tree, states, max_wait_min=5, partition="urgent") == {
+        "nodelist": "node3,node4"
+    }
 
 
 def test_bad_mode_names_key_and_allowed_values():
     with pytest.raises(ValueError, match=r"topology\.mode.*switches, pin, off"):
-        topology_sbatch_options("spread", 2, parse_topology(LOCAL_TOPOLOGY), [])
+        topology_sbatch_options("spread", 2, parse_topology(LOCAL_TOPOLOGY), [], max_wait_min=5)
 
 
 def test_describe_local_cluster():
-    text = describe(parse_topology(LOCAL_TOPOLOGY), parse_node_states(LOCAL_NODES), 3, None)
+    text = describe(parse_topology(LOCAL_TOPOLOGY), parse_node_states(LOCAL_NODES), 3, None, max_wait_min=5)
     assert "leaf1 (level 0)  free: node1,node2  busy: -  unusable: -" in text
     assert "placement for 3 node(s): node1,node2,node3" in text
-    assert "--switches=2@00:10:00" in text
+    assert "--switches=2@00:05:00" in text
 
 
 def test_max_switch_wait_from_scheduler_parameters():
@@ -338,3 +345,34 @@ def test_a_wait_beyond_max_switch_wait_is_capped_with_a_warning_naming_both():
     minutes, warning = capped_max_wait_min(30, 300)
     assert minutes == 5
     assert "topology.max_wait_min=30" in warning and "max_switch_wait=300 s" in warning and "at most 5 min" in warning
+
+
+def fake_cluster(monkeypatch, config_text: str) -> None:
+    """The three scontrol reads the preview makes, answered with captured text."""
+    monkeypatch.setattr(commands, "show_topology", lambda: LOCAL_TOPOLOGY)
+    monkeypatch.setattr(commands, "show_nodes", lambda: LOCAL_NODES)
+    monkeypatch.setattr(commands, "show_config", lambda: config_text)
+
+
+def test_preview_submits_the_sweeps_default_wait(monkeypatch, capsys):
+    fake_cluster(monkeypatch, "SchedulerParameters     = (null)\n")
+    assert topology_cli.main(["--nodes", "2"]) == 0
+    assert "sbatch options (mode=switches): --switches=1@00:05:00" in capsys.readouterr().out
+
+
+def test_preview_caps_the_wait_as_the_sweep_does(monkeypatch, capsys):
+    fake_cluster(monkeypatch, "SchedulerParameters     = max_switch_wait=120\n")
+    assert topology_cli.main(["--nodes", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "--switches=1@00:02:00" in out
+    assert err.startswith("warning: topology.max_wait_min=5 is more than this cluster allows")
+    assert topology_cli.main(["--nodes", "2", "--max-wait-min", "1"]) == 0
+    assert "--switches=1@00:01:00" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        topology_cli.main(["--max-wait-min", "-1"])
+    assert "topology.max_wait_min=-1 is not allowed" in capsys.readouterr().err
+
+
+def test_the_config_file_and_the_dataclass_agree_on_the_wait():
+    default_yaml = Path(__file__).parents[2] / "configs" / "topology" / "default.yaml"
+    assert yaml.safe_load(default_yaml.read_text())["max_wait_min"] == TopologyConfig().max_wait_min == 5

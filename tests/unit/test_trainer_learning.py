@@ -42,7 +42,7 @@ def test_val_loss_falls_far_below_the_unigram_entropy(tmp_path):
     assert unigram > 5.0
     good = run(tmp_path / "good", lr=3e-3)
     assert good["val_loss"] < THRESHOLD < unigram
-    assert good["tokens_per_s"] > 0 and 0 < good["mfu"] < 1
+    assert good["tokens_per_s"] > 0 and good["mfu"] is None  # no honest peak to divide by on CPU
 
     bad = run(tmp_path / "bad", lr=1.0)
     assert bad["val_loss"] > good["val_loss"] + 2.0
