@@ -22,7 +22,7 @@ A100_BF16_PEAK_FLOPS = 312e12
 """Dense bf16 tensor-core peak of one A100, the MFU reference on CUDA."""
 CPU_NOMINAL_PEAK_FLOPS = 1e11
 """A nominal 100 GFLOP/s per CPU worker: makes CPU MFU a comparable number, not a hardware fact."""
-STATUSES = ("running", "completed", "failed", "stopped_early")
+STATUSES = ("running", "completed", "failed", "stopped_early", "stopped")
 
 
 def logging_rank(world_size: int) -> int:
