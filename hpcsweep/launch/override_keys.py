@@ -33,7 +33,12 @@ def unknown_key_message(key: str, keys: Mapping[str, Sequence[str]], free_mappin
             return None
     dotted = [f"{g}.{name}" for g, names in keys.items() for name in names]
     last = key.rsplit(".", 1)[-1]
-    guesses = [k for k in dotted if k.rsplit(".", 1)[-1] == last] or difflib.get_close_matches(key, dotted, n=1)
+    guesses = [k for k in dotted if k.rsplit(".", 1)[-1] == last]
+    if not guesses and group in keys:
+        # Within a known group compare the names alone: a shared "model." would match anything.
+        guesses = [f"{group}.{name}" for name in difflib.get_close_matches(rest, keys[group], n=1)]
+    elif not guesses:
+        guesses = difflib.get_close_matches(key, dotted, n=1)
     hint = f"; did you mean {guesses[0]}?" if guesses else ""
     scope = (
         f"keys of {group}: " + ", ".join(keys[group]) if group in keys else "config groups: " + ", ".join(keys)
