@@ -57,6 +57,8 @@ def check_override_keys(args: Sequence[str]) -> None:
     from hydra.errors import HydraException
 
     parsed_args, _ = get_args_parser().parse_known_args(list(args))
+    if parsed_args.shell_completion:
+        return  # the "overrides" are completion queries
     parser = OverridesParser.create()
     keys, free = config_keys(), mapping_keys()
     for line in parsed_args.overrides or []:
