@@ -1,11 +1,35 @@
 """``python -m hpcsweep [overrides]`` runs one trial; ``-m`` runs a sweep."""
 
-from hpcsweep.app import hydra_main
+import sys
+
+from hpcsweep.preempt import EXIT_INTERRUPTED
 
 
 def main() -> None:
-    """Console-script entry point, the same as ``python -m hpcsweep``."""
-    hydra_main()
+    """Console-script entry point, the same as ``python -m hpcsweep``.
+
+    A misspelt key is refused before Hydra starts (exit 2); a stopped trial or sweep ends with
+    one line saying how to resume it, never a traceback.
+    """
+    from hpcsweep.launch.override_keys import check_override_keys
+    from hpcsweep.launch.resume_hint import CommandStopped
+
+    try:
+        check_override_keys(sys.argv[1:])
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+    from hpcsweep.app import hydra_main
+
+    try:
+        hydra_main()
+    except CommandStopped as stop:
+        print(stop.line, file=sys.stderr)
+        raise SystemExit(stop.code) from None
+    except KeyboardInterrupt:
+        print("interrupted before any trial started training", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""The Hydra application: compose the config, validate it, run the trial on this node."""
+"""The Hydra application: compose the config, validate it, run the trial on this node.
+
+A stop with a checkpoint that nothing will restart (Ctrl-C, or a stop signal outside Slurm) ends
+the command with ``CommandStopped``: one line naming the command that resumes.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpcsweep.config import TrialConfig
+from hpcsweep import preempt
+from hpcsweep.config import TrialConfig, resume_config_from_dict
 from hpcsweep.launch.prepare import exit_with_config_error, validate_composed
+from hpcsweep.launch.resume_hint import stopped_command, this_trial
 
 log = logging.getLogger("hpcsweep")
 
@@ -46,13 +52,26 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
     Runs locally for a single run or a local sweep, and inside each Slurm array task.
     """
     from hpcsweep.runner import run_trial_on_this_node
+    from hpcsweep.trial_identity import ConfigMismatch
 
     try:
         trial = validate_composed(cfg)
+        force = resume_config_from_dict(cfg).force
     except ValueError as err:
         exit_with_config_error(err, "the trial did not run")
     trial_dir = Path(HydraConfig.get().runtime.output_dir)
-    return run_trial_on_this_node(with_workers_per_node(trial), trial_dir)
+    # A stop signal before the runner's own handlers are in place still stops the trial.
+    with preempt.stop_signals_handled(preempt.STOP_REQUESTED.set):
+        try:
+            return run_trial_on_this_node(with_workers_per_node(trial), trial_dir, force_resume=force)
+        except ConfigMismatch as err:
+            exit_with_config_error(err, "the trial did not run")
+        except preempt.TrialStopped as stop:
+            raise stopped_command(f"{stop.reason or 'stopped'}: {this_trial()} stopped at step {stop.step} "
+                                  "with a checkpoint", stop.code) from None
+        except preempt.StopAborted as abort:
+            raise stopped_command(f"interrupted again: {this_trial()} left without a checkpoint of this step "
+                                  "(its older checkpoints are kept)", abort.code) from None
 
 
 def with_workers_per_node(trial: TrialConfig) -> TrialConfig:

@@ -22,6 +22,8 @@ import torch
 log = logging.getLogger(__name__)
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "step", "status")
+DONE_STATUSES = ("completed", "stopped_early")
+"""The statuses of a trial that has ended for good: running its trial dir again trains nothing."""
 _NAME = re.compile(r"^step(\d{8})-val([0-9.e+-]+|inf|nan)\.pt$")
 
 
@@ -158,3 +160,11 @@ class CheckpointManager:
             except CheckpointError as err:
                 log.warning("skipping unusable checkpoint: %s", err)
         return None
+
+
+def trial_already_done(trial_dir: Path, metrics: dict[str, Any] | None) -> bool:
+    """True when metrics.json says the trial ended and its final checkpoint says so too."""
+    if not metrics or metrics.get("status") not in DONE_STATUSES:
+        return False
+    found = CheckpointManager(trial_dir / "checkpoints", keep_top_k=0, enable=False).newest_valid()
+    return found is not None and found[1]["status"] == metrics["status"]

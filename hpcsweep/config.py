@@ -305,6 +305,18 @@ class TopologyConfig:
 
 
 @dataclass(kw_only=True)
+class ResumeConfig:
+    """How a run treats a trial dir that already holds a checkpoint (see ``hpcsweep.trial_identity``).
+
+    Not part of a trial's config: it says how to start the trial, not how it trains.
+    """
+
+    force: bool = False
+    """Resume even if the trial dir was trained with another training config (``model.lr``,
+    ``trainer.max_steps``, ...); the differences are logged and the old config is kept aside."""
+
+
+@dataclass(kw_only=True)
 class TrialConfig:
     """Everything one trial needs, validated."""
 
@@ -324,15 +336,19 @@ _GROUPS: dict[str, type] = {
 }
 
 
+_LAUNCH_GROUPS: dict[str, type] = {"resume": ResumeConfig}
+"""Groups of the composed config that steer how a trial starts; never part of ``TrialConfig``."""
+
+
 def trial_config_from_dict(values: Mapping[str, Any]) -> TrialConfig:
     """Validate a composed config (as plain containers) and build the ``TrialConfig``.
 
-    The ``hydra`` key, when present, is ignored.
+    The ``hydra`` and ``resume`` keys, when present, are ignored.
     """
-    unknown = sorted(set(values) - set(_GROUPS) - {"hydra"})
+    unknown = sorted(set(values) - set(_GROUPS) - set(_LAUNCH_GROUPS) - {"hydra"})
     if unknown:
         raise ValueError(
-            f"{unknown[0]} is not a known config group; allowed: " + ", ".join(sorted(_GROUPS))
+            f"{unknown[0]} is not a known config group; allowed: " + ", ".join(sorted({**_GROUPS, **_LAUNCH_GROUPS}))
         )
     groups = {}
     for name, cls in _GROUPS.items():
@@ -346,3 +362,29 @@ def trial_config_from_dict(values: Mapping[str, Any]) -> TrialConfig:
 def trial_config_to_dict(config: TrialConfig) -> dict[str, Any]:
     """The plain-container form of a ``TrialConfig`` (what ``config.yaml`` in a trial dir holds)."""
     return dataclasses.asdict(config)
+
+
+def resume_config_from_dict(values: Mapping[str, Any]) -> ResumeConfig:
+    """Validate the ``resume`` group of a composed config (absent: the defaults)."""
+    group_values = values.get("resume") or {}
+    if not isinstance(group_values, Mapping):
+        _fail("resume", group_values, "a mapping of resume keys")
+    return build_group(ResumeConfig, "resume", group_values)
+
+
+def config_keys() -> dict[str, list[str]]:
+    """Every config group and its keys, as users override them (``model`` -> ``lr``, ...)."""
+    return {
+        group: sorted(f.name for f in dataclasses.fields(cls) if f.init)
+        for group, cls in {**_GROUPS, **_LAUNCH_GROUPS}.items()
+    }
+
+
+def mapping_keys() -> set[str]:
+    """The ``group.key`` of every key whose value is a mapping with free keys of its own."""
+    return {
+        f"{group}.{name}"
+        for group, cls in {**_GROUPS, **_LAUNCH_GROUPS}.items()
+        for name, hint in typing.get_type_hints(cls).items()
+        if typing.get_origin(hint) is dict
+    }

@@ -23,7 +23,7 @@ from hpcsweep.fileio import atomic_write_json
 from hpcsweep.sweep_record import now_iso
 
 TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
-STATUSES = ("running", "completed", "failed", "stopped_early")
+STATUSES = ("running", "completed", "failed", "stopped_early", "stopped")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ How a stop flows:
 
 1. Slurm signals the job: ``USR2`` ``signal_delay_s`` before the time limit (``--signal``; NCCL
    may catch USR1, so it is avoided), ``SIGTERM`` when the job is preempted, cancelled, or its
-   node is taken down. ``stop_reason`` names which.
+   node is taken down. A terminal's Ctrl-C sends ``SIGINT`` to the whole foreground process
+   group (the command and every torchrun worker). ``stop_reason`` names which.
 2. On each node the runner's handlers (which replace submitit's for the duration of the trial)
    record the reason and the time, set ``STOP_REQUESTED`` for an in-process trial, and write
    the node's *stop file*, which every worker's step hook checks: workers usually get Slurm's
@@ -16,6 +17,10 @@ How a stop flows:
    ``--requeue``), or fail the trial once it has been requeued ``max_num_timeout`` times. The
    process then leaves with ``SystemExit`` (``TrialRequeued``) so that neither Hydra nor
    submitit records a result: the requeued job reruns the same pickle into the same trial dir.
+   Outside Slurm, and after a Ctrl-C anywhere, nothing requeues: the trial is marked
+   ``stopped`` and the process leaves with ``TrialStopped``; the command prints how to resume.
+5. A second Ctrl-C while a stop is under way raises ``StopAborted``: leave now, without the
+   checkpoint of this step (the older checkpoints stay).
 """
 
 from __future__ import annotations
@@ -39,13 +44,22 @@ TIME_LIMIT = "time_limit"
 """The stop came from Slurm's warning signal before the job's time limit."""
 PREEMPTED = "preempted"
 """The stop came from a SIGTERM: preemption, a node taken down, a cancel or requeue."""
+INTERRUPTED = "interrupted"
+"""The stop came from a SIGINT: Ctrl-C in a terminal."""
 
 EXIT_REQUEUE = 3
 """Exit code of a process that stopped after a checkpoint so that its trial is requeued."""
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+"""Exit code of a command stopped by Ctrl-C (the shell's convention for death by SIGINT)."""
 
 # USR2 is submitit's and Slurm-launched PyTorch's usual warning signal; USR1 is avoided because
-# NCCL may catch it.
-SIGNAL_REASONS: Mapping[signal.Signals, str] = {signal.SIGUSR2: TIME_LIMIT, signal.SIGTERM: PREEMPTED}
+# NCCL may catch it. SIGINT is a stop too, so that Ctrl-C checkpoints instead of raising
+# KeyboardInterrupt mid-step.
+SIGNAL_REASONS: Mapping[signal.Signals, str] = {
+    signal.SIGUSR2: TIME_LIMIT,
+    signal.SIGTERM: PREEMPTED,
+    signal.SIGINT: INTERRUPTED,
+}
 
 MAX_REQUEUES_VAR = "HPCSWEEP_MAX_REQUEUES"
 """Environment variable carrying the launcher's ``max_num_timeout`` into the trial."""
@@ -100,7 +114,9 @@ def classify_exit(exit_codes: Iterable[int], status: str | None) -> Outcome:
         return "failed"
     if codes and all(code == 0 for code in codes):
         return "completed"
-    if EXIT_REQUEUE in codes and status == "running" and all(code in (0, EXIT_REQUEUE) or code < 0 for code in codes):
+    if EXIT_REQUEUE in codes and status == "running" and all(
+        code in (0, EXIT_REQUEUE, EXIT_INTERRUPTED) or code < 0 for code in codes
+    ):
         return "stopped"
     return "failed"
 
@@ -118,8 +134,10 @@ def decide_after_stop(reason: str | None, requeues: int, cap: int | None, under_
 
     ``requeues`` counts the job's requeues so far (``SLURM_RESTART_COUNT``); the stop being
     handled would be one more. A SIGTERM means Slurm is already requeueing (preemption, node
-    down), so requeueing again would count twice.
+    down), so requeueing again would count twice. A Ctrl-C is the user's stop: never requeued.
     """
+    if reason == INTERRUPTED:
+        return StopDecision("exit", "interrupted: checkpoint saved; run the same trial directory again to resume")
     if not under_slurm:
         return StopDecision("exit", "checkpoint saved; run the same trial directory again to resume")
     if cap is not None and requeues >= cap:
@@ -196,13 +214,22 @@ def stop_file_hooks(env: Mapping[str, str], stop: StopRequest) -> list[Callable[
 
 @contextlib.contextmanager
 def stop_signals_handled(on_stop: Callable[[str], None]) -> Iterator[None]:
-    """Call ``on_stop(reason)`` on USR2 and SIGTERM inside the block; restore the old handlers after.
+    """Call ``on_stop(reason)`` on USR2, SIGTERM and SIGINT inside the block; restore the old handlers after.
 
     Replaces submitit's handlers (USR2 would requeue and ``sys.exit`` mid-step, SIGTERM is
-    ignored) for the duration of the trial. Must run in the main thread.
+    ignored) and Python's KeyboardInterrupt for the duration of the trial. A second SIGINT in
+    the block raises ``StopAborted``. Must run in the main thread.
     """
+    interrupts = 0
+
     def handler(signum: int, frame: Any) -> None:
-        on_stop(stop_reason(signum))
+        nonlocal interrupts
+        reason = stop_reason(signum)
+        if reason == INTERRUPTED:
+            interrupts += 1
+            if interrupts > 1:
+                raise StopAborted()
+        on_stop(reason)
 
     previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_REASONS}
     try:
@@ -214,7 +241,7 @@ def stop_signals_handled(on_stop: Callable[[str], None]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """Block USR2 and SIGTERM in this thread inside the block.
+    """Block USR2, SIGTERM and SIGINT in this thread inside the block.
 
     Child processes inherit the mask, so a worker started here holds a stop signal pending while
     it imports torch, instead of dying of it, until ``unblock_stop_signals`` once its handlers are
@@ -245,6 +272,31 @@ class TrialRequeued(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+class TrialStopped(SystemExit):
+    """Leave the process after a checkpointed stop that nothing will restart by itself.
+
+    Outside Slurm, or after a Ctrl-C: the trial is marked ``stopped`` at ``step`` and resumes when
+    its trial dir runs again. Exits ``EXIT_INTERRUPTED`` after a Ctrl-C, else ``EXIT_REQUEUE``.
+    """
+
+    def __init__(self, reason: str | None, step: int | None, message: str) -> None:
+        super().__init__(EXIT_INTERRUPTED if reason == INTERRUPTED else EXIT_REQUEUE)
+        self.reason, self.step, self.message = reason, step, message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class StopAborted(SystemExit):
+    """A second Ctrl-C while stopping: leave at once, without the checkpoint of this step."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_INTERRUPTED)
+
+    def __str__(self) -> str:
+        return "interrupted again while stopping: left without a checkpoint of this step"
 
 
 def requeue_job(job_label: str) -> None:

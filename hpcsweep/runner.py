@@ -3,7 +3,9 @@
 Every node of a trial's allocation runs this once. A 1-node, 1-process trial trains in this
 process; anything larger starts a torchrun elastic agent (c10d rendezvous) for
 ``hpcsweep.train``, whose workers' failures become this trial's failure. Stop signals
-(time limit, preemption) are handled here while the trial runs: see ``hpcsweep.preempt``.
+(time limit, preemption, Ctrl-C) are handled here while the trial runs: see ``hpcsweep.preempt``.
+A trial dir that holds a checkpoint resumes, only under the training config it was trained with
+(see ``hpcsweep.trial_identity``); a trial that has ended is not trained again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import yaml
 
 from hpcsweep import preempt
+from hpcsweep.checkpoint import trial_already_done
 from hpcsweep.config import TrialConfig, trial_config_to_dict
 from hpcsweep.fileio import atomic_write_json, atomic_write_text
 from hpcsweep.metrics import write_metrics
@@ -34,10 +37,10 @@ from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
 from hpcsweep.sweep_record import now_iso
+from hpcsweep.trial_identity import CONFIG_FILE, check_resume, differences_text
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
 METRICS_FILE = "metrics.json"
 # How long an agent waits for the other nodes of its trial to join the rendezvous.
@@ -140,6 +143,23 @@ def write_trial_config(trial: TrialConfig, trial_dir: Path) -> None:
     atomic_write_text(trial_dir / CONFIG_FILE, text)
 
 
+def check_trial_config(trial: TrialConfig, trial_dir: Path, force: bool, node_rank: int) -> None:
+    """Refuse (``ConfigMismatch``) to resume ``trial_dir`` under another training config.
+
+    With ``force``, log the differences and keep the old ``config.yaml`` aside (node 0), so the
+    trial dir still records every config it was trained with.
+    """
+    differences = check_resume(trial_dir, trial, force)
+    if not differences:
+        return
+    log.warning("resume.force=true: resuming %s with a different config: %s", trial_dir, differences_text(differences))
+    if node_rank == 0:
+        stamp = now_iso().replace(":", "").replace("+0000", "Z")
+        aside = trial_dir / f"config.before-{stamp}.yaml"
+        atomic_write_text(aside, (trial_dir / CONFIG_FILE).read_text())
+        log.warning("the config it was trained with is kept as %s", aside.name)
+
+
 def read_metrics(trial_dir: Path) -> dict[str, Any]:
     """The trial's ``metrics.json``, or ``{}`` before the first write."""
     path = trial_dir / METRICS_FILE
@@ -231,7 +251,8 @@ def after_stop(
 ) -> None:
     """Finish a checkpointed stop: record it, then requeue, leave it to Slurm, or fail the trial.
 
-    Raises ``TrialRequeued`` (a ``SystemExit``) or ``TrialFailed``; only node 0 writes or requeues.
+    Raises ``TrialRequeued`` or ``TrialStopped`` (both ``SystemExit``) or ``TrialFailed``; only
+    node 0 writes or requeues. A trial nothing will requeue is marked ``stopped``.
     """
     metrics = read_metrics(trial_dir)
     reason = stop.reason or metrics.get("last_stop_reason")
@@ -240,31 +261,51 @@ def after_stop(
     decision = preempt.decide_after_stop(reason, requeues, cap, under_slurm=job is not None)
     log.info("stop (%s): checkpoint saved and workers gone %s s after the signal; %s",
              reason, took, decision.message)
+    leave: SystemExit = (
+        preempt.TrialStopped(reason, metrics.get("step"), decision.message)
+        if decision.action == "exit"
+        else preempt.TrialRequeued(decision.message)
+    )
     if node_rank != 0:
-        raise preempt.TrialRequeued(decision.message)
+        raise leave
     metrics.update(last_stop_reason=reason, stop_to_exit_s=took)
     if decision.action == "fail":
         fail_trial(trial_dir, metrics, decision.message)
+    if decision.action == "exit":
+        metrics["status"] = "stopped"
     write_metrics(trial_dir / METRICS_FILE, metrics)
     if decision.action == "requeue" and job is not None:
         preempt.requeue_job(job.job_label)
-    raise preempt.TrialRequeued(decision.message)
+    raise leave
+
+
+def record_abort(trial_dir: Path, node_rank: int) -> None:
+    """After a second Ctrl-C: mark the trial ``stopped`` (node 0), since no worker will say so."""
+    metrics = read_metrics(trial_dir)
+    if node_rank == 0 and metrics.get("status") == "running":
+        write_metrics(trial_dir / METRICS_FILE, {**metrics, "status": "stopped", "last_stop_reason": "aborted"})
 
 
 def run_trial_on_this_node(
-    trial: TrialConfig, trial_dir: Path, env: Mapping[str, str] | None = None
+    trial: TrialConfig, trial_dir: Path, env: Mapping[str, str] | None = None, *, force_resume: bool = False
 ) -> dict[str, Any]:
     """Run this node's share of one trial and return its final ``metrics.json``.
 
-    Raises ``TrialFailed`` when training fails, with the worker's error.
+    Raises ``TrialFailed`` when training fails, with the worker's error; ``ConfigMismatch`` before
+    anything runs when the trial dir was trained with another config (unless ``force_resume``).
     """
     env = dict(os.environ if env is None else env)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    write_trial_config(trial, trial_dir)
-
     if slurm_job_env(env) is None and not env.get("MASTER_PORT"):
         env["MASTER_PORT"] = str(free_port())
-    rdzv = resolve_head_address(rendezvous_from_env(env, trial.trainer.nproc_per_node), env)
+    rdzv = rendezvous_from_env(env, trial.trainer.nproc_per_node)
+    check_trial_config(trial, trial_dir, force_resume, rdzv.node_rank)
+    previous = read_metrics(trial_dir)
+    if trial_already_done(trial_dir, previous):
+        log.info("trial %s is already %s: not training it again", trial_dir, previous["status"])
+        return previous
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    write_trial_config(trial, trial_dir)
+    rdzv = resolve_head_address(rdzv, env)
     nccl_vars = nccl_env(
         trial.nccl.preset,
         overrides=trial.nccl.overrides,
@@ -313,6 +354,9 @@ def run_trial_on_this_node(
             else:
                 threads = worker_threads(env, rdzv.nproc_per_node, len(os.sched_getaffinity(0)))
                 result = run_elastic_agent(rdzv, trial_dir, threads)
+        except preempt.StopAborted:
+            record_abort(trial_dir, rdzv.node_rank)
+            raise
         finally:
             # A signal after the last step must not stop the next trial of this process.
             preempt.STOP_REQUESTED.clear()

@@ -4,8 +4,8 @@ Wiring only: read and validate ``TRIAL_DIR/config.yaml``, join the process group
 trainer, resume, train, close. The same entry runs as one plain process (world size 1), under
 ``torchrun --nproc-per-node=K``, and across nodes.
 
-Stops: as a torchrun worker (``main``), USR2 and SIGTERM set ``STOP_REQUESTED`` (see
-``hpcsweep.preempt``), and so does this node's stop file, which the runner writes when it is
+Stops: as a torchrun worker (``main``), USR2, SIGTERM and SIGINT (a terminal's Ctrl-C reaches
+every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.preempt``), and so does this node's stop file, which the runner writes when it is
 signalled. Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k,
 exactly as a preemption signal handler would, so tests exercise the real save-and-requeue path.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from hpcsweep import metrics, preempt
-from hpcsweep.checkpoint import CheckpointManager
+from hpcsweep.checkpoint import trial_already_done
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.distributed import (
     barrier,
@@ -42,7 +42,6 @@ from hpcsweep.trainer import (
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
-FINAL_STATUSES = ("completed", "stopped_early")
 STOP_RECORD = ("last_stop_reason", "stop_to_exit_s")
 
 
@@ -58,14 +57,6 @@ def setup_logging(trial_dir: Path, rank: int) -> None:
     )
 
 
-def already_done(trial_dir: Path, previous: dict | None) -> bool:
-    """True when metrics.json says the trial ended and its final checkpoint says so too."""
-    if not previous or previous.get("status") not in FINAL_STATUSES:
-        return False
-    found = CheckpointManager(trial_dir / "checkpoints", keep_top_k=0, enable=False).newest_valid()
-    return found is not None and found[1]["status"] == previous["status"]
-
-
 def run_trial(trial_dir: Path) -> int:
     """Train (or resume) the trial in ``trial_dir``; returns the process exit code."""
     trial_dir = Path(trial_dir)
@@ -73,7 +64,7 @@ def run_trial(trial_dir: Path) -> int:
     setup_logging(trial_dir, rank)
     cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
     previous = metrics.read_metrics(trial_dir / "metrics.json")
-    if already_done(trial_dir, previous):
+    if trial_already_done(trial_dir, previous):
         log.info("trial in %s is already %s: nothing to do", trial_dir, previous["status"])
         return EXIT_OK
     world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s)

@@ -10,7 +10,7 @@ import torch
 
 from hpcsweep import preempt, runner
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.preempt import EXIT_REQUEUE, PREEMPTED, TIME_LIMIT
+from hpcsweep.preempt import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED, PREEMPTED, TIME_LIMIT
 
 from .trial_dirs import trial_config
 
@@ -18,13 +18,13 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize(
-    ("signum", "reason"), [(signal.SIGUSR2, TIME_LIMIT), (signal.SIGTERM, PREEMPTED)]
+    ("signum", "reason"), [(signal.SIGUSR2, TIME_LIMIT), (signal.SIGTERM, PREEMPTED), (signal.SIGINT, INTERRUPTED)]
 )
 def test_each_stop_signal_has_its_reason(signum, reason):
     assert preempt.stop_reason(signum) == reason
 
 
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGINT, 9999])
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGHUP, 9999])
 def test_other_signals_are_not_stops(signum):
     with pytest.raises(ValueError, match="not a stop signal"):
         preempt.stop_reason(signum)
@@ -57,6 +57,8 @@ def test_a_trial_starting_beyond_its_cap_fails(requeues, cap, over):
         # torchrun terminates the other workers once one exits: their codes are -SIGTERM.
         ([EXIT_REQUEUE, -signal.SIGTERM], "running", "stopped"),
         ([EXIT_REQUEUE, EXIT_REQUEUE], "running", "stopped"),
+        # Ctrl-C reaches every worker; one may leave after a second one, the others stop.
+        ([EXIT_REQUEUE, EXIT_INTERRUPTED], "running", "stopped"),
         ([1, EXIT_REQUEUE], "running", "failed"),
         ([EXIT_REQUEUE], "failed", "failed"),
         ([1], "failed", "failed"),
@@ -79,6 +81,9 @@ def test_the_outcome_comes_from_exit_codes_and_status(codes, status, outcome):
         (PREEMPTED, 1, 0, True, "fail"),
         (PREEMPTED, 0, 0, True, "fail"),
         (TIME_LIMIT, 9, 2, False, "exit"),
+        # Ctrl-C is the user's stop: never requeued, on Slurm (srun) or not, whatever the cap.
+        (INTERRUPTED, 0, 20, True, "exit"),
+        (INTERRUPTED, 5, 2, False, "exit"),
     ],
 )
 def test_what_follows_a_stop(reason, requeues, cap, under_slurm, action):
@@ -98,13 +103,27 @@ def test_the_first_stop_reason_wins_until_cleared():
 
 
 def test_a_real_signal_calls_the_handler_and_the_old_handler_comes_back():
-    before = signal.getsignal(signal.SIGUSR2)
+    before = signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGINT)
     got = []
     with preempt.stop_signals_handled(got.append):
         os.kill(os.getpid(), signal.SIGUSR2)
         os.kill(os.getpid(), signal.SIGTERM)
-    assert got == [TIME_LIMIT, PREEMPTED]
-    assert signal.getsignal(signal.SIGUSR2) is before
+        os.kill(os.getpid(), signal.SIGINT)
+    assert got == [TIME_LIMIT, PREEMPTED, INTERRUPTED]
+    assert (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_a_second_ctrl_c_aborts_without_keyboard_interrupt():
+    before = signal.getsignal(signal.SIGINT)
+    got = []
+    with pytest.raises(preempt.StopAborted) as info:
+        with preempt.stop_signals_handled(got.append):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+    assert got == [INTERRUPTED, PREEMPTED]
+    assert info.value.code == EXIT_INTERRUPTED
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_signal_blocked_in_a_thread_reaches_the_main_thread():
@@ -158,18 +177,36 @@ def small_trial():
     }))
 
 
-def test_a_signal_to_an_in_process_trial_saves_and_leaves_for_requeue(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("signum", "reason", "code"), [
+    (signal.SIGUSR2, TIME_LIMIT, EXIT_REQUEUE), (signal.SIGINT, INTERRUPTED, EXIT_INTERRUPTED),
+])
+def test_a_signal_to_a_local_in_process_trial_saves_and_marks_it_stopped(tmp_path, monkeypatch, signum, reason, code):
     trial_dir = tmp_path / "trial"
-    # The test hook stands in for Slurm's signal arriving mid-run: a real USR2 to this process.
+    # The hook stands in for the signal arriving mid-run: a real signal to this process.
+    monkeypatch.setattr(preempt, "stop_file_hooks", lambda env, stop: [
+        lambda trainer, step: os.kill(os.getpid(), signum) if step == 3 else None
+    ])
+    with pytest.raises(preempt.TrialStopped) as info:
+        runner.run_trial_on_this_node(small_trial(), trial_dir, env={})
+    assert (info.value.code, info.value.reason, info.value.step) == (code, reason, 3)
+    metrics = runner.read_metrics(trial_dir)
+    assert (metrics["status"], metrics["step"], metrics["last_stop_reason"]) == ("stopped", 3, reason)
+    assert metrics["stop_to_exit_s"] < 30
+    assert not preempt.STOP_REQUESTED.is_set()
+
+
+def test_a_slurm_time_limit_signal_leaves_for_requeue(tmp_path, monkeypatch):
+    trial_dir = tmp_path / "trial"
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(runner.free_port())}
     monkeypatch.setattr(preempt, "stop_file_hooks", lambda env, stop: [
         lambda trainer, step: os.kill(os.getpid(), signal.SIGUSR2) if step == 3 else None
     ])
+    monkeypatch.setattr(preempt, "requeue_job", lambda label: None)  # covered by tests/cluster
     with pytest.raises(preempt.TrialRequeued):
-        runner.run_trial_on_this_node(small_trial(), trial_dir, env={})
+        runner.run_trial_on_this_node(small_trial(), trial_dir, env=env)
     metrics = runner.read_metrics(trial_dir)
     assert (metrics["status"], metrics["step"], metrics["last_stop_reason"]) == ("running", 3, TIME_LIMIT)
-    assert metrics["stop_to_exit_s"] < 30
-    assert not preempt.STOP_REQUESTED.is_set()
 
 
 def test_a_trial_requeued_beyond_its_cap_fails_before_training(tmp_path):

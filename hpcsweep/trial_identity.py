@@ -1,0 +1,145 @@
+"""A trial dir remembers the config it was trained with; resuming it with another one is refused.
+
+The *training identity* of a trial is every config key that changes the weights or the data order.
+Resuming a checkpoint under a different identity would silently mix two configs in one result, so
+it is refused, naming the keys that differ, unless ``resume.force=true``. Keys outside the identity
+may differ freely between runs of one trial dir (``FREE_KEYS``; everything not listed there is part
+of the identity, so a key added later is protected by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcsweep.config import TrialConfig, trial_config_from_dict, trial_config_to_dict
+
+CONFIG_FILE = "config.yaml"
+"""The resolved config a trial dir holds (written by the runner before training)."""
+
+FREE_KEYS: tuple[str, ...] = (
+    # Logging, checkpoints and retention: no effect on the computation or the RNG streams.
+    "trainer.log_every",
+    "trainer.ckpt_every",
+    "trainer.keep_top_k",
+    # How bytes move between ranks and where the trial is placed, not what is computed: a
+    # resumed trial may need another NCCL setting or other nodes (a requeue moves it anyway).
+    "nccl.",
+    "topology.",
+)
+"""Keys (or ``group.`` prefixes) that may differ when a trial dir is resumed."""
+
+EVAL_KEYS = ("trainer.eval_every", "trainer.eval_batches")
+"""Free unless early stopping is on in either config: then evaluations decide when training ends."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One training-identity key whose value in the trial dir differs from the one asked for now."""
+
+    key: str
+    stored: Any
+    now: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}={_shown(self.stored)} (now {_shown(self.now)})"
+
+
+def _shown(value: Any) -> str:
+    """A value as it would be typed on the command line."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1_000).strip().removesuffix("...").strip()
+
+
+class ConfigMismatch(ValueError):
+    """A trial dir holds a checkpoint trained with another config; nothing was run."""
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``("group.key", value)`` pairs of a nested mapping; lists and dict-valued keys stay whole."""
+    for key, value in values.items():
+        if isinstance(value, Mapping) and not prefix:
+            yield from flatten(value, f"{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def is_free(key: str, stored: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """True when ``key`` may differ between the stored and the new flattened config."""
+    if any(key == free or (free.endswith(".") and key.startswith(free)) for free in FREE_KEYS):
+        return True
+    if key in EVAL_KEYS:
+        return not (stored.get("trainer.early_stop_patience") or now.get("trainer.early_stop_patience"))
+    # The sweep-level check sees "auto" before a node resolves it; the runner checks again after.
+    return key == "trainer.nproc_per_node" and "auto" in (stored.get(key), now.get(key))
+
+
+def config_differences(stored: Mapping[str, Any], now: Mapping[str, Any]) -> list[Difference]:
+    """The training-identity keys whose values differ between two plain trial configs."""
+    old, new = dict(flatten(stored)), dict(flatten(now))
+    return [
+        Difference(key, old.get(key), new.get(key))
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key) != new.get(key) and not is_free(key, old, new)
+    ]
+
+
+def differences_text(differences: list[Difference]) -> str:
+    """``model.lr=0.0001 (now 0.003), trainer.max_steps=400 (now 200)``."""
+    return ", ".join(str(d) for d in differences)
+
+
+def mismatch_message(trial_dir: Path, differences: list[Difference]) -> str:
+    """The one-line refusal naming every differing key with both values."""
+    return (
+        f"trial dir {trial_dir} was trained with a different config: {differences_text(differences)}; "
+        "rerun with the same overrides, or add resume.force=true to resume it with the new config"
+    )
+
+
+def has_checkpoint(trial_dir: Path) -> bool:
+    """True when the trial dir holds a checkpoint, i.e. running it again would resume it."""
+    return any((trial_dir / "checkpoints").glob("step*.pt"))
+
+
+def stored_config(trial_dir: Path) -> dict[str, Any] | None:
+    """The normalised config the trial dir was trained with, or None when it has nothing to resume."""
+    path = trial_dir / CONFIG_FILE
+    if not path.exists() or not has_checkpoint(trial_dir):
+        return None
+    try:
+        return trial_config_to_dict(trial_config_from_dict(yaml.safe_load(path.read_text()) or {}))
+    except ValueError as err:
+        raise ConfigMismatch(
+            f"trial dir {trial_dir} holds a config.yaml this version cannot read ({err}); "
+            "add resume.force=true to resume it with the new config"
+        ) from None
+
+
+def resume_differences(trial_dir: Path, config: TrialConfig) -> list[Difference]:
+    """How ``config`` differs in training identity from what ``trial_dir`` was trained with.
+
+    Empty for a new trial dir, or one without a checkpoint. Raises ``ConfigMismatch`` when the
+    stored config cannot be read.
+    """
+    stored = stored_config(trial_dir)
+    return [] if stored is None else config_differences(stored, trial_config_to_dict(config))
+
+
+def check_resume(trial_dir: Path, config: TrialConfig, force: bool) -> list[Difference]:
+    """Raise ``ConfigMismatch`` when ``config`` would resume ``trial_dir`` under another identity.
+
+    With ``force``, return the differences instead (for the caller to log and record).
+    """
+    try:
+        differences = resume_differences(trial_dir, config)
+    except ConfigMismatch:
+        if force:
+            return []
+        raise
+    if differences and not force:
+        raise ConfigMismatch(mismatch_message(trial_dir, differences))
+    return differences
