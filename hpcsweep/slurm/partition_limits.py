@@ -215,7 +215,9 @@ def _check_partition(request: AllocationRequest, partition: PartitionShape) -> N
     if partition.max_nodes is not None and nodes.value > partition.max_nodes:
         raise ValueError(f"{nodes} is more than partition {name} allows: MaxNodes={partition.max_nodes}")
     fitting = sum(
-        shape.count for shape in partition.nodes if all(asked.value <= getattr(shape, attr) for asked, attr, _ in per_node)
+        shape.count
+        for shape in partition.nodes
+        if all(asked.value <= getattr(shape, attr) for asked, attr, _ in per_node)
     )
     if nodes.value > fitting:
         together = ", ".join(str(asked) for asked, _, _ in per_node)
