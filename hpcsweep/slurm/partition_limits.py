@@ -2,8 +2,9 @@
 
 Pure: ``sinfo`` and ``sacctmgr`` text in, dataclasses out; a request no node, partition or QOS
 could ever satisfy raises ``ValueError`` in one line naming the key, what was asked and what the
-cluster has. Slurm itself would queue most such jobs silently (``PartitionNodeLimit``,
-``PartitionTimeLimit``, ``QOSMaxWallDurationPerJobLimit``) until someone cancels them.
+cluster has. Slurm itself would queue many such jobs silently (reason ``PartitionConfig``,
+``PartitionTimeLimit``, ``QOSMaxWallDurationPerJobLimit``) until someone cancels them, and refuse
+others at sbatch, which submitit reports as a traceback.
 """
 
 from __future__ import annotations
