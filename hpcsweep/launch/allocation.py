@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcsweep.config import TrialConfig
+from hpcsweep.slurm.partition_limits import AllocationRequest, Asked, parse_mem_mb
 
 # Launcher keys that are ours, not submitit's.
 _OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "max_array_size", "_target_"}
@@ -35,15 +36,6 @@ def check_option_values(params: Mapping[str, Any]) -> None:
 
     for name, value in params.items():
         walk(f"hydra.launcher.{name}", value)
-
-
-def check_partition(partition: str | None, known: Collection[str]) -> None:
-    """Raise ``ValueError`` when the launcher asks for a partition the cluster lacks."""
-    if partition is not None and partition not in known:
-        raise ValueError(
-            f"hydra.launcher.partition={partition!r} is not a partition of this cluster; "
-            f"allowed: {', '.join(sorted(known)) or '(none found)'}"
-        )
 
 
 # Slurm keeps --signal's delay in 16 bits.
@@ -79,6 +71,34 @@ def gpus_per_node(trial: TrialConfig, launcher_gpus: int) -> int:
         return 0
     nproc = trial.trainer.nproc_per_node
     return launcher_gpus if nproc == "auto" else nproc
+
+
+def allocation_request(trial: TrialConfig, params: Mapping[str, Any]) -> AllocationRequest:
+    """What this trial's job asks the cluster for, each amount with the key that sets it.
+
+    Raises ``ValueError`` on a ``mem`` that is no ``--mem`` value.
+    """
+    nodes = trial.trainer.nodes
+    cpus = params.get("cpus_per_task")
+    gpus = gpus_per_node(trial, int(params.get("gpus_per_node") or 0))
+    gpu_key = "hydra.launcher.gpus_per_node" if trial.trainer.nproc_per_node == "auto" else "trainer.nproc_per_node"
+    mem = params.get("mem")
+    mem_mb = None if mem is None else parse_mem_mb(str(mem))
+    if mem is not None and mem_mb is None:
+        raise ValueError(
+            f"hydra.launcher.mem={mem!r} is not allowed: megabytes, or a whole number with a unit K, M, G or T "
+            "(480G)"
+        )
+    return AllocationRequest(
+        nodes=Asked("trainer.nodes", str(nodes), nodes),
+        time_min=Asked("hydra.launcher.timeout_min", str(params["timeout_min"]), params["timeout_min"]),
+        cpus_per_node=Asked("hydra.launcher.cpus_per_task", str(cpus), cpus) if cpus else None,
+        gpus_per_node=Asked(gpu_key, str(gpus), gpus) if gpus else None,
+        # --mem=0: all the memory of each node, whatever it is.
+        mem_per_node=Asked("hydra.launcher.mem", str(mem), mem_mb) if mem_mb else None,
+        partition=params.get("partition"),
+        qos=params.get("qos"),
+    )
 
 
 def executor_parameters(

@@ -12,8 +12,8 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from hpcsweep.launch.allocation import (
     allocation_key,
+    allocation_request,
     check_option_values,
-    check_partition,
     check_time_limit,
     chunk,
     executor_parameters,
@@ -25,8 +25,16 @@ from hpcsweep.launch.prepare import (
 )
 from hpcsweep.launch.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.slurm import commands
-from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_max_switch_wait, parse_partition_names
+from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_max_switch_wait, qos_limits_enforced
 from hpcsweep.slurm.nodes import parse_node_states
+from hpcsweep.slurm.partition_limits import (
+    QOS_FIELDS,
+    SINFO_FORMAT,
+    QosLimits,
+    check_request,
+    parse_qos_limits,
+    parse_sinfo_partitions,
+)
 from hpcsweep.sweep_record import (
     ArrayRecord,
     SweepRecord,
@@ -68,6 +76,30 @@ def _placement_options(
     return options
 
 
+def _qos_limits(name: str | None, slurm_config: str) -> QosLimits | None:
+    """The requested QOS's limits, when the cluster enforces them and accounting answers."""
+    if name is None or not qos_limits_enforced(slurm_config):
+        return None
+    try:
+        found = parse_qos_limits(commands.show_qos(name, QOS_FIELDS))
+    except commands.SlurmCommandError as err:
+        log.warning("limits of qos %s not checked: %s", name, err)
+        return None
+    return next((qos for qos in found if qos.name == name), None)
+
+
+def check_against_cluster(trials: Sequence[PreparedTrial], params: dict[str, Any], slurm_config: str) -> None:
+    """Raise ``ValueError`` when a distinct allocation of the sweep could never start.
+
+    One ``sinfo`` call (and a ``sacctmgr`` one when a QOS is named and its limits are enforced).
+    """
+    requests = dict.fromkeys(allocation_request(t.config, params) for t in trials)
+    partitions = parse_sinfo_partitions(commands.sinfo_partitions(SINFO_FORMAT))
+    qos = _qos_limits(params.get("qos"), slurm_config)
+    for request in requests:
+        check_request(request, partitions, qos)
+
+
 def _group_by_allocation(
     trials: Sequence[PreparedTrial], params: dict[str, Any], max_switch_wait_s: int
 ) -> list[tuple[dict[str, Any], list[PreparedTrial]]]:
@@ -106,10 +138,10 @@ def launch_on_slurm(
         trials = prepare_trials(launcher, job_overrides, initial_job_idx)
         check_option_values(params)
         check_time_limit(params)
-        check_partition(params.get("partition"), parse_partition_names(commands.show_partitions()))
+        slurm_config = commands.show_config()
+        check_against_cluster(trials, params, slurm_config)
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
-    slurm_config = commands.show_config()
     max_array_size = parse_max_array_size(slurm_config)
     if params.get("max_array_size"):
         max_array_size = min(max_array_size, int(params["max_array_size"]))

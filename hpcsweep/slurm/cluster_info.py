@@ -8,11 +8,6 @@ DEFAULT_MAX_ARRAY_SIZE = 1001
 DEFAULT_MAX_SWITCH_WAIT_S = 300
 
 
-def parse_partition_names(text: str) -> list[str]:
-    """Partition names from ``scontrol show partitions --oneliner`` output."""
-    return re.findall(r"^PartitionName=(\S+)", text, flags=re.MULTILINE)
-
-
 def parse_max_array_size(text: str) -> int:
     """``MaxArraySize`` from ``scontrol show config`` output (Slurm's default when absent)."""
     match = re.search(r"^MaxArraySize\s*=\s*(\d+)", text, flags=re.MULTILINE)
@@ -28,6 +23,13 @@ def parse_max_switch_wait(text: str) -> int:
         if key == "max_switch_wait" and value.isdigit():
             return int(value)
     return DEFAULT_MAX_SWITCH_WAIT_S
+
+
+def qos_limits_enforced(text: str) -> bool:
+    """Whether ``scontrol show config`` says QOS limits hold jobs back: ``AccountingStorageEnforce``
+    includes ``limits`` (or ``safe``, which implies it); without it a job over them runs anyway."""
+    match = re.search(r"^AccountingStorageEnforce\s*=\s*(.*)$", text, flags=re.MULTILINE)
+    return bool({"limits", "safe"} & set((match.group(1) if match else "").strip().split(",")))
 
 
 def parse_node_address(text: str) -> str | None:
@@ -62,3 +64,15 @@ def gpus_from_tres(tres: str) -> int:
         elif name.startswith("gres/gpu:"):
             typed += int(count)
     return typed if plain is None else plain
+
+
+def gpus_from_gres(gres: str) -> int:
+    """GPUs in a node's GRES: ``gpu:a100:8(S:0-1),gpu:v100:2`` -> 10; ``gpu:4`` -> 4; ``gpu`` -> 1;
+    ``(null)`` -> 0. The count is the last ``:`` field before any ``(``; other GRES do not count."""
+    total = 0
+    for item in re.split(r",(?![^()]*\))", gres):
+        parts = item.split("(")[0].strip().split(":")
+        if parts[0] != "gpu":
+            continue
+        total += int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+    return total

@@ -77,9 +77,22 @@ def show_node(name: str) -> str:
     return run_slurm(["scontrol", "show", "node", "--oneliner", name])
 
 
-def show_partitions() -> str:
-    """``scontrol show partitions --oneliner``: one line per partition."""
-    return run_slurm(["scontrol", "show", "partitions", "--oneliner"])
+def sinfo_partitions(fmt: str) -> str:
+    """``sinfo --all --noheader --format=FMT``: one line per partition and node configuration,
+    hidden partitions included (a job may still name one)."""
+    return run_slurm(["sinfo", "--all", "--noheader", f"--format={fmt}"])
+
+
+def show_qos(name: str, fields: Sequence[str], timeout: float = 10.0) -> str:
+    """One QOS from accounting, ``|``-separated, without a header; empty when it is not there.
+
+    ``--readonly``: this call can never change accounting.
+    """
+    return run_slurm(
+        ["sacctmgr", "--readonly", "--noheader", "--parsable2", "show", "qos", "where", f"name={name}",
+         f"format={','.join(fields)}"],
+        timeout=timeout,
+    )
 
 
 def show_config() -> str:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from hpcsweep.slurm.cluster_info import gpus_from_tres, parse_fields
+from hpcsweep.slurm.cluster_info import gpus_from_gres, gpus_from_tres, parse_fields
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ def parse_node_states(text: str) -> list[NodeState]:
                 partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
                 cpus_total=_int(f.get("CPUTot")),
                 cpus_alloc=_int(f.get("CPUAlloc")),
-                gpus_total=gpus_from_tres(f.get("CfgTRES", "")) or _gres_gpus(f.get("Gres", "")),
+                gpus_total=gpus_from_tres(f.get("CfgTRES", "")) or gpus_from_gres(f.get("Gres", "")),
                 gpus_alloc=gpus_from_tres(f.get("AllocTRES", "")),
             )
         )
@@ -118,13 +117,3 @@ def _parse_state(raw: str) -> tuple[str, frozenset[str]]:
 
 def _int(raw: str | None) -> int:
     return int(raw) if raw and raw.isdigit() else 0
-
-
-def _gres_gpus(gres: str) -> int:
-    # Gres=gpu:a100:8(S:0-1),gpu:v100:2 — the count is the last ':' field before any '('.
-    total = 0
-    for item in re.split(r",(?![^()]*\))", gres):
-        parts = item.split("(")[0].split(":")
-        if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total

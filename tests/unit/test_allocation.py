@@ -6,7 +6,6 @@ from hpcsweep.config import trial_config_from_dict
 from hpcsweep.launch.allocation import (
     allocation_key,
     check_option_values,
-    check_partition,
     check_time_limit,
     chunk,
     executor_parameters,
@@ -81,13 +80,6 @@ def test_values_that_would_start_a_new_script_line_are_rejected(params):
 
 def test_shell_syntax_without_newlines_is_left_to_submitit_quoting():
     check_option_values({"comment": "$(touch /tmp/x); `id`"})
-
-
-def test_unknown_partition_names_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"hydra.launcher.partition='nosuch' .* allowed: batch, urgent"):
-        check_partition("nosuch", ["urgent", "batch"])
-    check_partition("batch", ["urgent", "batch"])
-    check_partition(None, [])
 
 
 def test_chunk_splits_at_max_array_size():

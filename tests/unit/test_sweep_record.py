@@ -1,6 +1,6 @@
 """sweep.json round trip and the cluster-info parsers."""
 
-from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_node_address, parse_partition_names
+from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_node_address
 from hpcsweep.sweep_record import ArrayRecord, SweepRecord, TrialRecord, read_sweep_record, write_sweep_record
 
 
@@ -15,17 +15,6 @@ def test_sweep_record_round_trips(tmp_path):
     write_sweep_record(record)
     assert read_sweep_record(tmp_path) == record
     assert read_sweep_record(tmp_path).job_ids() == ["41"]
-
-
-PARTITIONS = """\
-PartitionName=batch AllowGroups=ALL AllowAccounts=ALL Default=YES Nodes=node[1-4] PriorityTier=1 PreemptMode=REQUEUE
-PartitionName=urgent AllowGroups=ALL AllowAccounts=ALL Default=NO Nodes=node[1-4] PriorityTier=10
-"""
-
-
-def test_partition_names():
-    assert parse_partition_names(PARTITIONS) == ["batch", "urgent"]
-    assert parse_partition_names("") == []
 
 
 def test_max_array_size():

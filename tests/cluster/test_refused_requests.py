@@ -1,0 +1,104 @@
+"""A request the cluster can never satisfy stops the sweep in one line; nothing is submitted (#11).
+
+Slurm itself would queue most of these jobs for ever (reason ``PartitionConfig``,
+``PartitionTimeLimit``) or fail inside submitit with a traceback.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO, all_job_ids, read_json, run_hpcsweep, slurm, wait_for, wait_until_ended
+
+
+def queued_job_ids(env: dict[str, str]) -> set[str]:
+    """Every job and array task squeue shows, of every user."""
+    out = slurm(env, "squeue", "--noheader", "--all", "--array", "--format=%i")
+    return set(out.split())
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], message: str) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert message in output, output
+    assert "Traceback" not in output, output
+
+
+@pytest.fixture
+def short_partition(slurm_env):
+    """A partition of every node with MaxTime=10 minutes, for as long as the test runs."""
+    slurm(slurm_env, "scontrol", "create", "PartitionName=short", "Nodes=node[1-4]", "MaxTime=10")
+    try:
+        yield "short"
+    finally:
+        slurm(slurm_env, "scontrol", "delete", "PartitionName=short")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.nodes=16"], "trainer.nodes=16 is more than partition batch has: 4 nodes; nothing was submitted"),
+        (
+            ["hydra.launcher.gpus_per_node=16"],
+            "hydra.launcher.gpus_per_node=16: no node of partition batch has more than 8 GPUs (gres gpu:a100:8); "
+            "nothing was submitted",
+        ),
+        (
+            ["hydra.launcher.mem=10T"],
+            "hydra.launcher.mem=10T: no node of partition batch has more than 512000 MB of memory; nothing was submitted",
+        ),
+        (
+            ["hydra.launcher.partition=short", "hydra.launcher.timeout_min=11"],
+            "hydra.launcher.timeout_min=11 is more than partition short allows: MaxTime=10 min; nothing was submitted",
+        ),
+    ],
+    ids=["nodes", "gpus", "mem", "maxtime"],
+)
+def test_a_request_no_node_or_partition_can_satisfy_is_refused(tmp_path, slurm_env, short_partition, overrides, message):
+    before, queued = all_job_ids(slurm_env), queued_job_ids(slurm_env)
+    result = run_hpcsweep(["-m", "model.lr=1e-4", *overrides], tmp_path, slurm_env, timeout=120)
+    assert_refused(result, message)
+    assert "launcher: slurm" in result.stdout + result.stderr
+    assert all_job_ids(slurm_env) == before
+    assert queued_job_ids(slurm_env) == queued
+    assert not list(tmp_path.glob("multirun/*/*/.submitit"))
+
+
+def test_the_default_request_is_accepted(tmp_path, slurm_env):
+    # Held, so the default trials (8 workers each) never start; the check does not read --hold.
+    result = run_hpcsweep(
+        ["-m", "model.lr=1e-4,3e-4", "+hydra.launcher.additional_parameters.hold=true"], tmp_path, slurm_env, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (array,) = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))["arrays"]
+    array_id = array["array_job_id"]
+    try:
+        assert {f"{array_id}_0", f"{array_id}_1"} <= queued_job_ids(slurm_env)
+    finally:
+        slurm(slurm_env, "scancel", array_id)
+        wait_for(lambda: not any(j.startswith(f"{array_id}_") for j in queued_job_ids(slurm_env)),
+                 timeout=60, what=f"array {array_id} to leave the queue")
+
+
+def test_the_sweep_driver_job_refuses_in_its_log(tmp_path, slurm_env):
+    # tmp_path stands for the repo root the user submits from, with its committed slurm/logs/.
+    (tmp_path / "slurm" / "logs").mkdir(parents=True)
+    before = all_job_ids(slurm_env)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", str(REPO / "slurm" / "sweep.sbatch"), "model.lr=1e-4", "trainer.nodes=16"],
+        cwd=tmp_path, env={**slurm_env, "HPCSWEEP_PYTHON": sys.executable},
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    driver = submitted.stdout.strip().split(";")[0]
+    assert wait_until_ended(slurm_env, driver, timeout=300) == "FAILED"
+    exit_code = slurm(slurm_env, "sacct", "-X", "--noheader", "--parsable2", "-j", driver, "--format=ExitCode").strip()
+    assert exit_code == "2:0"
+    log = (tmp_path / "slurm" / "logs" / f"hpcsweep-sweep-{driver}.out").read_text()
+    last_line = log.strip().splitlines()[-1]
+    assert "trainer.nodes=16 is more than partition batch has: 4 nodes; nothing was submitted" in last_line, log
+    assert "Traceback" not in log
+    assert all_job_ids(slurm_env) == before | {driver}
+    assert not list(tmp_path.glob("slurm-*.out"))
