@@ -3,7 +3,7 @@
     python benchmarks/report.py [--trials 100] [--steps 2000] [--repeats 2]
 
 Generates a local sweep in a temp dir (sweep.json, metrics.json and one event file per trial, 6
-scalar tags logged every step), then alternates: ``hpcsweep.report_data.load_sweep`` and a
+scalar tags logged every step), then alternates: ``hpcsweep.results.table.load_sweep`` and a
 baseline that reads sweep.json, every metrics.json, and every trial's events with TensorBoard's
 ``EventAccumulator(size_guidance={scalars: 0})``. Prints the best time of each and the ratio,
 asserts both saw identical points, and exits 1 when the ratio is under the 4x target.
@@ -23,13 +23,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
+    SCALARS,
+    EventAccumulator,
+)
 from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
 
-from hpcsweep.event_reader import masked_crc32c  # noqa: E402
-from hpcsweep.metrics import TAGS  # noqa: E402
-from hpcsweep.report_data import load_sweep  # noqa: E402
-from hpcsweep.sweep_record import SweepRecord, TrialRecord, read_sweep_record, write_sweep_record  # noqa: E402
+from hpcsweep.files.sweep_record import (  # noqa: E402
+    SweepRecord,
+    TrialRecord,
+    read_sweep_record,
+    write_sweep_record,
+)
+from hpcsweep.results.event_reader import masked_crc32c  # noqa: E402
+from hpcsweep.results.table import load_sweep  # noqa: E402
+from hpcsweep.train.metrics import TAGS  # noqa: E402
 
 TARGET_RATIO = 4.0
 LENGTH = struct.Struct("<Q")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpcsweep.topology import choose_nodes, parse_topology  # noqa: E402
+from hpcsweep.slurm.topology import choose_nodes, parse_topology  # noqa: E402
 from tests.unit.test_topology import FAT_TREE_TEXT  # noqa: E402
 
 BUDGET_MS = 50.0

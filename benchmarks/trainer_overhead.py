@@ -24,11 +24,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
-from hpcsweep import data, model, optim  # noqa: E402
 from hpcsweep.config import trial_config_from_dict  # noqa: E402
-from hpcsweep.distributed import WorldInfo  # noqa: E402
-from hpcsweep.trainer import Trainer  # noqa: E402
-
+from hpcsweep.train import data, model  # noqa: E402
+from hpcsweep.train.distributed import WorldInfo  # noqa: E402
+from hpcsweep.train.trainer import Trainer  # noqa: E402
 
 CLOCK = time.perf_counter
 """Wall time by default; ``--cpu-time`` switches to this process's CPU time, which load from other

@@ -2,7 +2,7 @@
 
 import sys
 
-from hpcsweep.preempt import EXIT_INTERRUPTED
+from hpcsweep.train.stop import EXIT_INTERRUPTED
 
 
 def main() -> None:
@@ -11,8 +11,8 @@ def main() -> None:
     A misspelt key is refused before Hydra starts (exit 2); a stopped trial or sweep ends with
     one line saying how to resume it, never a traceback.
     """
-    from hpcsweep.launch.override_keys import check_override_keys
-    from hpcsweep.launch.resume_hint import CommandStopped
+    from hpcsweep.sweep.override_keys import check_override_keys
+    from hpcsweep.sweep.resume_hint import CommandStopped
 
     try:
         check_override_keys(sys.argv[1:])

@@ -15,10 +15,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpcsweep import preempt
 from hpcsweep.config import TrialConfig, resume_config_from_dict
-from hpcsweep.launch.prepare import exit_with_config_error, validate_composed
-from hpcsweep.launch.resume_hint import stopped_command, this_trial
+from hpcsweep.sweep.prepare import exit_with_config_error, validate_composed
+from hpcsweep.sweep.resume_hint import stopped_command, this_trial
+from hpcsweep.train import stop
+from hpcsweep.trial import preempt
 
 log = logging.getLogger("hpcsweep")
 
@@ -51,8 +52,8 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
 
     Runs locally for a single run or a local sweep, and inside each Slurm array task.
     """
-    from hpcsweep.runner import run_trial_on_this_node
-    from hpcsweep.trial_identity import ConfigMismatch
+    from hpcsweep.trial.identity import ConfigMismatch
+    from hpcsweep.trial.runner import run_trial_on_this_node
 
     try:
         trial = validate_composed(cfg)
@@ -61,22 +62,22 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
         exit_with_config_error(err, "the trial did not run")
     trial_dir = Path(HydraConfig.get().runtime.output_dir)
     # A stop signal before the runner's own handlers are in place still stops the trial.
-    with preempt.stop_signals_handled(preempt.STOP_REQUESTED.set):
+    with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
         try:
             return run_trial_on_this_node(with_workers_per_node(trial), trial_dir, force_resume=force)
         except ConfigMismatch as err:
             exit_with_config_error(err, "the trial did not run")
-        except preempt.TrialStopped as stop:
-            raise stopped_command(f"{stop.reason or 'stopped'}: {this_trial()} stopped at step {stop.step} "
-                                  "with a checkpoint", stop.code) from None
-        except preempt.StopAborted as abort:
+        except preempt.TrialStopped as stopped:
+            raise stopped_command(f"{stopped.reason or 'stopped'}: {this_trial()} stopped at step {stopped.step} "
+                                  "with a checkpoint", stopped.code) from None
+        except stop.StopAborted as abort:
             raise stopped_command(f"interrupted again: {this_trial()} left without a checkpoint of this step "
                                   "(its older checkpoints are kept)", abort.code) from None
 
 
 def with_workers_per_node(trial: TrialConfig) -> TrialConfig:
     """The trial with ``trainer.nproc_per_node=auto`` resolved on this node (one worker per GPU)."""
-    from hpcsweep.distributed import resolve_nproc_per_node, visible_cuda_devices
+    from hpcsweep.train.distributed import resolve_nproc_per_node, visible_cuda_devices
 
     nproc = resolve_nproc_per_node(trial.trainer.nproc_per_node, visible_cuda_devices(trial.trainer.device))
     return dataclasses.replace(trial, trainer=dataclasses.replace(trial.trainer, nproc_per_node=nproc))

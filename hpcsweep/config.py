@@ -271,7 +271,7 @@ class TrainerConfig:
 
 @dataclass(kw_only=True)
 class NcclConfig:
-    """The NCCL environment preset a trial runs under (see ``hpcsweep.nccl``)."""
+    """The NCCL environment preset a trial runs under (see ``hpcsweep.trial.nccl``)."""
 
     preset: Literal["a100_ib", "a100_roce", "ethernet", "none", "auto"] = "auto"
     """Which preset of NCCL variables to export; ``auto``: ``a100_ib`` on a node with an InfiniBand
@@ -291,7 +291,7 @@ class NcclConfig:
 
 @dataclass(kw_only=True)
 class TopologyConfig:
-    """How multi-node trials are placed on the switch tree (see ``hpcsweep.topology``)."""
+    """How multi-node trials are placed on the switch tree (see ``hpcsweep.slurm.topology``)."""
 
     mode: Literal["switches", "pin", "off"] = "switches"
     """``switches``: --switches=K@max_wait; ``pin``: an explicit --nodelist; ``off``: no constraint."""
@@ -306,7 +306,7 @@ class TopologyConfig:
 
 @dataclass(kw_only=True)
 class ResumeConfig:
-    """How a run treats a trial dir that already holds a checkpoint (see ``hpcsweep.trial_identity``).
+    """How a run treats a trial dir that already holds a checkpoint (see ``hpcsweep.trial.identity``).
 
     Not part of a trial's config: it says how to start the trial, not how it trains.
     """

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpcsweep.report_data import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
-from hpcsweep.sweep_record import missing_sweep_message
+from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
 
 CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
         args.csv.write_text(render_csv(rows, every_key))
     if args.plot:
-        from hpcsweep.report_plot import plot_sweep  # matplotlib is slow to import
+        from hpcsweep.results.plot import plot_sweep  # matplotlib is slow to import
 
         plot_sweep(rows, sweep.scalars, keys, args.metric, args.top, args.plot)
     return 0

@@ -20,15 +20,15 @@ from typing import Any
 
 import yaml
 
-from hpcsweep.failure import submitit_logs, tail
-from hpcsweep.report_data import (
+from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.results.failure import submitit_logs, tail
+from hpcsweep.results.table import (
     FINAL_STATUSES,
     TrialRow,
     load_sweep,
     resolve_trial_dir,
     swept_keys,
 )
-from hpcsweep.sweep_record import missing_sweep_message
 
 BAR_WIDTH = 20
 LOG_LINES = 30

@@ -1,0 +1,3 @@
+"""Every Slurm command (``commands``) and every pure parser of Slurm text: environment, nodes, partitions,
+topology tree, pending reasons and job states. Shared by the stages; imports only ``hpcsweep.config`` and itself.
+"""

@@ -1,4 +1,4 @@
-"""The three launcher classes: thin shells over ``hpcsweep.launch``."""
+"""The three launcher classes: thin shells over ``hpcsweep.sweep``."""
 
 from __future__ import annotations
 
@@ -22,11 +22,8 @@ class SlurmLauncher(BaseSubmititLauncher):
     _EXECUTOR = "slurm"
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        from hpcsweep.preempt import (
-            MAX_REQUEUES_VAR,
-            STOP_REQUESTED,
-            stop_signals_handled,
-        )
+        from hpcsweep.train.stop import STOP_REQUESTED, stop_signals_handled
+        from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
 
         # The trial's runner enforces the requeue cap and handles the stop signals; submitit's
         # handlers (USR2: requeue and sys.exit at once) are replaced from here on, so a signal
@@ -41,7 +38,7 @@ class SlurmLauncher(BaseSubmititLauncher):
         return result
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from hpcsweep.launch.slurm_launch import launch_on_slurm
+        from hpcsweep.sweep.slurm_submit import launch_on_slurm
 
         assert self.config is not None and self.hydra_context is not None
         return launch_on_slurm(self, job_overrides, initial_job_idx)
@@ -53,7 +50,7 @@ class LocalLauncher(BaseSubmititLauncher):
     _EXECUTOR = "local"
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from hpcsweep.launch.local_launch import launch_locally
+        from hpcsweep.sweep.local_run import launch_locally
 
         assert self.config is not None and self.hydra_context is not None
         return launch_locally(self, job_overrides, initial_job_idx)

@@ -12,7 +12,7 @@ from hydra.errors import HydraException
 
 MULTIRUN_FILE = "multirun.yaml"
 CONFIG_ERROR_EXIT = 2
-"""The exit status of a sweep refused for its config (``hpcsweep.launch.prepare``)."""
+"""The exit status of a sweep refused for its config (``hpcsweep.sweep.prepare``)."""
 
 
 def missing_dirs(path: Path) -> list[Path]:
@@ -75,7 +75,10 @@ class GridSweeper(BasicSweeper):
             raise
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        from hydra_plugins.hpcsweep_plugins.launchers import LocalLauncher, SlurmLauncher
+        from hydra_plugins.hpcsweep_plugins.launchers import (
+            LocalLauncher,
+            SlurmLauncher,
+        )
 
         if isinstance(self.launcher, (LocalLauncher, SlurmLauncher)):
             return

@@ -11,7 +11,15 @@ import sys
 
 import pytest
 
-from .conftest import REPO, all_job_ids, read_json, run_hpcsweep, slurm, wait_for, wait_until_ended
+from .conftest import (
+    REPO,
+    all_job_ids,
+    read_json,
+    run_hpcsweep,
+    slurm,
+    wait_for,
+    wait_until_ended,
+)
 
 
 def queued_job_ids(env: dict[str, str]) -> set[str]:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import SMALL_TRIAL, all_job_ids, read_json, run_hpcsweep, sacct_states, wait_for
+from .conftest import (
+    SMALL_TRIAL,
+    all_job_ids,
+    read_json,
+    run_hpcsweep,
+    sacct_states,
+    wait_for,
+)
 
 METRICS_KEYS = {
     "status", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",

@@ -4,14 +4,14 @@ import os
 
 import pytest
 
-from hpcsweep import preempt
+from hpcsweep.train import stop
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_stop_request():
-    preempt.STOP_REQUESTED.clear()
-    stop_file = os.environ.get(preempt.STOP_FILE_VAR)
+    stop.STOP_REQUESTED.clear()
+    stop_file = os.environ.get(stop.STOP_FILE_VAR)
     yield
-    preempt.STOP_REQUESTED.clear()
+    stop.STOP_REQUESTED.clear()
     if stop_file is None:
-        os.environ.pop(preempt.STOP_FILE_VAR, None)
+        os.environ.pop(stop.STOP_FILE_VAR, None)

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from hpcsweep.sweep_record import (
+from hpcsweep.files.sweep_record import (
     ArrayRecord,
     SweepRecord,
     TrialRecord,

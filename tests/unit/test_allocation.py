@@ -3,7 +3,7 @@
 import pytest
 
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.launch.allocation import (
+from hpcsweep.sweep.allocation import (
     allocation_key,
     check_option_values,
     check_time_limit,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcsweep import train
-from hpcsweep.checkpoint import (
+from hpcsweep.train import worker as train
+from hpcsweep.train.checkpoint import (
     CheckpointError,
     CheckpointManager,
     checkpoint_name,

@@ -13,7 +13,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 import hpcsweep.app  # noqa: F401  (registers the launchers and sweeper)
-from hpcsweep.launch.compose import SweepComposer
+from hpcsweep.sweep.compose import SweepComposer
 
 
 def loader_and_master(*overrides: str):

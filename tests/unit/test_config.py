@@ -36,7 +36,7 @@ def test_bad_values_name_key_value_and_allowed(values, message):
 
 
 def test_nproc_per_node_is_auto_or_a_positive_integer():
-    from hpcsweep.distributed import resolve_nproc_per_node
+    from hpcsweep.train.distributed import resolve_nproc_per_node
 
     assert trial_config_from_dict({}).trainer.nproc_per_node == "auto"
     assert trial_config_from_dict({"trainer": {"nproc_per_node": 4}}).trainer.nproc_per_node == 4

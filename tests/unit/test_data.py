@@ -9,7 +9,14 @@ import numpy as np
 import torch
 
 from hpcsweep.config import DataConfig
-from hpcsweep.data import Corpus, get_batch, load_corpus, markov_corpus, open_token_file, write_token_file
+from hpcsweep.train.data import (
+    Corpus,
+    get_batch,
+    load_corpus,
+    markov_corpus,
+    open_token_file,
+    write_token_file,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 from torch.utils.tensorboard import SummaryWriter
 
-from hpcsweep.event_reader import iter_records, masked_crc32c, read_scalars
+from hpcsweep.results.event_reader import iter_records, masked_crc32c, read_scalars
 
 TAGS = ("train/loss", "val/loss", "train/lr", "perf/tokens_per_s")
 

@@ -5,18 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from tensorboard import context
-from tensorboard.backend.event_processing import data_provider, event_multiplexer, plugin_event_multiplexer
+from tensorboard.backend.event_processing import (
+    data_provider,
+    event_multiplexer,
+    plugin_event_multiplexer,
+)
 from tensorboard.plugins import base_plugin
-from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment, metadata
+from tensorboard.plugins.hparams import (
+    api_pb2,
+    backend_context,
+    get_experiment,
+    metadata,
+)
 
-from hpcsweep.hparams import (
+from hpcsweep.files.tb_runs import trial_run_dir
+from hpcsweep.results.hparams import (
     flatten_config,
     split_override,
     trial_hparams,
     write_trial_hparams,
 )
-from hpcsweep.metrics import TensorBoardLogger
-from hpcsweep.tb_runs import trial_run_dir
+from hpcsweep.train.metrics import TensorBoardLogger
 
 from .sweep_fixtures import make_sweep
 from .tb_fixtures import write_hydra_record

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpcsweep.config import config_keys, mapping_keys
-from hpcsweep.launch.override_keys import check_override_keys, unknown_key_message
-from hpcsweep.launch.resume_hint import resume_command, shown_dir
+from hpcsweep.sweep.override_keys import check_override_keys, unknown_key_message
+from hpcsweep.sweep.resume_hint import resume_command, shown_dir
 from hydra_plugins.hpcsweep_plugins.sweeper import missing_dirs, undo_sweep_dir
 
 

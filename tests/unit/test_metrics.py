@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcsweep.metrics import device_peak_flops, mean_tokens_per_s, mfu, peak_flops
+from hpcsweep.results.table import mean_tokens_per_s
+from hpcsweep.train.metrics import device_peak_flops, mfu, peak_flops
 
 
 @pytest.mark.parametrize(

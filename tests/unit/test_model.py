@@ -7,8 +7,8 @@ import torch
 import yaml
 
 from hpcsweep.config import ModelConfig, build_group
-from hpcsweep.metrics import weights_sha256
-from hpcsweep.model import build_model, flops_per_token, hf_config
+from hpcsweep.train.metrics import weights_sha256
+from hpcsweep.train.model import build_model, flops_per_token, hf_config
 
 torch.set_num_threads(1)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "model"

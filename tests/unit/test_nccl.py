@@ -1,4 +1,4 @@
-"""Tests for hpcsweep.nccl: presets checked against golden files.
+"""Tests for hpcsweep.trial.nccl: presets checked against golden files.
 
 Regenerate the golden files after an intended change, then review the diff:
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hpcsweep.config import NcclConfig
-from hpcsweep.nccl import (
+from hpcsweep.trial.nccl import (
     AUTO_PRESET,
     DEBUG_VARS,
     PRESET_VAR,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpcsweep.config import ModelConfig, TrainerConfig
-from hpcsweep.optim import (
+from hpcsweep.train.optim import (
     EarlyStopping,
     autocast_context,
     build_grad_scaler,

@@ -5,7 +5,6 @@ from dataclasses import asdict
 import pytest
 
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.launch.allocation import allocation_request
 from hpcsweep.slurm.cluster_info import gpus_from_gres, qos_limits_enforced
 from hpcsweep.slurm.partition_limits import (
     AllocationRequest,
@@ -18,6 +17,7 @@ from hpcsweep.slurm.partition_limits import (
     parse_sinfo_partitions,
     parse_time_min,
 )
+from hpcsweep.sweep.allocation import allocation_request
 from hydra_plugins.hpcsweep_plugins.config import SlurmLauncherConf
 
 # `sinfo --all --noheader --format='%P|%D|%c|%m|%G|%l|%s'` on the local cluster (nodes of 64 CPUs,

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from hpcsweep.job_states import needs_nodes, parse_sacct, parse_squeue, with_reasons, with_verdicts
+from hpcsweep.slurm.job_states import (
+    needs_nodes,
+    parse_sacct,
+    parse_squeue,
+    with_reasons,
+    with_verdicts,
+)
 from hpcsweep.slurm.nodes import parse_node_states
-from hpcsweep.slurm.pending import NEVER_CLEARS, PendingReason, never_clears, parse_reason
+from hpcsweep.slurm.pending import (
+    NEVER_CLEARS,
+    PendingReason,
+    never_clears,
+    parse_reason,
+)
 
 # squeue --noheader --array --jobs 70 --format '%i|%T|%N|%r' (Slurm 22.05)
 SQUEUE = """\

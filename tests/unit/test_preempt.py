@@ -8,9 +8,16 @@ import time
 import pytest
 import torch
 
-from hpcsweep import preempt, runner
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.preempt import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED, PREEMPTED, TIME_LIMIT
+from hpcsweep.train import stop
+from hpcsweep.train.stop import (
+    EXIT_INTERRUPTED,
+    EXIT_REQUEUE,
+    INTERRUPTED,
+    PREEMPTED,
+    TIME_LIMIT,
+)
+from hpcsweep.trial import preempt, runner
 
 from .trial_dirs import trial_config
 
@@ -21,13 +28,13 @@ torch.set_num_threads(1)
     ("signum", "reason"), [(signal.SIGUSR2, TIME_LIMIT), (signal.SIGTERM, PREEMPTED), (signal.SIGINT, INTERRUPTED)]
 )
 def test_each_stop_signal_has_its_reason(signum, reason):
-    assert preempt.stop_reason(signum) == reason
+    assert stop.stop_reason(signum) == reason
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGHUP, 9999])
 def test_other_signals_are_not_stops(signum):
     with pytest.raises(ValueError, match="not a stop signal"):
-        preempt.stop_reason(signum)
+        stop.stop_reason(signum)
 
 
 def test_the_cap_comes_from_the_environment():
@@ -94,18 +101,18 @@ def test_what_follows_a_stop(reason, requeues, cap, under_slurm, action):
 
 
 def test_the_first_stop_reason_wins_until_cleared():
-    stop = preempt.StopRequest()
-    stop.set(TIME_LIMIT)
-    stop.set(PREEMPTED)
-    assert stop.is_set() and stop.reason == TIME_LIMIT and stop.requested_at is not None
-    stop.clear()
-    assert not stop.is_set() and stop.reason is None and stop.requested_at is None
+    request = stop.StopRequest()
+    request.set(TIME_LIMIT)
+    request.set(PREEMPTED)
+    assert request.is_set() and request.reason == TIME_LIMIT and request.requested_at is not None
+    request.clear()
+    assert not request.is_set() and request.reason is None and request.requested_at is None
 
 
 def test_a_real_signal_calls_the_handler_and_the_old_handler_comes_back():
     before = signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGINT)
     got = []
-    with preempt.stop_signals_handled(got.append):
+    with stop.stop_signals_handled(got.append):
         os.kill(os.getpid(), signal.SIGUSR2)
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGINT)
@@ -116,8 +123,8 @@ def test_a_real_signal_calls_the_handler_and_the_old_handler_comes_back():
 def test_a_second_ctrl_c_aborts_without_keyboard_interrupt():
     before = signal.getsignal(signal.SIGINT)
     got = []
-    with pytest.raises(preempt.StopAborted) as info:
-        with preempt.stop_signals_handled(got.append):
+    with pytest.raises(stop.StopAborted) as info:
+        with stop.stop_signals_handled(got.append):
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGINT)
@@ -131,11 +138,11 @@ def test_a_signal_blocked_in_a_thread_reaches_the_main_thread():
     entered, release = threading.Event(), threading.Event()
 
     def blocked_thread():
-        with preempt.stop_signals_blocked():
+        with stop.stop_signals_blocked():
             entered.set()
             release.wait(10)
 
-    with preempt.stop_signals_handled(got.append):
+    with stop.stop_signals_handled(got.append):
         thread = threading.Thread(target=blocked_thread)
         thread.start()
         assert entered.wait(10)
@@ -149,15 +156,15 @@ def test_a_signal_blocked_in_a_thread_reaches_the_main_thread():
 
 
 def test_the_stop_file_hook_sets_the_stop_with_its_reason(tmp_path):
-    path = preempt.stop_file_for(tmp_path, 1)
-    stop = preempt.StopRequest()
-    (hook,) = preempt.stop_file_hooks({preempt.STOP_FILE_VAR: str(path)}, stop)
+    path = stop.stop_file_for(tmp_path, 1)
+    request = stop.StopRequest()
+    (hook,) = stop.stop_file_hooks({stop.STOP_FILE_VAR: str(path)}, request)
     hook(None, 1)
-    assert not stop.is_set()
-    preempt.write_stop_file(path, PREEMPTED)
+    assert not request.is_set()
+    stop.write_stop_file(path, PREEMPTED)
     hook(None, 2)
-    assert stop.reason == PREEMPTED
-    assert preempt.stop_file_hooks({}, stop) == []
+    assert request.reason == PREEMPTED
+    assert stop.stop_file_hooks({}, request) == []
 
 
 def test_requeued_passes_through_except_exception():
@@ -183,7 +190,7 @@ def small_trial():
 def test_a_signal_to_a_local_in_process_trial_saves_and_marks_it_stopped(tmp_path, monkeypatch, signum, reason, code):
     trial_dir = tmp_path / "trial"
     # The hook stands in for the signal arriving mid-run: a real signal to this process.
-    monkeypatch.setattr(preempt, "stop_file_hooks", lambda env, stop: [
+    monkeypatch.setattr(stop, "stop_file_hooks", lambda env, stop: [
         lambda trainer, step: os.kill(os.getpid(), signum) if step == 3 else None
     ])
     with pytest.raises(preempt.TrialStopped) as info:
@@ -192,14 +199,14 @@ def test_a_signal_to_a_local_in_process_trial_saves_and_marks_it_stopped(tmp_pat
     metrics = runner.read_metrics(trial_dir)
     assert (metrics["status"], metrics["step"], metrics["last_stop_reason"]) == ("stopped", 3, reason)
     assert metrics["stop_to_exit_s"] < 30
-    assert not preempt.STOP_REQUESTED.is_set()
+    assert not stop.STOP_REQUESTED.is_set()
 
 
 def test_a_slurm_time_limit_signal_leaves_for_requeue(tmp_path, monkeypatch):
     trial_dir = tmp_path / "trial"
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(runner.free_port())}
-    monkeypatch.setattr(preempt, "stop_file_hooks", lambda env, stop: [
+    monkeypatch.setattr(stop, "stop_file_hooks", lambda env, stop: [
         lambda trainer, step: os.kill(os.getpid(), signal.SIGUSR2) if step == 3 else None
     ])
     monkeypatch.setattr(preempt, "requeue_job", lambda label: None)  # covered by tests/cluster

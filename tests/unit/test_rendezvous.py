@@ -1,8 +1,8 @@
-"""Tests for hpcsweep.rendezvous: literal Slurm environments, no Slurm needed."""
+"""Tests for hpcsweep.trial.rendezvous: literal Slurm environments, no Slurm needed."""
 
 import pytest
 
-from hpcsweep.rendezvous import (
+from hpcsweep.trial.rendezvous import (
     DEFAULT_LOCAL_PORT,
     PORT_MAX,
     PORT_MIN,

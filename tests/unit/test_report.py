@@ -8,12 +8,12 @@ import io
 import pytest
 
 from hpcsweep import report
-from hpcsweep.failure import OOM_ADVICE, summarize_error
-from hpcsweep.job_states import JobState, expand_task_ids, parse_sacct
-from hpcsweep.event_reader import ScalarSeries
-from hpcsweep.report_data import TrialRow, load_sweep, sort_rows, trial_status
-from hpcsweep.report_plot import sweep_figure, wants_log_axis
+from hpcsweep.results.event_reader import ScalarSeries
+from hpcsweep.results.failure import OOM_ADVICE, summarize_error
+from hpcsweep.results.plot import sweep_figure, wants_log_axis
+from hpcsweep.results.table import TrialRow, load_sweep, sort_rows, trial_status
 from hpcsweep.slurm.cluster_info import gpus_from_tres
+from hpcsweep.slurm.job_states import JobState, expand_task_ids, parse_sacct
 
 from .sweep_fixtures import make_sweep, metrics
 from .tb_fixtures import log_scalars, write_hydra_record

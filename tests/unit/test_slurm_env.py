@@ -2,7 +2,12 @@
 
 import pytest
 
-from hpcsweep.slurm.env import SLURM_ENV_VARS, SlurmJobEnv, expand_nodelist, slurm_job_env
+from hpcsweep.slurm.env import (
+    SLURM_ENV_VARS,
+    SlurmJobEnv,
+    expand_nodelist,
+    slurm_job_env,
+)
 
 # Expected values checked against `scontrol show hostnames` (Slurm 22.05).
 NODELISTS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcsweep import status
-from hpcsweep.job_states import parse_squeue
+from hpcsweep.slurm.job_states import parse_squeue
 from hpcsweep.slurm.pending import NEVER_CLEARS
 from hpcsweep.status import eta_seconds, format_duration, progress_bar, tokens_per_step
 

@@ -1,7 +1,13 @@
 """sweep.json round trip and the cluster-info parsers."""
 
+from hpcsweep.files.sweep_record import (
+    ArrayRecord,
+    SweepRecord,
+    TrialRecord,
+    read_sweep_record,
+    write_sweep_record,
+)
 from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_node_address
-from hpcsweep.sweep_record import ArrayRecord, SweepRecord, TrialRecord, read_sweep_record, write_sweep_record
 
 
 def test_sweep_record_round_trips(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcsweep.tb_runs import (
+from hpcsweep.files.tb_runs import (
     MAX_RUN_NAME,
     events_dir,
     recorded_override_dirname,

@@ -1,4 +1,4 @@
-"""Tests for hpcsweep.topology: literal scontrol output, brute-force optimality, no Slurm needed."""
+"""Tests for hpcsweep.slurm.topology: literal scontrol output, brute-force optimality, no Slurm needed."""
 
 import itertools
 import random
@@ -7,19 +7,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcsweep import topology_cli
+from hpcsweep import topology as topology_cli
 from hpcsweep.config import TopologyConfig
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_fields, parse_max_switch_wait
 from hpcsweep.slurm.nodes import NodeState, parse_node_states
-from hpcsweep.topology import (
+from hpcsweep.slurm.topology import (
     capped_max_wait_min,
     choose_nodes,
     fewest_switches,
     parse_topology,
     topology_sbatch_options,
 )
-from hpcsweep.topology_cli import describe
+from hpcsweep.topology import describe
 
 # Captured from the local test cluster (scripts/slurm-cluster up, Slurm 22.05.8).
 LOCAL_TOPOLOGY = """\

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hpcsweep import train
+from hpcsweep.train import worker as train
 
 from .trial_dirs import make_trial_dir, read_metrics
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcsweep import train
-from hpcsweep.data import write_token_file
+from hpcsweep.train import worker as train
+from hpcsweep.train.data import write_token_file
 
 from .trial_dirs import make_trial_dir, read_metrics
 

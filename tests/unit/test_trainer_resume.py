@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcsweep import train
+from hpcsweep.train import worker as train
 
 from .trial_dirs import make_trial_dir, read_metrics
 

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from hpcsweep.config import ResumeConfig, trial_config_from_dict, trial_config_to_dict
-from hpcsweep.launch.prepare import PreparedTrial, SweepConfigError, check_resumes
-from hpcsweep.trial_identity import ConfigMismatch, check_resume, config_differences
+from hpcsweep.sweep.prepare import PreparedTrial, SweepConfigError, check_resumes
+from hpcsweep.trial.identity import ConfigMismatch, check_resume, config_differences
 
 from .trial_dirs import trial_config
 

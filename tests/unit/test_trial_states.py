@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpcsweep.job_states import JobState, parse_sacct
-from hpcsweep.report_data import load_sweep, trial_status
+from hpcsweep.results.table import load_sweep, trial_status
+from hpcsweep.slurm.job_states import JobState, parse_sacct
 
 from .sweep_fixtures import make_sweep, metrics
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,14 +19,20 @@ from typing import Any
 
 import yaml
 
-from hpcsweep.event_reader import ScalarSeries, read_scalars
-from hpcsweep.failure import summarize_error, trial_error_text
-from hpcsweep.hparams import split_override
-from hpcsweep.job_states import JobState, query_job_states
-from hpcsweep.metrics import mean_tokens_per_s, read_metrics
+from hpcsweep.files.metrics_file import read_metrics
+from hpcsweep.files.sweep_record import (
+    SWEEP_FILE,
+    ArrayRecord,
+    SweepRecord,
+    TrialRecord,
+    read_sweep_record,
+)
+from hpcsweep.files.tb_runs import events_dir
+from hpcsweep.results.event_reader import ScalarSeries, read_scalars
+from hpcsweep.results.failure import summarize_error, trial_error_text
+from hpcsweep.results.hparams import split_override
 from hpcsweep.slurm.commands import SlurmCommandError
-from hpcsweep.sweep_record import SWEEP_FILE, ArrayRecord, SweepRecord, TrialRecord, read_sweep_record
-from hpcsweep.tb_runs import events_dir
+from hpcsweep.slurm.job_states import JobState, query_job_states
 
 FINAL_STATUSES = ("completed", "stopped_early", "failed", "cancelled", "stopped")
 """Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
@@ -61,7 +68,7 @@ class TrialRow:
     tokens_per_s: float | None = None
     """The latest logged window's throughput (metrics.json's ``tokens_per_s``)."""
     mean_tokens_per_s: float | None = None
-    """Throughput over the whole run, every attempt (:func:`hpcsweep.metrics.mean_tokens_per_s`)."""
+    """Throughput over the whole run, every attempt (:func:`mean_tokens_per_s`)."""
     restarts: int | None = None
     gpu_hours: float | None = None
     world_size: int | None = None
@@ -84,6 +91,20 @@ class SweepData:
     scalars: dict[int, dict[str, ScalarSeries]] = field(default_factory=dict)
     slurm_error: str | None = None
     """Why Slurm states are missing (accounting unreachable), if they are."""
+
+
+def mean_tokens_per_s(window_rates: Sequence[float]) -> float | None:
+    """The trial's mean throughput from its ``perf/tokens_per_s`` points; None without any.
+
+    Each point is the rate of one window of ``trainer.log_every`` steps, and every full window
+    holds the same number of tokens, so total tokens over total time is the harmonic mean of the
+    rates (the arithmetic mean would let a fast window count as much as a slow one that took
+    longer). The first window after a start or resume and the last one may be shorter; they count
+    as full ones. Points from every attempt of a resumed trial are in its events, so the mean
+    covers the whole run.
+    """
+    rates = [rate for rate in window_rates if rate > 0 and math.isfinite(rate)]
+    return statistics.harmonic_mean(rates) if rates else None
 
 
 def override_values(overrides: Sequence[str]) -> dict[str, str]:

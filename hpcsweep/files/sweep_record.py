@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpcsweep.fileio import atomic_write_json
+from hpcsweep.files.atomic import atomic_write_json
 
 SWEEP_FILE = "sweep.json"
 TRIAL_FILES = ("metrics.json", "config.yaml", "environment.json")

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsweep.event_reader import ScalarSeries
-from hpcsweep.report_data import TrialRow
+from hpcsweep.results.event_reader import ScalarSeries
+from hpcsweep.results.table import TrialRow
 
 LOG_SPAN = 10.0
 """A numeric parameter whose values are all > 0 and span at least this factor (max/min) is

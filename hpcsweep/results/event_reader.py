@@ -29,6 +29,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2, tensor_pb2, types_pb2
 
+from hpcsweep.files.tb_runs import event_files
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<QI")
@@ -216,11 +218,6 @@ def _parse_file_version(text: str) -> float:
         return float(text.rsplit(":", 1)[-1])
     except ValueError:
         return 0.0
-
-
-def event_files(run_dir: Path) -> list[Path]:
-    """The event files directly in ``run_dir``, in the order TensorBoard reads them."""
-    return sorted(p for p in run_dir.glob("*tfevents*") if p.is_file())
 
 
 def read_scalars(run_dir: str | Path) -> dict[str, ScalarSeries]:

@@ -5,7 +5,7 @@ trainer, resume, train, close. The same entry runs as one plain process (world s
 ``torchrun --nproc-per-node=K``, and across nodes.
 
 Stops: as a torchrun worker (``main``), USR2, SIGTERM and SIGINT (a terminal's Ctrl-C reaches
-every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.preempt``), and so does this node's stop file, which the runner writes when it is
+every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.trial.preempt``), and so does this node's stop file, which the runner writes when it is
 signalled. Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k,
 exactly as a preemption signal handler would, so tests exercise the real save-and-requeue path.
 """
@@ -22,16 +22,17 @@ from pathlib import Path
 
 import yaml
 
-from hpcsweep import metrics, preempt
-from hpcsweep.checkpoint import trial_already_done
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.distributed import (
+from hpcsweep.files import metrics_file
+from hpcsweep.train import stop
+from hpcsweep.train.checkpoint import trial_already_done
+from hpcsweep.train.distributed import (
     barrier,
     destroy_distributed,
     init_distributed,
     ranks_from_env,
 )
-from hpcsweep.trainer import (
+from hpcsweep.train.trainer import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_REQUEUE,
@@ -63,7 +64,7 @@ def run_trial(trial_dir: Path) -> int:
     rank = ranks_from_env(os.environ)[0]
     setup_logging(trial_dir, rank)
     cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
-    previous = metrics.read_metrics(trial_dir / "metrics.json")
+    previous = metrics_file.read_metrics(trial_dir / "metrics.json")
     if trial_already_done(trial_dir, previous):
         log.info("trial in %s is already %s: nothing to do", trial_dir, previous["status"])
         return EXIT_OK
@@ -71,7 +72,7 @@ def run_trial(trial_dir: Path) -> int:
     trainer = None
     restarts = previous["restarts"] + 1 if previous else 0
     try:
-        hooks = [*stop_at_step_hooks(os.environ), *preempt.stop_file_hooks(os.environ, STOP_REQUESTED)]
+        hooks = [*stop_at_step_hooks(os.environ), *stop.stop_file_hooks(os.environ, STOP_REQUESTED)]
         trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts)
         # Why and how fast the last run stopped stays on record after the resume.
         trainer.report.update({k: previous[k] for k in STOP_RECORD if previous and k in previous})
@@ -85,11 +86,11 @@ def run_trial(trial_dir: Path) -> int:
     except Exception:
         log.exception("trial failed")
         if world.rank == 0:
-            report = trainer.report if trainer else metrics.new_report(
+            report = trainer.report if trainer else metrics_file.new_report(
                 max_steps=cfg.trainer.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
             )
             error = traceback.format_exc().splitlines()[-20:]
-            metrics.write_metrics(trial_dir / "metrics.json", {**report, "status": "failed", "error": error})
+            metrics_file.write_metrics(trial_dir / "metrics.json", {**report, "status": "failed", "error": error})
         return EXIT_FAILED
     finally:
         if trainer is not None:
@@ -115,12 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.train", description=__doc__.splitlines()[0])
     parser.add_argument("trial_dir", type=Path, help="directory holding config.yaml")
     args = parser.parse_args(argv)
-    with preempt.stop_signals_handled(STOP_REQUESTED.set):
+    with stop.stop_signals_handled(STOP_REQUESTED.set):
         # The runner starts workers with the stop signals blocked: one that came during imports
         # is delivered here, to the handler.
-        preempt.unblock_stop_signals()
+        stop.unblock_stop_signals()
         return run_trial(args.trial_dir)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""What a trial reports: TensorBoard scalars in its run dir (``hpcsweep.tb_runs``) and ``metrics.json``.
+"""What a trial reports: TensorBoard scalars in its run dir (``hpcsweep.files.tb_runs``) and ``metrics.json``.
 
 Loggers follow torchtitan: a no-op base, a small TensorBoard logger, and ``build_logger`` that picks
 one by a pure "which rank logs" rule. Tags are fixed (``TAGS``) so sweeps compare across trials;
@@ -8,22 +8,14 @@ one by a pure "which rank logs" rule. Tags are fixed (``TAGS``) so sweeps compar
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import re
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from hpcsweep.fileio import atomic_write_json
-from hpcsweep.sweep_record import now_iso
-
 TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
-STATUSES = ("running", "completed", "failed", "stopped_early", "stopped")
 
 
 @dataclass(frozen=True)
@@ -133,54 +125,3 @@ def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def mean_tokens_per_s(window_rates: Sequence[float]) -> float | None:
-    """The trial's mean throughput from its ``perf/tokens_per_s`` points; None without any.
-
-    Each point is the rate of one window of ``trainer.log_every`` steps, and every full window
-    holds the same number of tokens, so total tokens over total time is the harmonic mean of the
-    rates (the arithmetic mean would let a fast window count as much as a slow one that took
-    longer). The first window after a start or resume and the last one may be shorter; they count
-    as full ones. Points from every attempt of a resumed trial are in its events, so the mean
-    covers the whole run.
-    """
-    rates = [rate for rate in window_rates if rate > 0 and math.isfinite(rate)]
-    return statistics.harmonic_mean(rates) if rates else None
-
-
-def read_metrics(path: Path) -> dict[str, Any] | None:
-    """The metrics.json of a trial, or None when there is none (or it is unreadable)."""
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def new_report(*, max_steps: int, world_size: int, restarts: int, env: Mapping[str, str]) -> dict[str, Any]:
-    """The metrics.json fields of a trial that has not reported anything yet."""
-    return {
-        "status": "running",
-        "step": 0,
-        "max_steps": max_steps,
-        "train_loss": None,
-        "val_loss": None,
-        "best_val_loss": None,
-        "lr": None,
-        "grad_norm": None,
-        "tokens_per_s": None,
-        "mfu": None,
-        "restarts": restarts,
-        "slurm_restart_count": int(env.get("SLURM_RESTART_COUNT", "0")),
-        "world_size": world_size,
-        "nodes": [],
-        "ranks": [],
-        "started_at": now_iso(),
-        "weights_sha256": None,
-        "error": None,
-    }
-
-
-def write_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
-    """Rewrite metrics.json with ``metrics`` and a fresh ``updated_at``."""
-    if metrics["status"] not in STATUSES:
-        raise ValueError(f"status={metrics['status']!r} is not one of {STATUSES}")
-    atomic_write_json(path, {**metrics, "updated_at": now_iso()})

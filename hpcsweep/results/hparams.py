@@ -1,6 +1,6 @@
 """TensorBoard HParams for a sweep: each trial's swept parameters, written when the trial starts.
 
-``tensorboard --logdir SWEEP_DIR`` shows each trial's run dir (``hpcsweep.tb_runs``) as a run. Each
+``tensorboard --logdir SWEEP_DIR`` shows each trial's run dir (``hpcsweep.files.tb_runs``) as a run. Each
 run gets one small event file (``*.hparams``) holding the session start: this trial's values of its
 override keys, so running trials are listed too. The metrics are the runs' ordinary scalar tags;
 the dashboard shows each one's latest value.

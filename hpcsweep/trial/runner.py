@@ -3,9 +3,9 @@
 Every node of a trial's allocation runs this once. A 1-node, 1-process trial trains in this
 process; anything larger starts a torchrun elastic agent (c10d rendezvous) for
 ``hpcsweep.train``, whose workers' failures become this trial's failure. Stop signals
-(time limit, preemption, Ctrl-C) are handled here while the trial runs: see ``hpcsweep.preempt``.
+(time limit, preemption, Ctrl-C) are handled here while the trial runs: see ``hpcsweep.trial.preempt``.
 A trial dir that holds a checkpoint resumes, only under the training config it was trained with
-(see ``hpcsweep.trial_identity``); a trial that has ended is not trained again.
+(see ``hpcsweep.trial.identity``); a trial that has ended is not trained again.
 """
 
 from __future__ import annotations
@@ -26,18 +26,19 @@ from typing import Any
 
 import yaml
 
-from hpcsweep import preempt
-from hpcsweep.checkpoint import trial_already_done
 from hpcsweep.config import TrialConfig, trial_config_to_dict
-from hpcsweep.fileio import atomic_write_json, atomic_write_text
-from hpcsweep.metrics import write_metrics
-from hpcsweep.nccl import list_ib_devices, nccl_env
-from hpcsweep.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
+from hpcsweep.files.atomic import atomic_write_json, atomic_write_text
+from hpcsweep.files.metrics_file import write_metrics
+from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
-from hpcsweep.sweep_record import now_iso
-from hpcsweep.trial_identity import CONFIG_FILE, check_resume, differences_text
+from hpcsweep.train import stop
+from hpcsweep.train.checkpoint import trial_already_done
+from hpcsweep.trial import preempt
+from hpcsweep.trial.identity import CONFIG_FILE, check_resume, differences_text
+from hpcsweep.trial.nccl import list_ib_devices, nccl_env
+from hpcsweep.trial.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) ->
 
     The agent runs in a thread: torch installs its own SIGTERM handler when started from the main
     thread, and the main thread's stop handlers must stay. The thread blocks the stop signals, so
-    the workers start with them blocked (see ``preempt.stop_signals_blocked``). The workers inherit
+    the workers start with them blocked (see ``stop.stop_signals_blocked``). The workers inherit
     ``OMP_NUM_THREADS=threads`` unless ``threads`` is None.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -203,7 +204,7 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) ->
     outcome: list[ProcessesResult | BaseException] = []
 
     def agent() -> None:
-        with preempt.stop_signals_blocked():
+        with stop.stop_signals_blocked():
             try:
                 elastic_launch(config, sys.executable)("-u", "-m", "hpcsweep.train", str(trial_dir))
                 outcome.append(ProcessesResult([0] * rdzv.nproc_per_node))
@@ -234,7 +235,7 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) ->
 
 def run_in_process(trial_dir: Path) -> ProcessesResult:
     """The fast path: a 1-node, 1-process trial trains here, without an agent."""
-    from hpcsweep.train import run_trial
+    from hpcsweep.train.worker import run_trial
 
     code = run_trial(trial_dir)
     return ProcessesResult([code], "" if code == 0 else f"training exited with code {code}")
@@ -247,7 +248,7 @@ def fail_trial(trial_dir: Path, metrics: dict[str, Any], error: str) -> None:
 
 
 def after_stop(
-    trial_dir: Path, job: SlurmJobEnv | None, node_rank: int, cap: int | None, stop: preempt.StopRequest
+    trial_dir: Path, job: SlurmJobEnv | None, node_rank: int, cap: int | None, stop: stop.StopRequest
 ) -> None:
     """Finish a checkpointed stop: record it, then requeue, leave it to Slurm, or fail the trial.
 
@@ -333,33 +334,33 @@ def run_trial_on_this_node(
             fail_trial(trial_dir, read_metrics(trial_dir), over_cap)
         raise TrialFailed(over_cap)
 
-    stop_file = preempt.stop_file_for(trial_dir, rdzv.node_rank)
+    stop_file = stop.stop_file_for(trial_dir, rdzv.node_rank)
     stop_file.unlink(missing_ok=True)
-    os.environ[preempt.STOP_FILE_VAR] = str(stop_file)
+    os.environ[stop.STOP_FILE_VAR] = str(stop_file)
     # The trainer clears STOP_REQUESTED once it has acted; ``signalled`` keeps the reason and time.
-    signalled = preempt.StopRequest()
+    signalled = stop.StopRequest()
 
     def on_stop(reason: str) -> None:
         log.warning("trial %s: stop signal (%s): finishing the step, then checkpoint", trial_dir, reason)
         signalled.set(reason)
-        preempt.STOP_REQUESTED.set(reason)
-        preempt.write_stop_file(stop_file, reason)
+        stop.STOP_REQUESTED.set(reason)
+        stop.write_stop_file(stop_file, reason)
 
-    with preempt.stop_signals_handled(on_stop):
-        if preempt.STOP_REQUESTED.reason:  # signalled during start-up, before these handlers
-            on_stop(preempt.STOP_REQUESTED.reason)
+    with stop.stop_signals_handled(on_stop):
+        if stop.STOP_REQUESTED.reason:  # signalled during start-up, before these handlers
+            on_stop(stop.STOP_REQUESTED.reason)
         try:
             if rdzv.nnodes == 1 and rdzv.nproc_per_node == 1:
                 result = run_in_process(trial_dir)
             else:
                 threads = worker_threads(env, rdzv.nproc_per_node, len(os.sched_getaffinity(0)))
                 result = run_elastic_agent(rdzv, trial_dir, threads)
-        except preempt.StopAborted:
+        except stop.StopAborted:
             record_abort(trial_dir, rdzv.node_rank)
             raise
         finally:
             # A signal after the last step must not stop the next trial of this process.
-            preempt.STOP_REQUESTED.clear()
+            stop.STOP_REQUESTED.clear()
         metrics = read_metrics(trial_dir)
         outcome = preempt.classify_exit(result.exit_codes, metrics.get("status"))
         if outcome == "stopped":

@@ -19,14 +19,17 @@ from pathlib import Path
 
 import yaml
 
-from hpcsweep.event_reader import event_files
-
 TB_DIR = "tb"
 HYDRA_FILE = Path(".hydra") / "hydra.yaml"
 MAX_RUN_NAME = 200
 """Longest run name in characters (ASCII, so bytes): room for a dozen overrides, below the 255 a name may have."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+\-]")
 _HASH_CHARS = 8
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    """The event files directly in ``run_dir``, in the order TensorBoard reads them."""
+    return sorted(p for p in run_dir.glob("*tfevents*") if p.is_file())
 
 
 def run_name(override_dirname: str) -> str:

@@ -1,7 +1,7 @@
 """Process-group setup from the torchrun environment, and the few collectives the trainer needs.
 
 The rendezvous itself (MASTER_ADDR and friends from SLURM_*) is computed elsewhere
-(``hpcsweep.rendezvous``); this module only reads what torchrun exported. Without torchrun the
+(``hpcsweep.trial.rendezvous``); this module only reads what torchrun exported. Without torchrun the
 same code runs as one process with world size 1 and no process group.
 """
 

@@ -1,7 +1,7 @@
 """Checkpoints: one plain dict per file, written atomically, kept as ``newest + top-k``.
 
 A checkpoint holds the model, optimizer, scheduler and scaler state, the step (which is also the
-sampler's position, see ``hpcsweep.data``), early-stopping state, and every rank's RNG state. RNG
+sampler's position, see ``hpcsweep.train.data``), early-stopping state, and every rank's RNG state. RNG
 states are stored as tensors and ints so ``torch.load(weights_only=True)`` can read them: a file
 that needs any other pickled object is refused.
 """

@@ -1,7 +1,7 @@
 """Compose and validate every trial of a sweep before anything runs or is submitted.
 
 A trial whose dir already holds a checkpoint is checked against the config it was trained with
-(``hpcsweep.trial_identity``), every trial before any runs: a bad resume fails at once.
+(``hpcsweep.trial.identity``), every trial before any runs: a bad resume fails at once.
 """
 
 from __future__ import annotations
@@ -15,9 +15,19 @@ from typing import Any, NoReturn
 from hydra.core.utils import filter_overrides
 from omegaconf import DictConfig, OmegaConf
 
-from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict, trial_config_from_dict
-from hpcsweep.launch.compose import SweepComposer
-from hpcsweep.trial_identity import ConfigMismatch, differences_text, mismatch_message, resume_differences
+from hpcsweep.config import (
+    ResumeConfig,
+    TrialConfig,
+    resume_config_from_dict,
+    trial_config_from_dict,
+)
+from hpcsweep.sweep.compose import SweepComposer
+from hpcsweep.trial.identity import (
+    ConfigMismatch,
+    differences_text,
+    mismatch_message,
+    resume_differences,
+)
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcsweep import data, hparams, metrics, model, optim, tb_runs
-from hpcsweep.checkpoint import (
+from hpcsweep.config import TrialConfig
+from hpcsweep.files import metrics_file, tb_runs
+from hpcsweep.results import hparams
+from hpcsweep.train import data, metrics, model, optim
+from hpcsweep.train.checkpoint import (
     CheckpointManager,
     load_checkpoint_file,
     rng_state,
     set_rng_state,
 )
-from hpcsweep.config import TrialConfig
-from hpcsweep.distributed import (
+from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,
     any_rank,
@@ -37,7 +39,7 @@ from hpcsweep.distributed import (
     mean_over_ranks,
     node_name,
 )
-from hpcsweep.preempt import EXIT_REQUEUE, STOP_REQUESTED, StopRequest
+from hpcsweep.train.stop import EXIT_REQUEUE, STOP_REQUESTED, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class Trainer:
         self.peak_flops = metrics.device_peak_flops(world.device, tcfg.precision)
         self.step = 0
         self.val_loss: float | None = None
-        self.report = metrics.new_report(
+        self.report = metrics_file.new_report(
             max_steps=tcfg.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
         )
         me = {"rank": world.rank, "local_rank": world.local_rank, "node": node_name(os.environ), "pid": os.getpid()}
@@ -281,7 +283,7 @@ class Trainer:
         """Rewrite metrics.json (rank 0 only)."""
         if self.is_writer:
             self.report.update(step=self.step, **extra)
-            metrics.write_metrics(self.trial_dir / "metrics.json", self.report)
+            metrics_file.write_metrics(self.trial_dir / "metrics.json", self.report)
 
     def close(self) -> None:
         """Flush and close the logger (safe to call twice)."""

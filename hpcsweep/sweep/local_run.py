@@ -15,10 +15,7 @@ from typing import Any
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.utils import JobReturn
 
-from hpcsweep import preempt
-from hpcsweep.launch.prepare import PreparedTrial, exit_with_config_error, prepare_trials
-from hpcsweep.launch.resume_hint import stopped_command
-from hpcsweep.sweep_record import (
+from hpcsweep.files.sweep_record import (
     SWEEP_FILE,
     SweepRecord,
     TrialRecord,
@@ -26,6 +23,9 @@ from hpcsweep.sweep_record import (
     read_sweep_record,
     write_sweep_record,
 )
+from hpcsweep.sweep.prepare import PreparedTrial, exit_with_config_error, prepare_trials
+from hpcsweep.sweep.resume_hint import stopped_command
+from hpcsweep.train import stop
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def previous_record(sweep_dir: Path) -> SweepRecord | None:
 
 def log_resume_state(trials: Sequence[PreparedTrial]) -> None:
     """Say which trials of a resumed sweep have ended and which resume, before anything runs."""
-    from hpcsweep.metrics import read_metrics
+    from hpcsweep.files.metrics_file import read_metrics
 
     for trial in trials:
         metrics = read_metrics(trial.trial_dir / "metrics.json")
@@ -86,11 +86,11 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     basic.setup(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=launcher.config)
     returns: list[JobReturn] = []
     # Between trials no runner handles the stop signals: a signal then stops the sweep here.
-    with preempt.stop_signals_handled(preempt.STOP_REQUESTED.set):
+    with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
         for trial in trials:
-            reason = preempt.STOP_REQUESTED.reason
+            reason = stop.STOP_REQUESTED.reason
             if reason:
-                code = preempt.EXIT_INTERRUPTED if reason == preempt.INTERRUPTED else preempt.EXIT_REQUEUE
+                code = stop.EXIT_INTERRUPTED if reason == stop.INTERRUPTED else stop.EXIT_REQUEUE
                 raise stopped_command(f"{reason}: trial #{trial.num} was not started", code)
             returns.extend(basic.launch([trial.overrides], trial.num))
     return returns

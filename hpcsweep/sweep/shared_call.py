@@ -16,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 
-from hpcsweep.fileio import atomic_write_bytes
+from hpcsweep.files.atomic import atomic_write_bytes
 
 LAUNCHER_FILE = "launcher.pkl"
 

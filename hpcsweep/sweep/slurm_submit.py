@@ -10,22 +10,19 @@ from typing import Any
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus
 
-from hpcsweep.launch.allocation import (
-    allocation_key,
-    allocation_request,
-    check_option_values,
-    check_time_limit,
-    chunk,
-    executor_parameters,
+from hpcsweep.files.sweep_record import (
+    ArrayRecord,
+    SweepRecord,
+    TrialRecord,
+    now_iso,
+    write_sweep_record,
 )
-from hpcsweep.launch.prepare import (
-    PreparedTrial,
-    exit_with_config_error,
-    prepare_trials,
-)
-from hpcsweep.launch.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.slurm import commands
-from hpcsweep.slurm.cluster_info import parse_max_array_size, parse_max_switch_wait, qos_limits_enforced
+from hpcsweep.slurm.cluster_info import (
+    parse_max_array_size,
+    parse_max_switch_wait,
+    qos_limits_enforced,
+)
 from hpcsweep.slurm.nodes import parse_node_states
 from hpcsweep.slurm.partition_limits import (
     QOS_FIELDS,
@@ -35,14 +32,25 @@ from hpcsweep.slurm.partition_limits import (
     parse_qos_limits,
     parse_sinfo_partitions,
 )
-from hpcsweep.sweep_record import (
-    ArrayRecord,
-    SweepRecord,
-    TrialRecord,
-    now_iso,
-    write_sweep_record,
+from hpcsweep.slurm.topology import (
+    capped_max_wait_min,
+    parse_topology,
+    topology_sbatch_options,
 )
-from hpcsweep.topology import capped_max_wait_min, parse_topology, topology_sbatch_options
+from hpcsweep.sweep.allocation import (
+    allocation_key,
+    allocation_request,
+    check_option_values,
+    check_time_limit,
+    chunk,
+    executor_parameters,
+)
+from hpcsweep.sweep.prepare import (
+    PreparedTrial,
+    exit_with_config_error,
+    prepare_trials,
+)
+from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,0 @@
-"""What the Hydra launchers do: validate every trial, then run or submit them."""

@@ -1,0 +1,154 @@
+"""The package layout follows the data flow: imports run one way, with no cycle, and the login
+node's commands import no torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "hpcsweep"
+PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
+
+STAGES = ("sweep", "trial", "train", "results")
+"""The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
+SHARED = ("config", "files", "slurm")
+"""Shared by every stage; each imports only what is listed for it in ALLOWED."""
+COMMANDS = ("__main__", "app", "report", "status", "topology")
+"""What users type: ``python -m hpcsweep[.report|.status|.topology]``; nothing imports them."""
+ALLOWED = {
+    "config": {"config"},
+    "files": {"config", "files"},
+    "slurm": {"config", "slurm"},
+    **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
+}
+
+
+def part_of(module: str) -> str | None:
+    """The layout part of an hpcsweep module (``hpcsweep.trial.runner`` -> ``trial``)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "hpcsweep" and len(parts) > 1 else None
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(REPO).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every hpcsweep or hydra_plugins module ``path`` imports, at the top or inside a function."""
+    found = set()
+    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            # ``from hpcsweep.train import stop`` imports the module hpcsweep.train.stop.
+            found.update(f"{base}.{alias.name}" for alias in node.names if module_exists(f"{base}.{alias.name}"))
+    return {m for m in found if m.split(".")[0] in ("hpcsweep", "hydra_plugins")}
+
+
+def module_exists(name: str) -> bool:
+    path = REPO / Path(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def source_files() -> list[Path]:
+    return sorted([*PACKAGE.rglob("*.py"), *PLUGINS.rglob("*.py")])
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in source_files()}
+    return {name: {m for m in imported_modules(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports against the data flow: a back edge between stages, a shared part importing a stage,
+    anything importing a command (but ``__main__`` its ``app``), the plugins importing a command."""
+    bad = []
+    for importer, imported in graph.items():
+        source = part_of(importer)
+        for target in sorted(imported):
+            dest = part_of(target)
+            if dest in COMMANDS:
+                if not (importer == "hpcsweep.__main__" and dest == "app"):
+                    bad.append(f"{importer} imports the command {target}")
+            elif source in ALLOWED and dest is not None and dest not in ALLOWED[source]:
+                bad.append(f"{importer} ({source}) imports {target} ({dest})")
+            elif source in ALLOWED and target.startswith("hydra_plugins"):
+                bad.append(f"{importer} ({source}) imports the plugin {target}")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle, found by depth-first search (one path per cycle start)."""
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_imports_follow_the_data_flow():
+    assert layering_violations(import_graph()) == []
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_catch_a_back_edge_and_a_cycle():
+    graph = {
+        "hpcsweep.train.trainer": {"hpcsweep.sweep.prepare"},
+        "hpcsweep.files.atomic": {"hpcsweep.results.table"},
+        "hpcsweep.results.table": {"hpcsweep.status"},
+        "hpcsweep.a": {"hpcsweep.b"},
+        "hpcsweep.b": {"hpcsweep.a"},
+    }
+    assert layering_violations(graph) == [
+        "hpcsweep.train.trainer (train) imports hpcsweep.sweep.prepare (sweep)",
+        "hpcsweep.files.atomic (files) imports hpcsweep.results.table (results)",
+        "hpcsweep.results.table imports the command hpcsweep.status",
+    ]
+    assert cycles(graph) == [["hpcsweep.a", "hpcsweep.b", "hpcsweep.a"]]
+
+
+def test_every_package_says_what_it_owns_and_may_import():
+    for package in (*STAGES, "files", "slurm"):
+        doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+        assert doc and "import" in doc, package
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ["hpcsweep.status"],
+        ["hpcsweep.report"],
+        ["hpcsweep.topology"],
+        ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare"],
+    ],
+)
+def test_login_node_code_imports_no_torch(modules):
+    code = f"import sys; import {', '.join(modules)}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
