@@ -105,6 +105,10 @@ def proc(tmp_path: Path) -> Path:
     fake_proc(tmp_path, 302, "python3", ["python3", "worker"], ours, ppid=301)
     fake_proc(tmp_path, 400, "slurmctld", ["/usr/sbin/slurmctld", "-f", CONF], ours, state="Z")
     fake_proc(tmp_path, 500, "slurmd", ["/usr/sbin/slurmd", "-f", OTHER_CONF], {"SLURM_CONF": OTHER_CONF})
+    # A batch script's srun left behind by its killed step; a shell that eval'd our env; another cluster's job.
+    fake_proc(tmp_path, 600, "srun", ["srun", "sleep", "300"], {"SLURM_CONF": CONF, "SLURM_JOB_ID": "7"})
+    fake_proc(tmp_path, 601, "bash", ["bash"], {"SLURM_CONF": CONF})
+    fake_proc(tmp_path, 602, "sleep", ["sleep", "9"], {"SLURM_CONF": OTHER_CONF, "SLURM_JOB_ID": "3"})
     (tmp_path / "self").mkdir()
     return tmp_path
 
@@ -118,6 +122,15 @@ def test_cluster_processes_lists_ours_in_stop_order_without_zombies(proc: Path):
 def test_task_processes_are_everything_below_the_steps(proc: Path):
     steps = [p for p in sc.cluster_processes(LAY, proc) if p.kind == "slurmstepd"]
     assert [(t.name, t.pid) for t in sc.task_processes(steps, proc)] == [("python3", 301), ("python3", 302)]
+
+
+def test_job_processes_carry_a_job_id_and_our_slurm_conf(proc: Path):
+    # The step's tasks (301, 302) inherited no SLURM_JOB_ID in this fake; they are found as its tree.
+    assert [(p.name, p.pid) for p in sc.job_processes(LAY, proc)] == [("srun", 600)]
+
+
+def test_ancestors_climb_to_the_root():
+    assert sc.ancestors(12, {12: 11, 11: 10, 10: 1, 1: 0, 20: 1}) == {12, 11, 10, 1}
 
 
 def test_is_alive_tells_a_reused_pid_from_the_process_seen_before(proc: Path):
