@@ -1,0 +1,175 @@
+"""The pure parts of ``scripts/slurm-cluster`` that find the cluster's processes in /proc.
+
+The script is a standalone file without a ``.py`` suffix (it runs before the project is installed),
+so it is loaded by path. ``tests/cluster/test_cluster_down.py`` covers the same code on real daemons.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-cluster"
+
+
+def load_script():
+    loader = importlib.machinery.SourceFileLoader("slurm_cluster_script", str(SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    # dataclasses look their module up in sys.modules while the module runs.
+    sys.modules[loader.name] = module
+    loader.exec_module(module)
+    return module
+
+
+sc = load_script()
+LAY = sc.Layout(Path("/tmp/hpcsweep-cluster"))
+CONF = str(LAY.slurm_conf)
+OTHER_CONF = "/tmp/other-cluster/etc/slurm.conf"
+
+
+def stat_line(pid: int, comm: str, state: str = "S", ppid: int = 1, start: int = 1000) -> str:
+    # Fields 3..22 of /proc/PID/stat; only state (3), ppid (4) and starttime (22) are read.
+    fields = [state, str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 30
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
+
+
+def test_parse_proc_stat_takes_the_name_up_to_the_last_parenthesis():
+    parsed = sc.parse_proc_stat(stat_line(42, "odd) (name", state="Z", ppid=7, start=123456))
+    assert parsed == sc.ProcStat(comm="odd) (name", state="Z", ppid=7, start_time=123456)
+
+
+def test_parse_environ_splits_on_nul_and_the_first_equals_sign():
+    raw = b"SLURM_CONF=/a/b\0OPTS=x=y\0EMPTY=\0"
+    assert sc.parse_environ(raw) == {"SLURM_CONF": "/a/b", "OPTS": "x=y", "EMPTY": ""}
+
+
+@pytest.mark.parametrize(
+    ("comm", "argv", "environ", "expected"),
+    [
+        ("slurmd", ["/usr/sbin/slurmd", "-N", "node3", "-f", CONF], {}, "slurmd node3"),
+        # A system slurmd started from a shell that had eval'd our env: -f wins, as in Slurm.
+        ("slurmd", ["/usr/sbin/slurmd", "-f", "/etc/slurm/slurm.conf"], {"SLURM_CONF": CONF}, None),
+        ("slurmd", ["/usr/sbin/slurmd"], {}, None),
+        ("slurmd", ["/usr/sbin/slurmd", "-N", "node1", "-f", OTHER_CONF], {}, None),
+        ("slurmctld", ["/usr/sbin/slurmctld", "-f", CONF], {}, "slurmctld"),
+        ("slurmctld", ["/usr/sbin/slurmctld"], {"SLURM_CONF": OTHER_CONF}, None),
+        ("slurmscriptd", ["slurmctld: slurmscriptd"], {"SLURM_CONF": CONF}, "slurmctld slurmscriptd"),
+        ("slurmdbd", ["/usr/sbin/slurmdbd"], {"SLURM_CONF": CONF}, "slurmdbd"),
+        ("slurmdbd", ["/usr/sbin/slurmdbd"], {}, None),
+        ("slurmstepd", ["slurmstepd: [12.0]"], {"SLURM_CONF": CONF}, "slurmstepd [12.0]"),
+        ("slurmstepd", ["slurmstepd: [12.batch]"], {"SLURM_CONF": OTHER_CONF}, None),
+        # Not root: the environment cannot be read, so the step cannot be claimed.
+        ("slurmstepd", ["slurmstepd: [12.0]"], None, None),
+        ("munged", ["/usr/sbin/munged", "--force", f"--socket={LAY.munge_socket}"], {}, "munged"),
+        # The system munged, even with our SLURM_CONF in its environment.
+        ("munged", ["/usr/sbin/munged"], {"SLURM_CONF": CONF}, None),
+        ("mariadbd", ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={LAY.db}"], {}, "mariadb"),
+        ("mariadbd", ["/usr/sbin/mariadbd", "--datadir=/var/lib/mysql"], {}, None),
+        # A user's shell or test run with our SLURM_CONF exported is never the cluster's.
+        ("python3", ["python3", "-m", "pytest"], {"SLURM_CONF": CONF}, None),
+    ],
+)
+def test_cluster_process_name_claims_only_this_clusters_processes(comm, argv, environ, expected):
+    assert sc.cluster_process_name(comm, argv, environ, LAY) == expected
+
+
+def test_descendants_walks_the_whole_tree_below_the_roots():
+    parents = {10: 1, 11: 10, 12: 11, 13: 11, 20: 1, 21: 20}
+    assert sc.descendants(parents, {10}) == {11, 12, 13}
+    assert sc.descendants(parents, {10, 20}) == {11, 12, 13, 21}
+    assert sc.descendants(parents, {99}) == set()
+
+
+def fake_proc(root: Path, pid: int, comm: str, argv: list[str], environ: dict[str, str],
+              state: str = "S", ppid: int = 1, start: int = 1000) -> None:
+    folder = root / str(pid)
+    folder.mkdir()
+    (folder / "stat").write_text(stat_line(pid, comm, state, ppid, start))
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (folder / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in environ.items()))
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    """A /proc with this cluster's daemons and a job step, a zombie, and another cluster's slurmd."""
+    ours = {"SLURM_CONF": CONF}
+    fake_proc(tmp_path, 100, "munged", ["/usr/sbin/munged", f"--socket={LAY.munge_socket}"], ours)
+    fake_proc(tmp_path, 200, "slurmd", ["/usr/sbin/slurmd", "-N", "node2", "-f", CONF], ours)
+    fake_proc(tmp_path, 201, "slurmd", ["/usr/sbin/slurmd", "-N", "node1", "-f", CONF], ours)
+    fake_proc(tmp_path, 300, "slurmstepd", ["slurmstepd: [7.0]"], ours)
+    fake_proc(tmp_path, 301, "python3", ["python3", "train.py"], ours, ppid=300)
+    fake_proc(tmp_path, 302, "python3", ["python3", "worker"], ours, ppid=301)
+    fake_proc(tmp_path, 400, "slurmctld", ["/usr/sbin/slurmctld", "-f", CONF], ours, state="Z")
+    fake_proc(tmp_path, 500, "slurmd", ["/usr/sbin/slurmd", "-f", OTHER_CONF], {"SLURM_CONF": OTHER_CONF})
+    # A batch script's srun left behind by its killed step; a shell that eval'd our env; another cluster's job.
+    fake_proc(tmp_path, 600, "srun", ["srun", "sleep", "300"], {"SLURM_CONF": CONF, "SLURM_JOB_ID": "7"})
+    fake_proc(tmp_path, 601, "bash", ["bash"], {"SLURM_CONF": CONF})
+    fake_proc(tmp_path, 602, "sleep", ["sleep", "9"], {"SLURM_CONF": OTHER_CONF, "SLURM_JOB_ID": "3"})
+    (tmp_path / "self").mkdir()
+    return tmp_path
+
+
+def test_cluster_processes_lists_ours_in_stop_order_without_zombies(proc: Path):
+    found = sc.cluster_processes(LAY, proc)
+    assert [(p.name, p.pid) for p in found] == [
+        ("slurmstepd [7.0]", 300), ("slurmd node1", 201), ("slurmd node2", 200), ("munged", 100)]
+
+
+def test_task_processes_are_everything_below_the_steps(proc: Path):
+    steps = [p for p in sc.cluster_processes(LAY, proc) if p.kind == "slurmstepd"]
+    assert [(t.name, t.pid) for t in sc.task_processes(steps, proc)] == [("python3", 301), ("python3", 302)]
+
+
+def test_job_processes_carry_a_job_id_and_our_slurm_conf(proc: Path):
+    # The step's tasks (301, 302) inherited no SLURM_JOB_ID in this fake; they are found as its tree.
+    assert [(p.name, p.pid) for p in sc.job_processes(LAY, proc)] == [("srun", 600)]
+
+
+def test_ancestors_climb_to_the_root():
+    assert sc.ancestors(12, {12: 11, 11: 10, 10: 1, 1: 0, 20: 1}) == {12, 11, 10, 1}
+
+
+def test_is_alive_tells_a_reused_pid_from_the_process_seen_before(proc: Path):
+    (slurmd,) = [p for p in sc.cluster_processes(LAY, proc) if p.name == "slurmd node1"]
+    assert sc.is_alive(slurmd, proc)
+    assert not sc.is_alive(sc.ClusterProcess(slurmd.name, slurmd.pid, slurmd.start_time + 1), proc)
+    assert not sc.is_alive(sc.ClusterProcess("slurmctld", 400, 1000), proc)
+
+
+def test_stop_order_ends_steps_first_and_munge_last():
+    # Every daemon, and a slurmstepd reporting its end, authenticates through munged.
+    assert sc.STOP_ORDER[0] == "slurmstepd"
+    assert sc.STOP_ORDER[-1] == "munged"
+    assert sc.STOP_ORDER.index("slurmd") < sc.STOP_ORDER.index("slurmctld")
+
+
+def process(name: str, pid: int, ppid: int = 1):
+    return sc.ClusterProcess(name, pid, start_time=1000, ppid=ppid)
+
+
+def test_stray_daemons_are_those_their_pid_file_does_not_name():
+    procs = [
+        process("slurmd node1", 11),  # named by its pid file
+        process("slurmd node1", 12),  # a second slurmd for node1
+        process("slurmd node2", 21),  # its pid file is gone (removed at the start of a shutdown)
+        process("slurmd node3", 31),
+        process("slurmd node3", 32, ppid=31),  # slurmd's own fork, about to exec slurmstepd
+        process("slurmstepd [5.0]", 40),
+        process("slurmd (no -N)", 50),
+    ]
+    pid_files = {"slurmd node1": 11, "slurmd node2": None, "slurmd node3": 31, "munged": 999}
+    assert sc.stray_daemons(procs, pid_files) == [
+        "slurmd node1 (pid 12): its pid file names pid 11",
+        "slurmd node2 (pid 21): no pid file",
+        "slurmd (no -N) (pid 50): not a daemon this script starts",
+    ]
+
+
+def test_no_strays_when_every_running_daemon_is_in_its_pid_file():
+    procs = [process("munged", 1), process("slurmctld", 2), process("slurmctld slurmscriptd", 4, ppid=2),
+             process("slurmstepd [3.batch]", 3)]
+    assert sc.stray_daemons(procs, {"munged": 1, "slurmctld": 2, "slurmdbd": None}) == []
