@@ -6,6 +6,7 @@ unset, from ``scripts/slurm-cluster env``. Every wait polls a condition with a d
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -150,3 +151,16 @@ def test_urgent_job_preempts_batch_job_by_requeue(submitted: list[str]) -> None:
     # sacct keeps the evicted run as its own record (shown with --duplicates).
     runs = slurm("sacct", "-n", "-X", "-P", "-D", "-j", low, "-o", "State").split()
     assert runs[0] == "PREEMPTED", runs
+
+
+def test_tasks_default_to_their_nodes_share_of_the_hosts_cpus() -> None:
+    # Four "nodes" on one small host: without the TaskProlog each task would take every real CPU.
+    share = max(1, len(os.sched_getaffinity(0)) // len(NODES))
+    env = {k: v for k, v in SLURM_ENV.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run(["srun", "--job-name=hpcsweep-cluster-test", "-N1", "bash", "-c", "echo $OMP_NUM_THREADS"],
+                         env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, check=True).stdout
+    assert out.strip() == str(share)
+    mine = subprocess.run(["srun", "--job-name=hpcsweep-cluster-test", "-N1", "bash", "-c", "echo $OMP_NUM_THREADS"],
+                          env={**env, "OMP_NUM_THREADS": "7"}, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S, check=True).stdout
+    assert mine.strip() == "7"

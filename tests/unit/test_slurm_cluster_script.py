@@ -173,3 +173,10 @@ def test_no_strays_when_every_running_daemon_is_in_its_pid_file():
     procs = [process("munged", 1), process("slurmctld", 2), process("slurmctld slurmscriptd", 4, ppid=2),
              process("slurmstepd [3.batch]", 3)]
     assert sc.stray_daemons(procs, {"munged": 1, "slurmctld": 2, "slurmdbd": None}) == []
+
+
+@pytest.mark.parametrize(("host_cpus", "threads"), [(2, 1), (1, 1), (16, 4), (64, 16)])
+def test_the_task_prolog_shares_the_hosts_cpus_among_the_nodes(host_cpus, threads):
+    prolog = sc.render_task_prolog(host_cpus)
+    assert prolog.startswith("#!/bin/sh\n")
+    assert f'[ -n "$OMP_NUM_THREADS" ] || echo "export OMP_NUM_THREADS={threads}"' in prolog
