@@ -1,0 +1,62 @@
+"""A Hydra app that is not hpcsweep sweeps through ``hydra/launcher=hpcsweep_slurm`` with ``wait=true`` (issue #12).
+
+The app (``tests/foreign_app``) and hpcsweep are installed with a plain ``pip install`` into a fresh
+venv. Its jobs run as Slurm array tasks on the local cluster, and Hydra gets back the JobReturns
+it gets from its basic launcher: the values, the overrides, the dirs numbered as Hydra numbers them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ..foreign_sweeps import (
+    MANDATORY_DEFAULT,
+    MANDATORY_DEFAULT_RETURNS,
+    TWO_GROUPS,
+    TWO_GROUPS_RETURNS,
+    assert_hydra_job_returns,
+    assert_sweep_record,
+    comparable,
+    install_foreign_app,
+    run_foreign_sweep,
+)
+from .conftest import sacct_states
+
+SWEEPS = {
+    "two_groups": (TWO_GROUPS, TWO_GROUPS_RETURNS),
+    "mandatory_default": (MANDATORY_DEFAULT, MANDATORY_DEFAULT_RETURNS),
+}
+# The launcher's own defaults otherwise: a foreign app selects hpcsweep_slurm directly.
+SLURM_WAIT = ["hydra/launcher=hpcsweep_slurm", "hydra.launcher.wait=true", "hydra.launcher.timeout_min=10"]
+
+
+@pytest.fixture(scope="module")
+def foreign_python(tmp_path_factory):
+    return install_foreign_app(tmp_path_factory.mktemp("foreign-app"))
+
+
+@pytest.mark.parametrize("sweep", sorted(SWEEPS))
+def test_foreign_app_sweeps_on_slurm_with_hydras_job_returns(foreign_python, tmp_path, slurm_env, sweep):
+    overrides, expected = SWEEPS[sweep]
+    reference_dir, slurm_dir = tmp_path / "basic", tmp_path / "hpcsweep-slurm"
+    proc, reference = run_foreign_sweep(foreign_python, tmp_path, reference_dir, [*overrides, "hydra/launcher=basic"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    # wait=true: the sweep returns once every array task has ended, or the timeout fails the test.
+    proc, returns = run_foreign_sweep(foreign_python, tmp_path, slurm_dir, [*overrides, *SLURM_WAIT],
+                                      env=slurm_env, timeout=500)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_hydra_job_returns(returns, slurm_dir, expected)
+    assert comparable(returns, slurm_dir) == comparable(reference, reference_dir)
+    record = assert_sweep_record(slurm_dir, "slurm", expected)
+    # One allocation shape: one array, whose tasks ran the jobs and ended COMPLETED.
+    (array,) = record["arrays"]
+    assert array["trials"] == [num for num, _, _ in expected]
+    job_ids = [t["job_id"] for t in record["trials"]]
+    assert [json.loads((slurm_dir / str(num) / "job_end.json").read_text())["slurm_job"] for num, _, _ in expected] \
+        == job_ids
+    states = sacct_states(slurm_env, array["array_job_id"])
+    assert {job_id: states.get(job_id) for job_id in job_ids} == {job_id: "COMPLETED" for job_id in job_ids}

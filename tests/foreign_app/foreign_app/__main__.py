@@ -1,0 +1,3 @@
+from foreign_app.app import main
+
+main()
