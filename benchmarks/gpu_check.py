@@ -27,6 +27,7 @@ them, counts only before the process's first cuBLAS call. The later fast-path tr
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -175,6 +176,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def release_gpu_memory(plan: Plan) -> None:
+    """Give the last trial's cached GPU memory back before a bigger model needs it."""
+    gc.collect()
+    if plan.device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def checkpoint_times(trial_dir: Path) -> dict[str, float]:
     """Seconds for ``Trainer.resume()`` and ``Trainer.save()`` of a trained trial's state, and its size."""
     cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
@@ -226,15 +234,13 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
 
     fast_metrics = train(fast)
     check_run("fast path", fast_metrics, plan, False)
-    if plan.device == "cuda":
-        torch.cuda.empty_cache()
+    release_gpu_memory(plan)
     large_metrics = train(large)
     check_run("large", large_metrics, plan, False)
 
     rows = []
     for size, trial, metrics in ((plan.small, fast, fast_metrics), (plan.large, large, large_metrics)):
-        if plan.device == "cuda":
-            torch.cuda.empty_cache()
+        release_gpu_memory(plan)
         rows.append({"size": size.label, "parameters": parameters(size), "tokens": size.data,
                      **{k: metrics.get(k) for k in ("precision", "tf32", "attn_implementation", "tokens_per_s", "mfu")},
                      **checkpoint_times(trial)})
@@ -255,7 +261,7 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
     print(f"device {result['device']}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     for row in result["sizes"]:
         mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
-        print(f"{row['size']:>8} ({row['parameters'] / 1e6:.0f}M params, batch {row['tokens']['batch_size']}x"
+        print(f"{row['size']:>8} ({row['parameters'] / 1e6:.1f}M params, batch {row['tokens']['batch_size']}x"
               f"{row['tokens']['seq_len']}, {row['precision']}, tf32={row['tf32']}, {row['attn_implementation']}): "
               f"{row['tokens_per_s']:.0f} tokens/s, MFU {mfu}; checkpoint {row['checkpoint_gb']:.2f} GB: "
               f"save {row['save_s']:.2f} s, resume {row['resume_s']:.2f} s (warm page cache)")

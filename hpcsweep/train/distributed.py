@@ -18,7 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcsweep.train.gpu_choices import DUMMY_GPUS_VAR, allocated_gpus, gpu_allocation_error
+from hpcsweep.train.gpu_choices import (
+    DUMMY_GPUS_VAR,
+    allocated_gpus,
+    gpu_allocation_error,
+)
 
 log = logging.getLogger(__name__)
 

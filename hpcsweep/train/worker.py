@@ -1,8 +1,11 @@
 """The worker entry torchrun runs: ``python -m hpcsweep.train TRIAL_DIR``.
 
-Wiring only: read and validate ``TRIAL_DIR/config.yaml``, join the process group, build the
-trainer, resume, train, close. The same entry runs as one plain process (world size 1), under
-``torchrun --nproc-per-node=K``, and across nodes.
+Wiring only: read and validate ``TRIAL_DIR/config.yaml``, export what CUDA must see before its
+first cuBLAS call (``CUBLAS_WORKSPACE_CONFIG`` for a deterministic trial), join the process group,
+build the trainer, resume, train, close. A worker given GPUs that CUDA cannot use fails at once,
+before anything is built, and metrics.json says why (``hpcsweep.train.gpu_choices``). The same
+entry runs as one plain process (world size 1), under ``torchrun --nproc-per-node=K``, and across
+nodes.
 
 Stops: as a torchrun worker (``main``), USR2, SIGTERM and SIGINT (a terminal's Ctrl-C reaches
 every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.trial.preempt``), and so does this node's stop file, which the runner writes when it is
