@@ -136,6 +136,11 @@ class ModelConfig:
     """DeepSeek MLA: per-head dims without position."""
     v_head_dim: int = 32
     """DeepSeek MLA: per-head value dims."""
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "auto"] = "auto"
+    """The attention kernel. ``auto``: ``eager`` on CPU (the math every bit-exact CPU result was
+    proved with); on CUDA ``sdpa`` (fused, never the full score matrix), or ``flash_attention_2``
+    where the ``flash_attn`` package is installed, precision is bf16/fp16 and the trial is not
+    deterministic (see ``hpcsweep.train.gpu_choices``)."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "model.lr", self.lr, "a learning rate > 0, e.g. 3e-4")
@@ -224,8 +229,17 @@ class TrainerConfig:
     """Clip the global gradient norm to this (0 disables)."""
     grad_accum: int = 1
     """Micro-steps accumulated per optimizer step."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """``bf16`` autocast on CUDA, ``fp16`` with a GradScaler, or ``fp32``."""
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
+    """``auto``: bf16 autocast on a GPU that has bf16 tensor cores (compute capability 8.0+: A100,
+    H100, H200), else fp32 (CPUs and older GPUs). ``bf16``: autocast, ``fp16``: autocast with a
+    GradScaler, ``fp32``: no autocast."""
+    tf32: bool = True
+    """On CUDA, run fp32 matmuls and convolutions on the tensor cores in TF32 (10-bit mantissa
+    inputs, fp32 accumulation). No effect on CPU, or on what bf16 autocast already casts."""
+    deterministic: bool | Literal["auto"] = "auto"
+    """``true``: the same bits on every run and across stop and resume (on CUDA: deterministic
+    kernels, ``CUBLAS_WORKSPACE_CONFIG``, fixed DDP buckets; slower). ``false``: the fast path.
+    ``auto``: true on CPU, false on CUDA. metrics.json records what a trial ran with."""
     grad_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     seed: int = 0

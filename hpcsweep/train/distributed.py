@@ -8,6 +8,7 @@ same code runs as one process with world size 1 and no process group.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -16,6 +17,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from hpcsweep.train.gpu_choices import (
+    DUMMY_GPUS_VAR,
+    allocated_gpus,
+    gpu_allocation_error,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,9 +53,10 @@ def ranks_from_env(env: Mapping[str, str]) -> tuple[int, int, int]:
 
 
 def choose_device(device_pref: str, local_rank: int, cuda_available: bool) -> torch.device:
-    """The device for ``trainer.device`` (``auto``, ``cpu``, ``cuda``); one GPU per local rank."""
-    if device_pref == "cuda" and not cuda_available:
-        raise ValueError("trainer.device='cuda' is not allowed: no CUDA device is visible")
+    """The device for ``trainer.device`` (``auto``, ``cpu``, ``cuda``); one GPU per local rank.
+
+    ``cuda`` without CUDA is refused before this is asked (``gpu_allocation_error``).
+    """
     if device_pref == "cuda" or (device_pref == "auto" and cuda_available):
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -57,11 +67,28 @@ def node_name(env: Mapping[str, str]) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+class GpusNotUsable(RuntimeError):
+    """GPUs were asked for or given, but CUDA cannot use them: the trial must not train on CPU."""
+
+
 def init_distributed(device_pref: str, timeout_s: int, env: Mapping[str, str] | None = None) -> WorldInfo:
-    """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU), or run alone."""
+    """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU), or run alone.
+
+    Raises ``GpusNotUsable`` first thing when this task has GPUs that CUDA cannot see
+    (``hpcsweep.train.gpu_choices.gpu_allocation_error``).
+    """
     env = os.environ if env is None else env
     rank, local_rank, world_size = ranks_from_env(env)
-    device = choose_device(device_pref, local_rank, torch.cuda.is_available())
+    cuda_available = torch.cuda.is_available()
+    refusal = gpu_allocation_error(
+        env, cuda_available=cuda_available, torch_cuda_version=torch.version.cuda, device_pref=device_pref
+    )
+    if refusal:
+        raise GpusNotUsable(refusal)
+    if not cuda_available and device_pref == "auto" and allocated_gpus(env):
+        log.info("%s names GPUs without hardware (%s=1, the local test cluster): training on CPU",
+                 allocated_gpus(env), DUMMY_GPUS_VAR)
+    device = choose_device(device_pref, local_rank, cuda_available)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = None

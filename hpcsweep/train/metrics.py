@@ -20,7 +20,11 @@ TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_pe
 
 @dataclass(frozen=True)
 class GpuPeak:
-    """Dense peak FLOP/s of one GPU per math mode (NVIDIA datasheets, without sparsity)."""
+    """Dense peak FLOP/s of one GPU per math mode, from NVIDIA's datasheets.
+
+    The datasheets print tensor-core figures "with sparsity" (2:4 structured sparsity); dense
+    training gets half of those, which is what is stored here.
+    """
 
     fp32: float
     """Plain FP32 on the CUDA cores."""
@@ -30,23 +34,37 @@ class GpuPeak:
     """bf16 and fp16 on the tensor cores."""
 
 
+# A100 SXM4 and PCIe, 40 and 80 GB: FP32 19.5 TF; TF32 312 TF and BF16/FP16 624 TF with sparsity.
+# Source: NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/a100/
+_A100 = GpuPeak(fp32=19.5e12, tf32=156e12, half=312e12)
+# H100 PCIe: FP32 51 TF; TF32 756 TF and BF16/FP16 1,513 TF with sparsity.
+# Source: NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/
+_H100_PCIE = GpuPeak(fp32=51e12, tf32=378e12, half=756e12)
+# H100 SXM5 and H200 SXM (the same GH100 compute at the same clocks; the H200 adds memory):
+# FP32 67 TF; TF32 989 TF and BF16/FP16 1,979 TF with sparsity.
+# Sources: the H100 datasheet above; NVIDIA H200 Tensor Core GPU datasheet,
+# https://www.nvidia.com/en-us/data-center/h200/
 _HOPPER_SXM = GpuPeak(fp32=67e12, tf32=494.5e12, half=989e12)
 GPU_PEAKS: tuple[tuple[re.Pattern[str], GpuPeak], ...] = (
-    (re.compile(r"\bA100\b"), GpuPeak(fp32=19.5e12, tf32=156e12, half=312e12)),
-    (re.compile(r"\bH100\b.*\bPCIe\b", re.IGNORECASE), GpuPeak(fp32=51e12, tf32=378e12, half=756e12)),
+    (re.compile(r"\bA100\b"), _A100),
+    (re.compile(r"\bH100\b.*\bPCIe\b", re.IGNORECASE), _H100_PCIE),
     # "NVIDIA H100 80GB HBM3" is the SXM part; NVL parts have lower clocks and are not listed.
     (re.compile(r"\bH100\b(?!.*\b(PCIe|NVL)\b)", re.IGNORECASE), _HOPPER_SXM),
+    # "NVIDIA H200" is the SXM part; "NVIDIA H200 NVL" (lower clocks) and GH200 are not listed.
     (re.compile(r"\bH200\b(?!.*\bNVL\b)"), _HOPPER_SXM),
 )
-"""``torch.cuda.get_device_name()`` pattern -> peaks; the first match wins."""
+"""``torch.cuda.get_device_name()`` pattern -> peaks; the first match wins. Keyed by name, not
+compute capability: H100 PCIe, H100 SXM, H100 NVL and H200 all report 9.0 at different peaks."""
 
 
 def peak_flops(device_name: str | None, precision: str, tf32: bool = False) -> float | None:
     """Per-worker peak FLOP/s used for MFU, or None where there is no honest reference.
 
     ``device_name`` is ``torch.cuda.get_device_name()`` (None off CUDA: a CPU has no peak worth
-    dividing by), ``precision`` is ``trainer.precision``, ``tf32`` whether fp32 matmuls run in TF32.
-    An unknown GPU gives None rather than a guess.
+    dividing by), ``precision`` the resolved precision (``fp32``, ``bf16``, ``fp16``; see
+    ``hpcsweep.train.gpu_choices``), ``tf32`` whether fp32 matmuls run in TF32. An unknown GPU
+    gives None rather than a guess. Under bf16/fp16 autocast the matmuls, which hold nearly all
+    the FLOPs, run at the half-precision peak.
     """
     if device_name is None:
         return None
@@ -56,13 +74,6 @@ def peak_flops(device_name: str | None, precision: str, tf32: bool = False) -> f
     if precision == "fp32":
         return peak.tf32 if tf32 else peak.fp32
     return peak.half
-
-
-def device_peak_flops(device: torch.device, precision: str) -> float | None:
-    """:func:`peak_flops` of this worker's device, as PyTorch is set up now."""
-    if device.type != "cuda":
-        return None
-    return peak_flops(torch.cuda.get_device_name(device), precision, torch.backends.cuda.matmul.allow_tf32)
 
 
 def logging_rank(world_size: int) -> int:

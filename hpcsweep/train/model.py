@@ -54,13 +54,16 @@ def hf_config(cfg: ModelConfig) -> PretrainedConfig:
     )
 
 
-def build_model(cfg: ModelConfig, seed: int) -> PreTrainedModel:
-    """A freshly initialised model; the same ``seed`` gives the same weights bit for bit."""
+def build_model(cfg: ModelConfig, seed: int, attn_implementation: str = "eager") -> PreTrainedModel:
+    """A freshly initialised model; the same ``seed`` gives the same weights bit for bit.
+
+    ``attn_implementation`` is the resolved kernel (``eager``, ``sdpa``, ``flash_attention_2``;
+    see ``hpcsweep.train.gpu_choices.resolve_attention``), never ``auto``. It changes no weight.
+    """
     config = hf_config(cfg)
     torch.manual_seed(seed)
     model_cls = LlamaForCausalLM if cfg.arch == "llama" else DeepseekV3ForCausalLM
-    # Eager attention is deterministic on CPU and supports dropout the same way on every device.
-    config._attn_implementation = "eager"
+    config._attn_implementation = attn_implementation
     return model_cls(config)
 
 

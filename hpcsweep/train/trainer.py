@@ -8,6 +8,7 @@ control flow (stop, early stop) is taken identically on all ranks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hpcsweep.config import TrialConfig
 from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.results import hparams
-from hpcsweep.train import data, metrics, model, optim
+from hpcsweep.train import data, gpu_choices, metrics, model, optim
 from hpcsweep.train.checkpoint import (
     CheckpointManager,
     load_checkpoint_file,
@@ -74,20 +75,21 @@ class Trainer:
         self.stop_event, self.hooks = stop_event, tuple(hooks)
         tcfg = cfg.trainer
         self.is_writer = world.rank == metrics.logging_rank(world.world_size)
-        self.model = model.build_model(cfg.model, tcfg.seed).to(world.device)
+        self.device_facts = gpu_choices.device_facts(world.device)
+        self.choices = gpu_choices.choose(
+            tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available()
+        )
+        gpu_choices.apply_backend_settings(self.choices, world.device.type)
+        self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation).to(world.device)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        # Exact resume needs the same gradient buckets before and after a restart. Without
-        # find_unused_parameters, DDP regroups its buckets by the gradients' arrival order after the
-        # first step of every process, so a resumed run's first step all-reduces a differently laid
-        # out buffer than the uninterrupted run did at that step; from 3 ranks up the ring sums each
-        # element in another order and the weights drift in the last bits. With it, the initial
-        # buckets (reverse parameter order) stay for good. Every parameter gets a gradient each
-        # step, so the unused-parameter search finds nothing; it costs one graph walk per step.
         # Buffers (rotary tables, the routing bias) never change: no broadcast.
+        find_unused = gpu_choices.find_unused_parameters(
+            self.choices.deterministic, (name for name, _ in self.model.named_parameters())
+        )
         self.ddp_model = (
-            DistributedDataParallel(self.model, broadcast_buffers=False, find_unused_parameters=True)
+            DistributedDataParallel(self.model, broadcast_buffers=False, find_unused_parameters=find_unused)
             if world.is_distributed
             else self.model
         )
@@ -95,7 +97,7 @@ class Trainer:
         self.corpus = data.load_corpus(cfg.data, cfg.model.vocab_size)
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
-        self.scaler = optim.build_grad_scaler(tcfg.precision, world.device)
+        self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
         self.ckpt = CheckpointManager(trial_dir / "checkpoints", keep_top_k=tcfg.keep_top_k, enable=self.is_writer)
         tb_dir = tb_runs.trial_run_dir(trial_dir)
@@ -104,7 +106,7 @@ class Trainer:
         self.logger = metrics.build_logger(world.rank, world.world_size, tb_dir)
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
         self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
-        self.peak_flops = metrics.device_peak_flops(world.device, tcfg.precision)
+        self.peak_flops = metrics.peak_flops(self.device_facts.name, self.choices.precision, self.choices.tf32)
         self.step = 0
         self.val_loss: float | None = None
         self.report = metrics_file.new_report(
@@ -114,6 +116,8 @@ class Trainer:
         ranks = all_gather_objects(world, me)
         self.report["ranks"] = ranks
         self.report["nodes"] = sorted({r["node"] for r in ranks})
+        self.report.update(device_name=self.device_facts.name, **dataclasses.asdict(self.choices))
+        log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
 
     # ----- checkpoints -------------------------------------------------------------------------
 
@@ -162,7 +166,7 @@ class Trainer:
     # ----- steps -------------------------------------------------------------------------------
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module) -> torch.Tensor:
-        with optim.autocast_context(self.cfg.trainer.precision, self.world.device):
+        with optim.autocast_context(self.choices.precision, self.world.device):
             logits = net(input_ids=inputs).logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 

@@ -1,8 +1,11 @@
 """The worker entry torchrun runs: ``python -m hpcsweep.train TRIAL_DIR``.
 
-Wiring only: read and validate ``TRIAL_DIR/config.yaml``, join the process group, build the
-trainer, resume, train, close. The same entry runs as one plain process (world size 1), under
-``torchrun --nproc-per-node=K``, and across nodes.
+Wiring only: read and validate ``TRIAL_DIR/config.yaml``, export what CUDA must see before its
+first cuBLAS call (``CUBLAS_WORKSPACE_CONFIG`` for a deterministic trial), join the process group,
+build the trainer, resume, train, close. A worker given GPUs that CUDA cannot use fails at once,
+before anything is built, and metrics.json says why (``hpcsweep.train.gpu_choices``). The same
+entry runs as one plain process (world size 1), under ``torchrun --nproc-per-node=K``, and across
+nodes.
 
 Stops: as a torchrun worker (``main``), USR2, SIGTERM and SIGINT (a terminal's Ctrl-C reaches
 every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.trial.preempt``), and so does this node's stop file, which the runner writes when it is
@@ -19,15 +22,19 @@ import sys
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import torch
 import yaml
 
-from hpcsweep.config import trial_config_from_dict
+from hpcsweep.config import TrainerConfig, TrialConfig, trial_config_from_dict
 from hpcsweep.files import metrics_file
-from hpcsweep.train import stop
+from hpcsweep.train import gpu_choices, stop
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
+    GpusNotUsable,
     barrier,
+    choose_device,
     destroy_distributed,
     init_distributed,
     ranks_from_env,
@@ -68,9 +75,16 @@ def run_trial(trial_dir: Path) -> int:
     if trial_already_done(trial_dir, previous):
         log.info("trial in %s is already %s: nothing to do", trial_dir, previous["status"])
         return EXIT_OK
-    world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s)
-    trainer = None
     restarts = previous["restarts"] + 1 if previous else 0
+    os.environ.update(cuda_env_for(cfg.trainer))
+    try:
+        world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s)
+    except GpusNotUsable as err:
+        log.error("trial refused: %s", err)
+        if rank == 0:
+            write_failed(trial_dir, cfg, ranks_from_env(os.environ)[2], restarts, [str(err)])
+        return EXIT_FAILED
+    trainer = None
     try:
         hooks = [*stop_at_step_hooks(os.environ), *stop.stop_file_hooks(os.environ, STOP_REQUESTED)]
         trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts)
@@ -86,16 +100,31 @@ def run_trial(trial_dir: Path) -> int:
     except Exception:
         log.exception("trial failed")
         if world.rank == 0:
-            report = trainer.report if trainer else metrics_file.new_report(
-                max_steps=cfg.trainer.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
-            )
             error = traceback.format_exc().splitlines()[-20:]
-            metrics_file.write_metrics(trial_dir / "metrics.json", {**report, "status": "failed", "error": error})
+            write_failed(trial_dir, cfg, world.world_size, restarts, error, trainer.report if trainer else None)
         return EXIT_FAILED
     finally:
         if trainer is not None:
             trainer.close()
         destroy_distributed(world)
+
+
+def write_failed(
+    trial_dir: Path, cfg: TrialConfig, world_size: int, restarts: int, error: list[str],
+    report: dict[str, Any] | None = None,
+) -> None:
+    """Mark the trial ``failed`` in metrics.json with ``error`` (rank 0 only)."""
+    report = report or metrics_file.new_report(
+        max_steps=cfg.trainer.max_steps, world_size=world_size, restarts=restarts, env=os.environ
+    )
+    metrics_file.write_metrics(trial_dir / "metrics.json", {**report, "status": "failed", "error": error})
+
+
+def cuda_env_for(tcfg: TrainerConfig) -> dict[str, str]:
+    """What this worker must export before CUDA's first cuBLAS call (see ``gpu_choices.cuda_env``)."""
+    device_type = choose_device(tcfg.device, 0, torch.cuda.is_available()).type
+    deterministic = gpu_choices.resolve_deterministic(tcfg.deterministic, gpu_choices.DeviceFacts(device_type))
+    return gpu_choices.cuda_env(deterministic, device_type, os.environ)
 
 
 def stop_at_step_hooks(env: Mapping[str, str]) -> list[StepHook]:

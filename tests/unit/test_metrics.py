@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from hpcsweep.results.table import mean_tokens_per_s
-from hpcsweep.train.metrics import device_peak_flops, mfu, peak_flops
+from hpcsweep.train.metrics import mfu, peak_flops
 
 
 @pytest.mark.parametrize(
@@ -37,10 +36,6 @@ def test_cpu_and_unknown_gpus_have_no_peak(name):
 def test_mfu_is_none_without_a_peak():
     assert mfu(1000.0, 6e6, 2, None) is None
     assert mfu(1000.0, 6e6, 2, 312e12) == pytest.approx(1000.0 * 6e6 / (2 * 312e12))
-
-
-def test_a_cpu_worker_has_no_peak():
-    assert device_peak_flops(torch.device("cpu"), "fp32") is None
 
 
 def test_mean_throughput_is_tokens_over_time_of_the_logged_windows():

@@ -180,3 +180,5 @@ def test_the_task_prolog_shares_the_hosts_cpus_among_the_nodes(host_cpus, thread
     prolog = sc.render_task_prolog(host_cpus)
     assert prolog.startswith("#!/bin/sh\n")
     assert f'[ -n "$OMP_NUM_THREADS" ] || echo "export OMP_NUM_THREADS={threads}"' in prolog
+    # The GPUs it hands out have no hardware: trials given them train on CPU by design.
+    assert 'echo "export HPCSWEEP_DUMMY_GPUS=1"' in prolog

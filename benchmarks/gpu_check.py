@@ -1,0 +1,308 @@
+"""Prove hpcsweep's GPU defaults on one real GPU, in at most 10 minutes.
+
+    python benchmarks/gpu_check.py [--workdir DIR] [--json FILE]    one CUDA GPU (A100, H100, H200)
+    python benchmarks/gpu_check.py --smoke                           tiny, on CPU, in seconds (CI)
+
+It prints, for a ~125M and a ~1B DeepSeek-style model (configs/model/deepseek_125m.yaml and
+deepseek_1b.yaml) trained with the defaults (``trainer.precision=auto``, so bf16):
+  - tokens/s and MFU over the last logged window (steady state, after warm-up);
+  - the time to save and to resume a checkpoint of the trained state (model, AdamW, RNG);
+and for the ~125M model:
+  - an exact stop and resume with ``trainer.deterministic=true``: a trial stopped halfway and
+    resumed must end with the same weights SHA-256 as the same trial run straight through;
+  - the same trial on the fast path (``trainer.deterministic=false``) and its tokens/s ratio.
+
+It measures the product, not a copy: every trial is a trial dir with a ``config.yaml`` trained by
+``hpcsweep.train.worker.run_trial``, as a 1-process trial runs in production (the runner calls it
+in-process); the stop is the test hook the preemption tests use; checkpoint times come from
+``Trainer.resume()`` and ``Trainer.save()`` on the trained trial dir. Anything unexpected (a failed
+trial, a wrong precision or kernel choice, MFU missing or above 1, unequal hashes, over budget)
+prints a line starting with ``FAIL`` and exits 1.
+
+The deterministic trials run first: ``CUBLAS_WORKSPACE_CONFIG``, which the worker exports for
+them, counts only before the process's first cuBLAS call. The later fast-path trials keep it
+(``:4096:8`` is PyTorch's own default on Hopper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runnable from a checkout
+
+from hpcsweep.config import trial_config_from_dict, trial_config_to_dict  # noqa: E402
+from hpcsweep.train import model as model_lib  # noqa: E402
+from hpcsweep.train.distributed import destroy_distributed, init_distributed  # noqa: E402
+from hpcsweep.train.trainer import Trainer  # noqa: E402
+from hpcsweep.train.worker import EXIT_OK, EXIT_REQUEUE, run_trial  # noqa: E402
+
+BUDGET_S = 600
+"""The whole check, on one GPU: 10 minutes."""
+
+
+class CheckFailed(RuntimeError):
+    """Something the check did not expect; the message says what."""
+
+
+@dataclass(frozen=True)
+class Size:
+    """One model size and the batch it trains with."""
+
+    label: str
+    model: dict[str, Any]
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: on a GPU, or tiny on CPU (``--smoke``)."""
+
+    device: str
+    small: Size
+    large: Size
+    max_steps: int
+    log_every: int
+    stop_at: int
+    expect_precision: str
+    expect_attention: tuple[str, ...]
+    expect_mfu: bool
+    trainer: dict[str, Any] = field(default_factory=dict)
+
+
+def model_group(name: str, **changes: Any) -> dict[str, Any]:
+    """A model config group from configs/model, with ``changes``."""
+    return {**yaml.safe_load((REPO / "configs" / "model" / f"{name}.yaml").read_text()), **changes}
+
+
+GPU_PLAN = Plan(
+    device="cuda",
+    small=Size("~125M", model_group("deepseek_125m"), {"seq_len": 2048, "batch_size": 8}),
+    large=Size("~1B", model_group("deepseek_1b"), {"seq_len": 2048, "batch_size": 8}),
+    max_steps=20,
+    log_every=10,
+    stop_at=10,
+    expect_precision="bf16",
+    expect_attention=("sdpa", "flash_attention_2"),
+    expect_mfu=True,
+)
+SMOKE_PLAN = Plan(
+    device="cpu",
+    small=Size("tiny", model_group("deepseek_tiny", hidden_size=64),
+               {"seq_len": 32, "batch_size": 4, "synthetic_tokens": 20_000}),
+    large=Size("tiny-x2", model_group("deepseek_tiny", num_layers=3),
+               {"seq_len": 32, "batch_size": 4, "synthetic_tokens": 20_000}),
+    max_steps=6,
+    log_every=3,
+    stop_at=3,
+    expect_precision="fp32",
+    expect_attention=("eager",),
+    expect_mfu=False,
+)
+
+
+def write_trial(path: Path, plan: Plan, size: Size, deterministic: bool) -> Path:
+    """A trial dir holding the validated ``config.yaml`` of ``size`` under ``plan``."""
+    cfg = trial_config_from_dict({
+        "model": size.model,
+        "data": size.data,
+        "trainer": {
+            "device": plan.device,
+            "deterministic": deterministic,
+            "max_steps": plan.max_steps,
+            "warmup_steps": 2,
+            "log_every": plan.log_every,
+            # Evaluate and save only at the end: the last logged window is training steps alone.
+            "eval_every": plan.max_steps,
+            "eval_batches": 1,
+            "ckpt_every": 0,
+            "keep_top_k": 0,
+        },
+    })
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(trial_config_to_dict(cfg), sort_keys=False))
+    return path
+
+
+def train(trial_dir: Path, *, stop_at: int | None = None) -> dict[str, Any]:
+    """``run_trial`` on ``trial_dir`` (optionally stopped after ``stop_at`` steps); its metrics.json."""
+    if stop_at is not None:
+        os.environ["HPCSWEEP_TEST_STOP_AT_STEP"] = str(stop_at)
+    try:
+        code = run_trial(trial_dir)
+    finally:
+        os.environ.pop("HPCSWEEP_TEST_STOP_AT_STEP", None)
+    metrics = json.loads((trial_dir / "metrics.json").read_text())
+    expected = EXIT_OK if stop_at is None else EXIT_REQUEUE
+    if code != expected:
+        raise CheckFailed(f"{trial_dir.name}: run_trial exited {code}, not {expected}: {metrics.get('error')}")
+    return metrics
+
+
+def check_run(name: str, metrics: dict[str, Any], plan: Plan, deterministic: bool) -> None:
+    """The trial completed, with the choices the plan expects and a plausible MFU."""
+    expected = {"status": "completed", "step": plan.max_steps, "precision": plan.expect_precision,
+                "deterministic": deterministic}
+    wrong = {k: metrics.get(k) for k, v in expected.items() if metrics.get(k) != v}
+    if wrong:
+        raise CheckFailed(f"{name}: expected {expected}, metrics.json has {wrong}")
+    if metrics.get("attn_implementation") not in plan.expect_attention:
+        raise CheckFailed(f"{name}: attention {metrics.get('attn_implementation')!r}, expected one of "
+                          f"{plan.expect_attention}")
+    if not metrics.get("tokens_per_s", 0) > 0:
+        raise CheckFailed(f"{name}: no throughput in metrics.json: {metrics.get('tokens_per_s')!r}")
+    mfu = metrics.get("mfu")
+    if plan.expect_mfu and not (mfu is not None and 0 < mfu < 1):
+        raise CheckFailed(f"{name}: MFU {mfu!r} on {metrics.get('device_name')!r}: expected 0 < MFU < 1 "
+                          "(None: the device is missing from hpcsweep/train/metrics.py GPU_PEAKS)")
+    if not plan.expect_mfu and mfu is not None:
+        raise CheckFailed(f"{name}: MFU {mfu!r} on CPU, where there is no peak to divide by")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release_gpu_memory(plan: Plan) -> None:
+    """Give the last trial's cached GPU memory back before a bigger model needs it."""
+    gc.collect()
+    if plan.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def checkpoint_times(trial_dir: Path) -> dict[str, float]:
+    """Seconds for ``Trainer.resume()`` and ``Trainer.save()`` of a trained trial's state, and its size."""
+    cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
+    world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s)
+    trainer = Trainer(cfg, world, trial_dir)
+    try:
+        start = time.perf_counter()
+        if not trainer.resume():
+            raise CheckFailed(f"{trial_dir.name}: no checkpoint to resume from")
+        synchronize(world.device)
+        resume_s = time.perf_counter() - start
+        start = time.perf_counter()
+        trainer.save("completed")  # the same step and status: it replaces the final checkpoint
+        synchronize(world.device)
+        save_s = time.perf_counter() - start
+    finally:
+        trainer.close()
+        destroy_distributed(world)
+    size = sum(p.stat().st_size for p in (trial_dir / "checkpoints").rglob("*") if p.is_file())
+    return {"resume_s": resume_s, "save_s": save_s, "checkpoint_gb": size / 1e9}
+
+
+def parameters(size: Size) -> int:
+    cfg = trial_config_from_dict({"model": size.model}).model
+    with torch.device("meta"):
+        return sum(p.numel() for p in model_lib.build_model(cfg, seed=0).parameters())
+
+
+def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
+    """Every trial of the plan, checked; the numbers to print."""
+    det = write_trial(workdir / "small-deterministic", plan, plan.small, deterministic=True)
+    resumed = write_trial(workdir / "small-deterministic-resumed", plan, plan.small, deterministic=True)
+    fast = write_trial(workdir / "small-fast", plan, plan.small, deterministic=False)
+    large = write_trial(workdir / "large-fast", plan, plan.large, deterministic=False)
+
+    straight = train(det)
+    check_run("deterministic", straight, plan, True)
+    stopped = train(resumed, stop_at=plan.stop_at)
+    if stopped.get("step") != plan.stop_at or stopped.get("last_stop_reason") != "test_hook":
+        raise CheckFailed(f"stop at step {plan.stop_at}: metrics.json has step {stopped.get('step')}, "
+                          f"reason {stopped.get('last_stop_reason')!r}")
+    after = train(resumed)
+    check_run("deterministic, resumed", after, plan, True)
+    if after.get("restarts") != 1:
+        raise CheckFailed(f"the resumed trial records {after.get('restarts')} restarts, not 1")
+    if after["weights_sha256"] != straight["weights_sha256"]:
+        raise CheckFailed(f"stop and resume is not exact: {after['weights_sha256']} after a resume at step "
+                          f"{plan.stop_at}, {straight['weights_sha256']} straight through")
+
+    fast_metrics = train(fast)
+    check_run("fast path", fast_metrics, plan, False)
+    release_gpu_memory(plan)
+    large_metrics = train(large)
+    check_run("large", large_metrics, plan, False)
+
+    rows = []
+    for size, trial, metrics in ((plan.small, fast, fast_metrics), (plan.large, large, large_metrics)):
+        release_gpu_memory(plan)
+        rows.append({"size": size.label, "parameters": parameters(size), "tokens": size.data,
+                     **{k: metrics.get(k) for k in ("precision", "tf32", "attn_implementation", "tokens_per_s", "mfu")},
+                     **checkpoint_times(trial)})
+    return {
+        "device": fast_metrics.get("device_name") or "cpu",
+        "sizes": rows,
+        "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
+                         "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
+        "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
+                      "fast_tokens_per_s": fast_metrics["tokens_per_s"],
+                      "ratio": fast_metrics["tokens_per_s"] / straight["tokens_per_s"],
+                      "same_weights": fast_metrics["weights_sha256"] == straight["weights_sha256"]},
+    }
+
+
+def report(result: dict[str, Any], elapsed_s: float) -> None:
+    """Print the numbers, one line each."""
+    print(f"device {result['device']}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    for row in result["sizes"]:
+        mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
+        print(f"{row['size']:>8} ({row['parameters'] / 1e6:.1f}M params, batch {row['tokens']['batch_size']}x"
+              f"{row['tokens']['seq_len']}, {row['precision']}, tf32={row['tf32']}, {row['attn_implementation']}): "
+              f"{row['tokens_per_s']:.0f} tokens/s, MFU {mfu}; checkpoint {row['checkpoint_gb']:.2f} GB: "
+              f"save {row['save_s']:.2f} s, resume {row['resume_s']:.2f} s (warm page cache)")
+    exact = result["exact_resume"]
+    print(f"exact stop and resume (deterministic=true, stop at {exact['stop_at']} of {exact['max_steps']}): "
+          f"weights sha256 equal: {exact['resumed'][:16]}... OK")
+    fast = result["fast_path"]
+    print(f"fast path (deterministic=false): {fast['fast_tokens_per_s']:.0f} tokens/s vs "
+          f"{fast['deterministic_tokens_per_s']:.0f} deterministic: x{fast['ratio']:.2f}; "
+          f"same weights as deterministic: {fast['same_weights']}")
+    print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny models on CPU, in seconds (CI)")
+    parser.add_argument("--workdir", type=Path, help="where the trial dirs go (default: a temporary dir)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    plan = SMOKE_PLAN if args.smoke else GPU_PLAN
+    if plan.device == "cuda" and not torch.cuda.is_available():
+        print(f"FAIL: no CUDA device visible to torch {torch.__version__} (CUDA {torch.version.cuda}); "
+              "use --smoke on a CPU machine", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        try:
+            result = run_checks(plan, workdir)
+        except CheckFailed as err:
+            print(f"FAIL: {err}", file=sys.stderr)
+            return 1
+    elapsed = time.perf_counter() - start
+    report(result, elapsed)
+    if args.json:
+        args.json.write_text(json.dumps({**result, "elapsed_s": elapsed}, indent=2))
+    if not args.smoke and elapsed > BUDGET_S:
+        print(f"FAIL: took {elapsed:.0f} s, over the {BUDGET_S} s budget: shrink the plan", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

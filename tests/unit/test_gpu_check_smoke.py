@@ -1,0 +1,45 @@
+"""``benchmarks/gpu_check.py --smoke`` runs its whole plan, tiny, on CPU: the GPU check cannot rot."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
+    torch.set_num_threads(1)
+    out = tmp_path / "result.json"
+    # The script as ``python benchmarks/gpu_check.py`` runs it, in this process (torch is imported once).
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--smoke", "--workdir", str(tmp_path / "work"), "--json", str(out)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    printed = capsys.readouterr()
+    assert done.value.code == 0, printed.err[-3000:]
+    assert "FAIL" not in printed.err
+    assert "exact stop and resume (deterministic=true, stop at 3 of 6): weights sha256 equal" in printed.out
+    assert "fast path (deterministic=false)" in printed.out
+    result = json.loads(out.read_text())
+    assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
+    assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
+    assert result["exact_resume"]["straight"] == result["exact_resume"]["resumed"]
+    # What the fast path was: metrics.json of each trial says so.
+    fast = json.loads((tmp_path / "work" / "small-fast" / "metrics.json").read_text())
+    exact = json.loads((tmp_path / "work" / "small-deterministic" / "metrics.json").read_text())
+    assert (fast["deterministic"], exact["deterministic"]) == (False, True)
+    assert (fast["precision"], fast["attn_implementation"], fast["tf32"], fast["mfu"]) == ("fp32", "eager", False, None)
+
+
+def test_gpu_check_fails_loudly_without_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert done.value.code == 1
+    assert capsys.readouterr().err.startswith("FAIL: no CUDA device visible")
