@@ -108,5 +108,6 @@ def test_the_sweep_driver_job_refuses_in_its_log(tmp_path, slurm_env):
     last_line = log.strip().splitlines()[-1]
     assert "trainer.nodes=16 is more than partition batch has: 4 nodes; nothing was submitted" in last_line, log
     assert "Traceback" not in log
-    assert all_job_ids(slurm_env) == before | {driver}
+    # Nothing but the driver itself was submitted (accounting may list the driver a moment late).
+    assert all_job_ids(slurm_env) - before <= {driver}
     assert not list(tmp_path.glob("slurm-*.out"))
