@@ -233,6 +233,9 @@ class TrainerConfig:
     """Seed of model initialisation and dropout."""
     ckpt_every: int = 50
     """Save a checkpoint every this many steps (0: only at the end and on request)."""
+    ckpt_every_min: float | None = None
+    """Also save every this many minutes (rank 0's clock, since the last save began); null: by steps
+    only. With ``ckpt_every`` both apply, whichever comes first."""
     keep_top_k: int = 2
     """Besides ``last``, keep the k checkpoints with the best validation loss."""
     eval_every: int = 25
@@ -265,6 +268,12 @@ class TrainerConfig:
         for name in ("ckpt_every", "keep_top_k", "early_stop_patience"):
             value = getattr(self, name)
             _require(value >= 0, f"trainer.{name}", value, "an integer >= 0")
+        _require(
+            self.ckpt_every_min is None or self.ckpt_every_min > 0,
+            "trainer.ckpt_every_min",
+            self.ckpt_every_min,
+            "minutes > 0, or null to save by steps only",
+        )
         for name in ("eval_every", "eval_batches", "log_every"):
             value = getattr(self, name)
             _require(value >= 1, f"trainer.{name}", value, "an integer >= 1")
