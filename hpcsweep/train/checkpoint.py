@@ -24,7 +24,6 @@ import dataclasses
 import logging
 import math
 import os
-import random
 import re
 import shutil
 import time
@@ -32,12 +31,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from hpcsweep.train.checkpoint_store import PAUSE_VAR, CheckpointStore, DcpStore, check_complete
 from hpcsweep.train.distributed import WorldInfo, broadcast_object
+from hpcsweep.train.rng_state import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -85,39 +84,6 @@ def plan_retention(names: list[str], keep_top_k: int) -> Retention:
     newest = max(ckpts, key=lambda n: parsed[n][0])
     best = sorted(ckpts, key=lambda n: (parsed[n][1], -parsed[n][0]))[:keep_top_k]
     return Retention(frozenset({newest}), frozenset(best) - {newest})
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """This process's RNG states (torch CPU/CUDA, numpy, python) as tensors, ints and floats."""
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    py_version, py_internal, py_gauss = random.getstate()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "name": np_name,
-            "keys": torch.from_numpy(np_keys.astype(np.int64)),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "cached_gaussian": float(np_gauss),
-        },
-        "python": {"version": py_version, "internal": list(py_internal), "gauss_next": py_gauss},
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Restore what ``rng_state`` returned."""
-    torch.set_rng_state(state["torch"])
-    npy = state["numpy"]
-    np.random.set_state(
-        (npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
-    )
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def fsync_dir(path: Path) -> None:
@@ -237,6 +203,7 @@ class CheckpointManager:
         self.is_coordinator = world.rank == 0
         if self.is_coordinator:
             directory.mkdir(parents=True, exist_ok=True)
+            # Before any rank can start a save: the first one follows resume()'s broadcast.
             for name in remove_stale_temp(directory):
                 log.warning("removed %s, left by a save that did not finish", directory / name)
         self.store = store or DcpStore(

@@ -88,9 +88,9 @@ class _PausingWriter(dcp.FileSystemWriter):
         super().__init__(path)
         self._pause = pause
 
-    def write_data(self, plan: Any, planner: Any) -> Future:
-        written = super().write_data(plan, planner)
-        written.result()
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        written = super().write_data(plan, planner)  # a torch.futures.Future
+        written.wait()
         self._pause()
         return written
 

@@ -1,8 +1,9 @@
 """The training loop of one trial: steps, evaluation, checkpoints, metrics, stop requests.
 
 ``Trainer`` owns the built parts (model, data, optimizer, checkpoints, logger) and the loop state
-(step, early stopping). Everything it writes goes through rank 0; every decision that changes
-control flow (stop, early stop) is taken identically on all ranks.
+(step, early stopping). Metrics and events go through rank 0, checkpoints are written by every rank
+(its share, in the background); every decision that changes control flow (stop, early stop, save)
+is taken identically on all ranks.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import os
 import pickle
 import random
 import shutil
@@ -25,11 +24,10 @@ from hpcsweep.train.checkpoint import (
     parse_name,
     plan_retention,
     remove_stale_temp,
-    rng_state,
-    set_rng_state,
 )
 from hpcsweep.train.checkpoint_store import check_complete, read_metadata
 from hpcsweep.train.distributed import init_distributed
+from hpcsweep.train.rng_state import rng_state, set_rng_state
 from hpcsweep.train.trainer import Trainer
 
 from .trial_dirs import make_trial_dir, read_metrics
