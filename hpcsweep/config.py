@@ -8,6 +8,7 @@ and what is allowed, so a bad sweep stops on the login node before anything is s
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -246,6 +247,9 @@ class TrainerConfig:
     """Seed of model initialisation and dropout."""
     ckpt_every: int = 50
     """Save a checkpoint every this many steps (0: only at the end and on request)."""
+    ckpt_every_min: float | None = None
+    """Also save every this many minutes (rank 0's clock, since the last save began); null: by steps
+    only. With ``ckpt_every`` both apply, whichever comes first."""
     keep_top_k: int = 2
     """Besides ``last``, keep the k checkpoints with the best validation loss."""
     eval_every: int = 25
@@ -278,6 +282,12 @@ class TrainerConfig:
         for name in ("ckpt_every", "keep_top_k", "early_stop_patience"):
             value = getattr(self, name)
             _require(value >= 0, f"trainer.{name}", value, "an integer >= 0")
+        _require(
+            self.ckpt_every_min is None or self.ckpt_every_min > 0,
+            "trainer.ckpt_every_min",
+            self.ckpt_every_min,
+            "minutes > 0, or null to save by steps only",
+        )
         for name in ("eval_every", "eval_batches", "log_every"):
             value = getattr(self, name)
             _require(value >= 1, f"trainer.{name}", value, "an integer >= 1")
@@ -287,9 +297,12 @@ class TrainerConfig:
 class NcclConfig:
     """The NCCL environment preset a trial runs under (see ``hpcsweep.trial.nccl``)."""
 
-    preset: Literal["a100_ib", "a100_roce", "ethernet", "none", "auto"] = "auto"
-    """Which preset of NCCL variables to export; ``auto``: ``a100_ib`` on a node with an InfiniBand
-    device, ``none`` elsewhere."""
+    preset: Literal["a100_ib", "h100_ib", "a100_roce", "ethernet", "none", "auto"] = "auto"
+    """Which preset of NCCL variables to export; ``auto``: on a node with an InfiniBand device,
+    ``h100_ib`` where the driver names a Hopper GPU and ``a100_ib`` otherwise; ``none`` elsewhere."""
+    ib_hca: list[str] = field(default_factory=list)
+    """HCAs NCCL may use, e.g. ``[mlx5_0, mlx5_1]`` (exported as ``NCCL_IB_HCA`` with exact
+    matching); empty: NCCL chooses. List the compute HCAs to keep NCCL off storage ports."""
     debug: bool = False
     """Also export NCCL_DEBUG=INFO and friends."""
     overrides: dict[str, str] = field(default_factory=dict)
@@ -301,6 +314,19 @@ class NcclConfig:
 
     def __post_init__(self) -> None:
         _require(self.pg_timeout_s >= 1, "nccl.pg_timeout_s", self.pg_timeout_s, "seconds >= 1")
+        for i, name in enumerate(self.ib_hca):
+            _require(
+                re.fullmatch(r"[A-Za-z0-9_.-]+(:[0-9]+)?", name) is not None,
+                f"nccl.ib_hca[{i}]",
+                name,
+                "an HCA name as in /sys/class/infiniband, optionally with :port (mlx5_0, mlx5_0:1)",
+            )
+        _require(
+            not (self.ib_hca and self.preset == "ethernet"),
+            "nccl.ib_hca",
+            self.ib_hca,
+            "empty with nccl.preset=ethernet, which turns InfiniBand off",
+        )
 
 
 @dataclass(kw_only=True)

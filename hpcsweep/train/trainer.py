@@ -1,8 +1,9 @@
 """The training loop of one trial: steps, evaluation, checkpoints, metrics, stop requests.
 
 ``Trainer`` owns the built parts (model, data, optimizer, checkpoints, logger) and the loop state
-(step, early stopping). Everything it writes goes through rank 0; every decision that changes
-control flow (stop, early stop) is taken identically on all ranks.
+(step, early stopping). Metrics and events go through rank 0, checkpoints are written by every rank
+(its share, in the background); every decision that changes control flow (stop, early stop, save)
+is taken identically on all ranks.
 """
 
 from __future__ import annotations
@@ -26,17 +27,12 @@ from hpcsweep.config import TrialConfig
 from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.results import hparams
 from hpcsweep.train import data, gpu_choices, metrics, model, optim
-from hpcsweep.train.checkpoint import (
-    CheckpointManager,
-    load_checkpoint_file,
-    rng_state,
-    set_rng_state,
-)
+from hpcsweep.train.checkpoint import CheckpointManager
+from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message, signal_delay_from_env
 from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,
     any_rank,
-    broadcast_object,
     mean_over_ranks,
     node_name,
 )
@@ -99,7 +95,10 @@ class Trainer:
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
-        self.ckpt = CheckpointManager(trial_dir / "checkpoints", keep_top_k=tcfg.keep_top_k, enable=self.is_writer)
+        self.ckpt = CheckpointManager(trial_dir / "checkpoints", keep_top_k=tcfg.keep_top_k, world=world)
+        self.save_schedule = SaveSchedule(
+            tcfg.ckpt_every, tcfg.ckpt_every_min, is_coordinator=self.is_writer, agree=lambda flag: any_rank(world, flag)
+        )
         tb_dir = tb_runs.trial_run_dir(trial_dir)
         if self.is_writer:
             hparams.write_trial_hparams(trial_dir, tb_dir)
@@ -108,6 +107,8 @@ class Trainer:
         self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_flops = metrics.peak_flops(self.device_facts.name, self.choices.precision, self.choices.tf32)
         self.step = 0
+        self.step_seconds = 0.0
+        self.first_save_logged = False
         self.val_loss: float | None = None
         self.report = metrics_file.new_report(
             max_steps=tcfg.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
@@ -121,46 +122,53 @@ class Trainer:
 
     # ----- checkpoints -------------------------------------------------------------------------
 
-    def state_dict(self, status: str) -> dict[str, Any]:
-        """The checkpoint: one plain dict. ``step`` is also the sampler position."""
+    def trainer_state(self, status: str) -> dict[str, Any]:
+        """What a checkpoint holds besides weights, optimizer and RNG: plain state, as rank 0 has it.
+
+        ``step`` is also the sampler position.
+        """
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "early_stopping": self.early.state_dict(),
-            "step": self.step,
-            "val_loss": self.val_loss,
             "status": status,
             "restarts": self.report["restarts"],
-            "world_size": self.world.world_size,
-            "rng": all_gather_objects(self.world, rng_state(self.world.device)),
         }
 
-    def save(self, status: str) -> None:
-        """Save a checkpoint of the current step (a collective: every rank must call it)."""
-        state = self.state_dict(status)
-        self.ckpt.save(state, step=self.step, val_loss=self.val_loss)
+    def save(self, status: str, *, wait: bool) -> None:
+        """Save a checkpoint of the current step (a collective: every rank must call it).
+
+        In the background unless ``wait``: a stop and the end of training wait until it is durable.
+        """
+        self.save_schedule.saved()
+        self.ckpt.save(
+            model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
+            step=self.step, val_loss=self.val_loss, wait=wait,
+        )
+
+    def log_first_save(self) -> None:
+        """Once this run's first save is durable, log how long it took against the stop signal's lead."""
+        if self.first_save_logged or self.ckpt.first_save is None:
+            return
+        self.first_save_logged = True
+        if self.is_writer:
+            save_s, size = self.ckpt.first_save
+            warn, line = first_save_message(save_s, self.step_seconds, size, signal_delay_from_env(os.environ))
+            log.log(logging.WARNING if warn else logging.INFO, "%s", line)
 
     def resume(self) -> bool:
-        """Load the newest valid checkpoint, if any; True when one was loaded."""
-        found = self.ckpt.newest_valid() if self.is_writer else None
-        path = broadcast_object(self.world, str(found[0]) if found else None)
-        if path is None:
+        """Load the newest usable checkpoint, if any; True when one was loaded."""
+        state = self.ckpt.resume(self.model, self.optimizer)
+        if state is None:
             return False
-        state = found[1] if found else load_checkpoint_file(Path(path))
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.early.load_state_dict(state["early_stopping"])
         self.step, self.val_loss = state["step"], state["val_loss"]
-        if len(state["rng"]) == self.world.world_size:
-            set_rng_state(state["rng"][self.world.rank], self.world.device)
-        else:
-            log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", len(state["rng"]), self.world.world_size)
+        if not state["rng_restored"]:
+            log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", state["world_size"], self.world.world_size)
             torch.manual_seed(worker_seed(self.cfg.trainer.seed + self.step, self.world.rank))
-        log.info("resumed from %s at step %d", Path(path).name, self.step)
+        log.info("resumed from %s at step %d", state["path"].name, self.step)
         return True
 
     # ----- steps -------------------------------------------------------------------------------
@@ -220,9 +228,11 @@ class Trainer:
         tcfg = self.cfg.trainer
         self.write_report()
         window_start, window_steps = time.perf_counter(), 0
+        fit_start, first_step = time.perf_counter(), self.step
         while self.step < tcfg.max_steps:
             loss, grad_norm = self.train_step()
             window_steps += 1
+            self.step_seconds = (time.perf_counter() - fit_start) / (self.step - first_step)
             for hook in self.hooks:
                 hook(self, self.step)
             if self.step % tcfg.log_every == 0 or self.step == tcfg.max_steps:
@@ -235,8 +245,10 @@ class Trainer:
             if self.step == tcfg.max_steps:
                 break
             stop = any_rank(self.world, self.stop_event.is_set())
-            if stop or (tcfg.ckpt_every and self.step % tcfg.ckpt_every == 0):
-                self.save("running")
+            if stop or self.save_schedule.due(self.step):
+                self.save("running", wait=stop)
+            self.ckpt.poll()
+            self.log_first_save()
             if stop:
                 # The reason is known on the ranks that saw the signal or stop file, maybe not on rank 0.
                 reasons = all_gather_objects(self.world, self.stop_event.reason)
@@ -276,9 +288,11 @@ class Trainer:
         return stop
 
     def finish(self, status: str) -> int:
-        """Save the final checkpoint and report the final weights."""
-        self.save(status)
-        self.report.update(status=status, weights_sha256=metrics.weights_sha256(self.model.state_dict()))
+        """Save the final checkpoint and report the final weights (hashed on the one rank that reports)."""
+        self.save(status, wait=True)
+        self.log_first_save()
+        if self.is_writer:
+            self.report.update(status=status, weights_sha256=metrics.weights_sha256(self.model.state_dict()))
         self.write_report()
         log.info("trial %s at step %d, weights sha256 %s", status, self.step, self.report["weights_sha256"])
         return EXIT_OK
@@ -290,7 +304,10 @@ class Trainer:
             metrics_file.write_metrics(self.trial_dir / "metrics.json", self.report)
 
     def close(self) -> None:
-        """Flush and close the logger (safe to call twice)."""
-        self.logger.close()
-        self.logger = metrics.Logger()
+        """Wait for the save under way, flush and close the logger (safe to call twice)."""
+        try:
+            self.ckpt.close()
+        finally:
+            self.logger.close()
+            self.logger = metrics.Logger()
 

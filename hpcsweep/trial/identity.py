@@ -25,6 +25,7 @@ FREE_KEYS: tuple[str, ...] = (
     # Logging, checkpoints and retention: no effect on the computation or the RNG streams.
     "trainer.log_every",
     "trainer.ckpt_every",
+    "trainer.ckpt_every_min",
     "trainer.keep_top_k",
     # How bytes move between ranks and where the trial is placed, not what is computed: a
     # resumed trial may need another NCCL setting or other nodes (a requeue moves it anyway).

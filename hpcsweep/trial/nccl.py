@@ -1,10 +1,19 @@
-"""NCCL environment presets for A100 clusters, each variable with the reason it is set.
+"""NCCL environment presets for A100 and H100 clusters, each variable with the reason it is set.
 
 A preset is data: a tuple of :class:`NcclVar`. :func:`nccl_settings` resolves a preset against the
 config and the inherited environment, :func:`nccl_env` gives the plain ``dict`` to export, and
 :func:`render_env_block` the ``export`` lines written into sbatch scripts and the trial directory.
-``auto`` is not a preset of its own: on each node it becomes ``a100_ib`` where the kernel lists an
-InfiniBand device and ``none`` elsewhere (:func:`resolve_preset`).
+``auto`` is not a preset of its own: on each node it becomes ``none`` where the kernel lists no
+InfiniBand device, ``h100_ib`` where the driver names a Hopper GPU, and ``a100_ib`` elsewhere
+(:func:`resolve_preset`).
+
+What the presets leave to NCCL, on purpose: the socket interface (unset, NCCL prefers ``ib*``
+interfaces and never picks ``lo`` or ``docker*`` while another exists; any filter we set would drop
+that preference), the HCAs (NCCL matches each GPU to its nearest HCA; ``nccl.ib_hca`` pins a list
+the user gives, since only the user knows which HCAs are storage ports), NVLink SHARP (NCCL enables
+it where the NVSwitch supports it, i.e. on H100/H200, and skips it on A100), and the RoCE GID index
+(since NCCL 2.21 it picks the RoCE v2 GID itself; ``nccl.overrides`` sets ``NCCL_IB_GID_INDEX`` for
+an older NCCL or an unusual GID table).
 
 Precedence, lowest first: preset < inherited environment < ``debug`` < ``overrides``.
 The inherited environment beats the preset because site modules often set ``NCCL_IB_HCA`` or
@@ -22,6 +31,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 IB_SYSFS_DIR = "/sys/class/infiniband"
@@ -48,7 +58,7 @@ class NcclSetting:
     value: str
     reason: str
     source: str
-    """``preset``, ``inherited``, ``debug``, ``overrides``, ``ib_devices`` or ``topo_file``."""
+    """``preset``, ``inherited``, ``debug``, ``overrides``, ``ib_hca`` or ``topo_file``."""
 
 
 _TORCH_ERRORS = (
@@ -63,55 +73,39 @@ _TORCH_ERRORS = (
         "blocking wait would make the host wait on every collective; async error handling already catches timeouts",
     ),
 )
-_SOCKET_IFNAME = NcclVar(
-    "NCCL_SOCKET_IFNAME",
-    "^lo,docker",
-    "bootstrap over a real interface: never loopback (other nodes cannot reach it) or a docker bridge",
-)
-_NO_NVLS = NcclVar(
-    "NCCL_NVLS_ENABLE",
-    "0",
-    "A100 NVSwitches have no NVLink SHARP; skip probing for it and its buffer reservation",
-)
 _IB_COMMON = (
     NcclVar("NCCL_IB_DISABLE", "0", "use the InfiniBand verbs transport between nodes"),
-    _SOCKET_IFNAME,
     NcclVar(
         "NCCL_NET_GDR_LEVEL",
         "PHB",
-        "GPUDirect RDMA when GPU and HCA share a PCIe host bridge, as on A100 HGX boards",
+        "GPUDirect RDMA up to a shared PCIe host bridge: HGX A100 and H100 boards put GPU and HCA on one",
     ),
     NcclVar(
         "NCCL_IB_TIMEOUT",
         "22",
-        "4.096 us * 2^22 ~ 17 s per retry: ride out fabric hiccups on large jobs instead of failing the trial",
+        "4.096 us * 2^22 ~ 17 s per retry (NCCL's 20: ~4 s): ride out fabric hiccups on large jobs",
     ),
     NcclVar("NCCL_IB_RETRY_CNT", "7", "the most retransmissions IB allows before the queue pair errors out"),
-    _NO_NVLS,
+)
+# HGX A100 and H100 nodes share everything these variables describe (one HCA per GPU on a rail-optimized
+# fabric, GPU and HCA under one PCIe switch); the one difference, NVLink SHARP on H100, NCCL detects
+# itself. So both presets export the same variables; they differ in name and in what ``auto`` records.
+_IB_RAILS = (
+    *_IB_COMMON,
+    NcclVar(
+        "NCCL_CROSS_NIC",
+        "0",
+        "rail-optimized fabric (DGX/HGX SuperPOD style): keep each ring on the same NIC rail on every node",
+    ),
+    *_TORCH_ERRORS,
 )
 
 PRESETS: Mapping[str, tuple[NcclVar, ...]] = {
-    "a100_ib": (
-        *_IB_COMMON,
-        NcclVar(
-            "NCCL_CROSS_NIC",
-            "0",
-            "A100 IB fabrics are rail-optimized: keep each ring on the same NIC rail on every node",
-        ),
-        *_TORCH_ERRORS,
-    ),
-    "a100_roce": (
-        *_IB_COMMON,
-        NcclVar(
-            "NCCL_IB_GID_INDEX",
-            "3",
-            "RoCE v2 over IPv4 sits at GID index 3 on Mellanox NICs; the default index 0 is RoCE v1",
-        ),
-        *_TORCH_ERRORS,
-    ),
+    "a100_ib": _IB_RAILS,
+    "h100_ib": _IB_RAILS,
+    "a100_roce": (*_IB_COMMON, *_TORCH_ERRORS),
     "ethernet": (
         NcclVar("NCCL_IB_DISABLE", "1", "no RDMA fabric: use TCP sockets between nodes"),
-        _SOCKET_IFNAME,
         NcclVar("NCCL_SOCKET_NTHREADS", "4", "more CPU threads per connection to fill a 100 GbE link"),
         NcclVar("NCCL_NSOCKS_PERTHREAD", "4", "several sockets per thread spread a transfer over flows"),
         *_TORCH_ERRORS,
@@ -128,21 +122,29 @@ DEBUG_VARS: tuple[NcclVar, ...] = (
 """Variables exported only with ``debug=True``."""
 
 AUTO_PRESET = "auto"
-"""``nccl.preset=auto``: the RDMA preset where this node has an InfiniBand device, else none."""
+"""``nccl.preset=auto``: an InfiniBand preset where this node has an InfiniBand device, else none."""
+NVIDIA_PROC_DIR = "/proc/driver/nvidia/gpus"
+"""Where the NVIDIA driver describes each GPU (one ``information`` file per PCI address)."""
+_HOPPER = re.compile(r"\b(GH|H)(100|200|800|20)\b")
+"""GPU names of the Hopper generation: H100, H200, H800, H20, GH200."""
+
 PRESET_VAR = "HPCSWEEP_NCCL_PRESET"
 """Variable that records the preset the other variables come from (``auto`` resolved)."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def resolve_preset(preset: str, ib_devices: Sequence[str]) -> str:
-    """The concrete preset for ``preset``: ``auto`` becomes ``a100_ib`` when ``ib_devices`` is not
-    empty and ``none`` otherwise (on a laptop, or nodes with only Ethernet, let NCCL pick sockets
-    itself); any other name is returned as it is.
+def resolve_preset(preset: str, ib_devices: Sequence[str], gpu_models: Sequence[str] = ()) -> str:
+    """The concrete preset for ``preset``. ``auto`` becomes ``none`` when ``ib_devices`` is empty
+    (on a laptop, or nodes with only Ethernet, NCCL picks sockets itself), ``h100_ib`` when one of
+    ``gpu_models`` is a Hopper GPU, else ``a100_ib`` (A100, or a GPU the driver did not name);
+    any other name is returned as it is.
     """
     if preset != AUTO_PRESET:
         return preset
-    return "a100_ib" if ib_devices else "none"
+    if not ib_devices:
+        return "none"
+    return "h100_ib" if any(_HOPPER.search(model) for model in gpu_models) else "a100_ib"
 
 
 def nccl_settings(
@@ -151,23 +153,27 @@ def nccl_settings(
     overrides: Mapping[str, str] | None = None,
     debug: bool = False,
     ib_devices: Sequence[str] = (),
+    gpu_models: Sequence[str] = (),
+    ib_hca: Sequence[str] = (),
     topo_file: str | None = None,
     pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S,
     inherited: Mapping[str, str] | None = None,
 ) -> tuple[NcclSetting, ...]:
     """Resolve a preset into ordered settings (see the module docstring for precedence).
 
-    ``ib_devices`` (e.g. from :func:`list_ib_devices`) resolves ``auto`` (:func:`resolve_preset`)
-    and pins ``NCCL_IB_HCA`` for the RDMA presets; ``topo_file`` is passed through as
-    ``NCCL_TOPO_FILE``. The preset used is recorded as ``HPCSWEEP_NCCL_PRESET``, so the trial's
-    environment record says what ``auto`` became. Raises ``ValueError`` naming the config key on
-    an unknown preset, a bad timeout or a bad override name.
+    ``ib_devices`` (:func:`list_ib_devices`) and ``gpu_models`` (:func:`list_gpu_models`) resolve
+    ``auto`` (:func:`resolve_preset`). ``ib_hca`` (``nccl.ib_hca``) pins ``NCCL_IB_HCA`` to those
+    HCAs, each of which must be among ``ib_devices``: a name NCCL cannot find would make it fall
+    back to TCP sockets without an error. ``topo_file`` is passed through as ``NCCL_TOPO_FILE``.
+    The preset used is recorded as ``HPCSWEEP_NCCL_PRESET``, so the trial's environment record
+    says what ``auto`` became. Raises ``ValueError`` naming the config key on an unknown preset, a
+    bad timeout, a bad override name or an HCA this node does not have.
     """
     if preset != AUTO_PRESET and preset not in PRESETS:
         raise ValueError(
             f"nccl.preset: unknown preset {preset!r}; allowed: {', '.join([*PRESETS, AUTO_PRESET])}"
         )
-    preset = resolve_preset(preset, ib_devices)
+    preset = resolve_preset(preset, ib_devices, gpu_models)
     if pg_timeout_s < 1:
         raise ValueError(f"nccl.pg_timeout_s: must be >= 1 second, got {pg_timeout_s}")
     overrides = dict(overrides or {})
@@ -177,8 +183,8 @@ def nccl_settings(
             raise ValueError(f"nccl.overrides: {name!r} is not an environment variable name")
 
     layers: list[tuple[NcclVar, str]] = [(var, "preset") for var in PRESETS[preset]]
-    if ib_devices and preset in ("a100_ib", "a100_roce"):
-        layers.append((_ib_hca_var(ib_devices), "ib_devices"))
+    if ib_hca:
+        layers.append((_ib_hca_var(ib_hca, ib_devices), "ib_hca"))
     if topo_file:
         layers.append(
             (NcclVar("NCCL_TOPO_FILE", topo_file, "the cluster's own PCIe/NVLink topology description"), "topo_file")
@@ -226,7 +232,7 @@ def render_env_block(preset: str, **options: Any) -> str:
 
     Keywords as :func:`nccl_settings`.
     """
-    used = resolve_preset(preset, options.get("ib_devices", ()))
+    used = resolve_preset(preset, options.get("ib_devices", ()), options.get("gpu_models", ()))
     name = preset if used == preset else f"{preset} ({used} here)"
     lines = [f"# NCCL preset {name}, generated by hpcsweep.trial.nccl"]
     for s in nccl_settings(preset, **options):
@@ -242,13 +248,19 @@ def _shell_value(value: str) -> str:
     return quoted
 
 
-def _ib_hca_var(ib_devices: Sequence[str]) -> NcclVar:
+def _ib_hca_var(ib_hca: Sequence[str], ib_devices: Sequence[str]) -> NcclVar:
+    missing = [name for name in ib_hca if name.split(":")[0] not in ib_devices]
+    if missing:
+        found = ", ".join(sorted(ib_devices, key=_natural_key)) or "none"
+        raise ValueError(
+            f"nccl.ib_hca: {', '.join(missing)} not found in {IB_SYSFS_DIR} on this node (found: {found})"
+        )
+    names = list(dict.fromkeys(ib_hca))
     # The leading "=" makes NCCL match names exactly; without it "mlx5_1" also selects mlx5_10.
-    names = sorted(set(ib_devices), key=_natural_key)
     return NcclVar(
         "NCCL_IB_HCA",
         "=" + ",".join(names),
-        f"only the {len(names)} HCA(s) found in {IB_SYSFS_DIR}, matched exactly",
+        f"only the {len(names)} HCA(s) nccl.ib_hca lists, matched exactly (not storage ports)",
     )
 
 
@@ -262,3 +274,33 @@ def list_ib_devices(sysfs_dir: str = IB_SYSFS_DIR) -> list[str]:
         return sorted(os.listdir(sysfs_dir), key=_natural_key)
     except FileNotFoundError:
         return []
+
+
+def parse_gpu_model(information: str) -> str | None:
+    """The ``Model:`` of an NVIDIA driver ``information`` file (``NVIDIA H100 80GB HBM3``), or None."""
+    for line in information.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model" and value.strip():
+            return value.strip()
+    return None
+
+
+def list_gpu_models(proc_dir: str = NVIDIA_PROC_DIR) -> list[str]:
+    """The model name of every GPU the NVIDIA driver lists (empty without the driver).
+
+    Reads files only: asking CUDA would create a context on GPU 0 in this process, which the
+    training workers then share for the whole trial.
+    """
+    try:
+        entries = sorted(os.listdir(proc_dir))
+    except FileNotFoundError:
+        return []
+    models = []
+    for entry in entries:
+        try:
+            model = parse_gpu_model(Path(proc_dir, entry, "information").read_text())
+        except OSError:  # a GPU going away while we look: it is not this trial's concern
+            model = None
+        if model:
+            models.append(model)
+    return models

@@ -37,7 +37,7 @@ from hpcsweep.train import stop
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.trial import preempt
 from hpcsweep.trial.identity import CONFIG_FILE, check_resume, differences_text
-from hpcsweep.trial.nccl import list_ib_devices, nccl_env
+from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env
 from hpcsweep.trial.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
 
 log = logging.getLogger(__name__)
@@ -312,6 +312,8 @@ def run_trial_on_this_node(
         overrides=trial.nccl.overrides,
         debug=trial.nccl.debug,
         ib_devices=list_ib_devices(),
+        gpu_models=list_gpu_models(),
+        ib_hca=trial.nccl.ib_hca,
         topo_file=trial.nccl.topo_file,
         pg_timeout_s=trial.nccl.pg_timeout_s,
         inherited=env,

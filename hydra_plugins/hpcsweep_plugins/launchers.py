@@ -22,6 +22,7 @@ class SlurmLauncher(BaseSubmititLauncher):
     _EXECUTOR = "slurm"
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        from hpcsweep.train.checkpoint_schedule import SIGNAL_DELAY_VAR
         from hpcsweep.train.stop import STOP_REQUESTED, stop_signals_handled
         from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
 
@@ -29,6 +30,7 @@ class SlurmLauncher(BaseSubmititLauncher):
         # handlers (USR2: requeue and sys.exit at once) are replaced from here on, so a signal
         # during start-up is kept for the runner instead.
         os.environ[MAX_REQUEUES_VAR] = str(self.params["max_num_timeout"])
+        os.environ[SIGNAL_DELAY_VAR] = str(self.params["signal_delay_s"])
         with stop_signals_handled(STOP_REQUESTED.set):
             result = super().__call__(*args, **kwargs)
         # Hydra's run_job catches the trial's exception; raise it, so that the array task exits

@@ -20,7 +20,7 @@ def test_help_lists_the_config_groups_and_the_sweep_usage():
     text = hpcsweep("--help")
     assert "python -m hpcsweep -m [overrides]" in text
     assert "model: deepseek_125m, deepseek_1b, deepseek_tiny, llama_small" in text
-    assert "nccl: a100_ib, a100_roce, auto, ethernet, none" in text
+    assert "nccl: a100_ib, a100_roce, auto, ethernet, h100_ib, none" in text
 
 
 def test_cfg_job_prints_the_composed_config_with_overrides():

@@ -20,25 +20,34 @@ from hpcsweep.trial.nccl import (
     DEBUG_VARS,
     PRESET_VAR,
     PRESETS,
+    list_gpu_models,
     list_ib_devices,
     nccl_env,
+    parse_gpu_model,
     render_env_block,
     resolve_preset,
 )
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
-IB_DEVICES = ("mlx5_1", "mlx5_0", "mlx5_10", "mlx5_2")
+# A DGX-style node: eight compute HCAs and two storage ports (mlx5_8, mlx5_9), listed unsorted.
+IB_DEVICES = ("mlx5_1", "mlx5_0", "mlx5_10", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8",
+              "mlx5_9")
+COMPUTE_HCAS = ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]
+H100 = ("NVIDIA H100 80GB HBM3",) * 8
+A100 = ("NVIDIA A100-SXM4-80GB",) * 8
 
 # golden file stem → render_env_block arguments
 GOLDEN_CASES = {
-    "nccl_a100_ib": dict(preset="a100_ib"),
-    "nccl_a100_ib_hca": dict(preset="a100_ib", ib_devices=IB_DEVICES),
-    "nccl_a100_roce": dict(preset="a100_roce"),
-    "nccl_a100_roce_hca": dict(preset="a100_roce", ib_devices=IB_DEVICES),
+    "nccl_a100_ib": dict(preset="a100_ib", ib_devices=IB_DEVICES),
+    "nccl_a100_ib_hca": dict(preset="a100_ib", ib_devices=IB_DEVICES, ib_hca=COMPUTE_HCAS),
+    "nccl_h100_ib": dict(preset="h100_ib", ib_devices=IB_DEVICES),
+    "nccl_a100_roce": dict(preset="a100_roce", ib_devices=IB_DEVICES),
+    "nccl_a100_roce_hca": dict(preset="a100_roce", ib_devices=IB_DEVICES, ib_hca=["mlx5_0:1", "mlx5_1:1"]),
     "nccl_ethernet": dict(preset="ethernet"),
     "nccl_none": dict(preset="none"),
-    "nccl_auto_ib": dict(preset="auto", ib_devices=IB_DEVICES),
-    "nccl_auto_no_ib": dict(preset="auto"),
+    "nccl_auto_ib": dict(preset="auto", ib_devices=IB_DEVICES, gpu_models=A100),
+    "nccl_auto_h100": dict(preset="auto", ib_devices=IB_DEVICES, gpu_models=H100),
+    "nccl_auto_no_ib": dict(preset="auto", gpu_models=H100),
     "nccl_a100_ib_debug": dict(
         preset="a100_ib", debug=True, topo_file="/etc/nccl/a100 topo.xml", pg_timeout_s=600
     ),
@@ -70,28 +79,36 @@ def test_config_choices_and_config_files_are_the_presets():
     assert set(presets) == {*PRESETS, AUTO_PRESET}
     configs = Path(__file__).parents[2] / "configs"
     for preset in presets:
-        assert yaml.safe_load((configs / "nccl" / f"{preset}.yaml").read_text())["preset"] == preset
+        values = yaml.safe_load((configs / "nccl" / f"{preset}.yaml").read_text())
+        assert values["preset"] == preset
+        assert NcclConfig(**values) == NcclConfig(preset=preset)  # every file holds every key, at its default
     assert "  - nccl: auto\n" in (configs / "config.yaml").read_text()
     assert NcclConfig().preset == AUTO_PRESET
 
 
 @pytest.mark.parametrize(
-    ("preset", "ib_devices", "expected"),
+    ("preset", "ib_devices", "gpu_models", "expected"),
     [
-        ("auto", [], "none"),
-        ("auto", ["mlx5_0"], "a100_ib"),
-        ("ethernet", ["mlx5_0"], "ethernet"),
-        ("a100_roce", [], "a100_roce"),
+        ("auto", [], H100, "none"),
+        ("auto", ["mlx5_0"], (), "a100_ib"),  # no driver to ask: the A100 preset, which is the H100 one too
+        ("auto", ["mlx5_0"], A100, "a100_ib"),
+        ("auto", ["mlx5_0"], H100, "h100_ib"),
+        ("auto", ["mlx5_0"], ["NVIDIA H200"], "h100_ib"),
+        ("auto", ["mlx5_0"], ["NVIDIA GH200 480GB"], "h100_ib"),
+        ("auto", ["mlx5_0"], ["NVIDIA L40S"], "a100_ib"),
+        ("ethernet", ["mlx5_0"], H100, "ethernet"),
+        ("a100_roce", [], (), "a100_roce"),
     ],
 )
-def test_resolve_preset(preset, ib_devices, expected):
-    assert resolve_preset(preset, ib_devices) == expected
+def test_resolve_preset(preset, ib_devices, gpu_models, expected):
+    assert resolve_preset(preset, ib_devices, gpu_models) == expected
 
 
 def test_auto_exports_the_resolved_preset_and_records_it():
     assert nccl_env("auto", inherited={}) == {PRESET_VAR: "none", "HPCSWEEP_PG_TIMEOUT_S": "1800"}
     with_ib = nccl_env("auto", ib_devices=IB_DEVICES)
     assert with_ib == {**nccl_env("a100_ib", ib_devices=IB_DEVICES)} and with_ib[PRESET_VAR] == "a100_ib"
+    assert nccl_env("auto", ib_devices=IB_DEVICES, gpu_models=H100)[PRESET_VAR] == "h100_ib"
     # an earlier trial's record in the environment is not "inherited" into this one
     assert nccl_env("auto", inherited={PRESET_VAR: "a100_ib"})[PRESET_VAR] == "none"
 
@@ -110,11 +127,44 @@ def test_debug_off_by_default():
     assert nccl_env("a100_ib", debug=True)["NCCL_DEBUG"] == "INFO"
 
 
-def test_ib_hca_exact_and_natural_order():
-    assert nccl_env("a100_ib", ib_devices=IB_DEVICES)["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1,mlx5_2,mlx5_10"
-    assert "NCCL_IB_HCA" not in nccl_env("ethernet", ib_devices=IB_DEVICES)
+def test_what_the_presets_leave_to_nccl():
+    left_to_nccl = {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_NVLS_ENABLE", "NCCL_IB_GID_INDEX"}
+    for preset in [*PRESETS, AUTO_PRESET]:
+        assert not left_to_nccl & set(nccl_env(preset, ib_devices=IB_DEVICES, gpu_models=H100)), preset
     assert nccl_env("ethernet")["NCCL_IB_DISABLE"] == "1"
-    assert nccl_env("a100_roce")["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_h100_and_a100_ib_presets_differ_only_in_their_name():
+    # Nothing left in the IB presets depends on the GPU generation (NVLink SHARP is NCCL's call):
+    # a variable that should differ has to be added to one of them on purpose, and this test changed.
+    a100, h100 = nccl_env("a100_ib"), nccl_env("h100_ib")
+    assert {**a100, PRESET_VAR: "h100_ib"} == h100
+
+
+def test_ib_hca_is_opt_in_exact_and_checked_against_the_node():
+    assert nccl_env("a100_ib", ib_devices=IB_DEVICES, ib_hca=["mlx5_1", "mlx5_0", "mlx5_1"])["NCCL_IB_HCA"] == (
+        "=mlx5_1,mlx5_0"
+    )
+    assert nccl_env("none", ib_devices=IB_DEVICES, ib_hca=["mlx5_0:1"])["NCCL_IB_HCA"] == "=mlx5_0:1"
+    # A name NCCL cannot find makes it fall back to TCP without an error: refuse it on the node.
+    with pytest.raises(ValueError, match=r"nccl\.ib_hca: mlx5_12 not found in /sys/class/infiniband .*mlx5_0, mlx5_1"):
+        nccl_env("a100_ib", ib_devices=IB_DEVICES, ib_hca=["mlx5_0", "mlx5_12"])
+    with pytest.raises(ValueError, match=r"nccl\.ib_hca: mlx5_0 not found .*\(found: none\)"):
+        nccl_env("auto", ib_hca=["mlx5_0"])
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"ib_hca": ["mlx5 0"]}, r"nccl\.ib_hca\[0\]='mlx5 0' is not allowed: an HCA name"),
+        ({"ib_hca": ["=mlx5_0"]}, r"nccl\.ib_hca\[0\]='=mlx5_0' is not allowed"),
+        ({"preset": "ethernet", "ib_hca": ["mlx5_0"]}, r"nccl\.ib_hca=\['mlx5_0'\] is not allowed: empty with nccl\.preset=ethernet"),
+    ],
+)
+def test_ib_hca_config_is_checked_before_submission(values, message):
+    with pytest.raises(ValueError, match=message):
+        NcclConfig(**values)
+    assert NcclConfig(ib_hca=["mlx5_0", "mlx5_1:1"]).ib_hca == ["mlx5_0", "mlx5_1:1"]
 
 
 def test_precedence_preset_inherited_debug_overrides():
@@ -122,6 +172,7 @@ def test_precedence_preset_inherited_debug_overrides():
     env = nccl_env(
         "a100_ib",
         ib_devices=IB_DEVICES,
+        ib_hca=COMPUTE_HCAS,
         debug=True,
         overrides={"NCCL_IB_TIMEOUT": "23", "NCCL_ALGO": "Ring"},
         inherited=inherited,
@@ -131,7 +182,9 @@ def test_precedence_preset_inherited_debug_overrides():
     assert env["NCCL_IB_TIMEOUT"] == "23"  # explicit overrides beat everything
     assert env["NCCL_ALGO"] == "Ring"  # overrides may add variables
     assert "PATH" not in env  # unrelated inherited variables are not copied
-    assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+    assert env["NCCL_CROSS_NIC"] == "0"
+    roce = nccl_env("a100_roce", overrides={"NCCL_IB_GID_INDEX": "3"}, inherited={"NCCL_SOCKET_IFNAME": "=ib0"})
+    assert (roce["NCCL_IB_GID_INDEX"], "NCCL_SOCKET_IFNAME" in roce) == ("3", False)  # the site's own stays its own
 
 
 def test_pg_timeout_and_topo_file():
@@ -142,7 +195,7 @@ def test_pg_timeout_and_topo_file():
 
 
 def test_unknown_preset_names_key_and_allowed_values():
-    with pytest.raises(ValueError, match=r"nccl\.preset.*a100_ib, a100_roce, ethernet, none, auto"):
+    with pytest.raises(ValueError, match=r"nccl\.preset.*a100_ib, h100_ib, a100_roce, ethernet, none, auto"):
         nccl_env("a100_infiniband")
 
 
@@ -161,6 +214,24 @@ def test_list_ib_devices(tmp_path):
         (tmp_path / name).mkdir()
     assert list_ib_devices(str(tmp_path)) == ["mlx5_0", "mlx5_2", "mlx5_10"]
     assert list_ib_devices(str(tmp_path / "missing")) == []
+
+
+GPU_INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
+IRQ:   \t\t 380
+GPU UUID: \t GPU-5f2d4a4e-0000-0000-0000-000000000000
+Bus Location: \t 0000:18:00.0
+"""
+
+
+def test_gpu_models_come_from_the_driver_files(tmp_path):
+    assert parse_gpu_model(GPU_INFORMATION) == "NVIDIA H100 80GB HBM3"
+    assert parse_gpu_model("IRQ: 380\n") is None
+    for address, model in [("0000:2a:00.0", "NVIDIA A100-SXM4-80GB"), ("0000:18:00.0", "NVIDIA H100 80GB HBM3")]:
+        (tmp_path / address).mkdir()
+        (tmp_path / address / "information").write_text(GPU_INFORMATION.replace("NVIDIA H100 80GB HBM3", model))
+    (tmp_path / "0000:99:00.0").mkdir()  # no information file: skipped
+    assert list_gpu_models(str(tmp_path)) == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    assert list_gpu_models(str(tmp_path / "missing")) == []
 
 
 if __name__ == "__main__":
