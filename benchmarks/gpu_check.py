@@ -195,7 +195,8 @@ def checkpoint_times(trial_dir: Path) -> dict[str, float]:
         synchronize(world.device)
         resume_s = time.perf_counter() - start
         start = time.perf_counter()
-        trainer.save("completed")  # the same step and status: it replaces the final checkpoint
+        # The same step and status: it replaces the final checkpoint. Timed until it is durable on disk.
+        trainer.save("completed", wait=True)
         synchronize(world.device)
         save_s = time.perf_counter() - start
     finally:

@@ -27,7 +27,7 @@ def test_a_dir_is_shown_relative_to_the_working_dir_only_below_it():
 @pytest.mark.parametrize(
     ("key", "message"),
     [
-        ("model.lrr", "model.lrr is not a config key; did you mean model.lr? (keys of model: arch, dropout,"),
+        ("model.lrr", "model.lrr is not a config key; did you mean model.lr? (keys of model: arch, attn_implementation, dropout,"),
         ("trainer.max_step", "trainer.max_step is not a config key; did you mean trainer.max_steps?"),
         ("modle.lr", "modle.lr is not a config key; did you mean model.lr? (config groups: model, data,"),
         ("lr", "lr is not a config key; did you mean model.lr?"),
