@@ -407,7 +407,9 @@ def test_the_config_file_and_the_dataclass_agree_on_the_wait():
 
 
 def pin_requests(count: int, nodes: int = 2, max_wait_min: int = 5, **kwargs) -> list[PlacementRequest]:
-    return [PlacementRequest(trial=i, mode="pin", nodes=nodes, max_wait_min=max_wait_min, **kwargs) for i in range(count)]
+    return [
+        PlacementRequest(trial=i, mode="pin", nodes=nodes, max_wait_min=max_wait_min, **kwargs) for i in range(count)
+    ]
 
 
 def test_pinned_trials_of_a_sweep_get_disjoint_leaves_then_fall_back_with_one_message():
