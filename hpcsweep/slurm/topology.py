@@ -299,6 +299,50 @@ def capped_max_wait_min(max_wait_min: int, max_switch_wait_s: int) -> tuple[int,
     )
 
 
+def check_topology_keys(mode: str, max_wait_min: int) -> None:
+    """Raise ``ValueError`` naming the key when ``topology.mode`` or ``topology.max_wait_min`` is not allowed."""
+    if mode not in TOPOLOGY_MODES:
+        raise ValueError(f"topology.mode: unknown mode {mode!r}; allowed: {', '.join(TOPOLOGY_MODES)}")
+    if max_wait_min < 0:
+        raise ValueError(f"topology.max_wait_min: must be >= 0, got {max_wait_min}")
+
+
+def _candidates(
+    node_states: Sequence[NodeState], exclude: Collection[str], partition: str | None
+) -> list[NodeState]:
+    """Nodes Slurm may give the trial: usable, not excluded, in ``partition`` (any when ``None``)."""
+    excluded = set(exclude)
+    return [
+        s
+        for s in node_states
+        if s.is_usable and s.name not in excluded and (partition is None or partition in s.partitions)
+    ]
+
+
+def pin_nodes(
+    tree: SwitchTree,
+    node_states: Sequence[NodeState],
+    nodes: int,
+    *,
+    exclude: Collection[str] = (),
+    partition: str | None = None,
+    taken: Collection[str] = (),
+) -> Placement | None:
+    """The nodes a ``pin``-mode trial is given: :func:`choose_nodes` among the free usable nodes
+    of ``partition`` that are neither excluded nor ``taken`` by earlier trials of the sweep.
+
+    ``None`` when no such placement is as tight as ``--switches`` would ask for (the fewest leaf
+    switches that hold ``nodes`` of the usable nodes): pinning to scattered leftovers would start
+    the trial sooner but on a worse placement than the fallback waits for.
+    """
+    candidates = _candidates(node_states, exclude, partition)
+    unavailable = set(taken)
+    placement = choose_nodes(tree, [s.name for s in candidates if s.is_free and s.name not in unavailable], nodes)
+    if placement is None or len(placement.leaves) > fewest_switches(tree, nodes, [s.name for s in candidates]):
+        return None
+    return placement
+
+
 def topology_sbatch_options(
     mode: str,
     nodes: int,
@@ -309,36 +353,28 @@ def topology_sbatch_options(
     exclude: Collection[str] = (),
     partition: str | None = None,
 ) -> dict[str, str]:
-    """Extra sbatch options (long names without ``--``) that place a ``nodes``-node trial.
+    """Extra sbatch options (long names without ``--``) that place one ``nodes``-node trial.
 
     ``switches``: ``{"switches": "K@HH:MM:SS"}`` with K from :func:`fewest_switches`, plus
-    ``exclude`` when nodes are excluded. ``pin``: ``{"nodelist": ...}`` from the free usable
-    nodes of ``partition`` chosen by :func:`choose_nodes`; when too few are free it falls back
-    to ``switches``. ``off``, a single node, or a cluster without a topology give ``{}``.
-    ``max_wait_min`` is ``topology.max_wait_min`` after :func:`capped_max_wait_min`: Slurm caps
-    the wait at ``SchedulerParameters=max_switch_wait``, and the request should say what happens.
+    ``exclude`` when nodes are excluded. ``pin``: ``{"nodelist": ...}`` from :func:`pin_nodes`;
+    when it finds none, the ``switches`` options. ``off``, a single node, or a cluster without a
+    topology give ``{}``. ``max_wait_min`` is ``topology.max_wait_min`` after
+    :func:`capped_max_wait_min`: Slurm caps the wait at ``SchedulerParameters=max_switch_wait``,
+    and the request should say what happens. A sweep places its trials together with
+    :func:`hpcsweep.slurm.sweep_placement.sweep_placements`, so that pinned trials do not share nodes.
     """
-    if mode not in TOPOLOGY_MODES:
-        raise ValueError(f"topology.mode: unknown mode {mode!r}; allowed: {', '.join(TOPOLOGY_MODES)}")
-    if max_wait_min < 0:
-        raise ValueError(f"topology.max_wait_min: must be >= 0, got {max_wait_min}")
+    check_topology_keys(mode, max_wait_min)
     if mode == "off" or nodes <= 1 or tree.is_empty:
         return {}
-    excluded = set(exclude)
-    candidates = [
-        s
-        for s in node_states
-        if s.is_usable and s.name not in excluded and (partition is None or partition in s.partitions)
-    ]
     if mode == "pin":
-        placement = choose_nodes(tree, [s.name for s in candidates if s.is_free], nodes)
+        placement = pin_nodes(tree, node_states, nodes, exclude=exclude, partition=partition)
         if placement is not None:
             return {"nodelist": placement.nodelist}
     options: dict[str, str] = {}
-    k = fewest_switches(tree, nodes, [s.name for s in candidates])
+    k = fewest_switches(tree, nodes, [s.name for s in _candidates(node_states, exclude, partition)])
     if k:
         hours, minutes = divmod(max_wait_min, 60)
         options["switches"] = f"{k}@{hours:02d}:{minutes:02d}:00"
-    if excluded:
-        options["exclude"] = ",".join(sorted(excluded))
+    if exclude:
+        options["exclude"] = ",".join(sorted(set(exclude)))
     return options

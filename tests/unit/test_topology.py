@@ -12,6 +12,7 @@ from hpcsweep.config import TopologyConfig
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_fields, parse_max_switch_wait
 from hpcsweep.slurm.nodes import NodeState, parse_node_states
+from hpcsweep.slurm.sweep_placement import PlacementRequest, sweep_placements
 from hpcsweep.slurm.topology import (
     capped_max_wait_min,
     choose_nodes,
@@ -322,6 +323,18 @@ def test_pin_mode_respects_partition():
     }
 
 
+def test_pin_mode_never_pins_more_leaves_than_switches_would_ask_for():
+    tree = parse_topology(TWO_LEVEL)
+    # One free node on each leaf: two of them would start now, but across leaves, where
+    # --switches=1 waits for a whole leaf.
+    states = states_for({f"h{i}{j}": "IDLE" if j == 1 else "ALLOCATED" for i in range(3) for j in range(1, 4)})
+    assert topology_sbatch_options("pin", 2, tree, states, max_wait_min=5) == {"switches": "1@00:05:00"}
+    # Four nodes need two leaves anyway: pinning to two leaves is as tight as it gets.
+    assert topology_sbatch_options("pin", 4, tree, states_for(dict.fromkeys(tree.leaf_of, "IDLE")), max_wait_min=5) == {
+        "nodelist": "h01,h02,h03,h11"
+    }
+
+
 def test_bad_mode_names_key_and_allowed_values():
     with pytest.raises(ValueError, match=r"topology\.mode.*switches, pin, off"):
         topology_sbatch_options("spread", 2, parse_topology(LOCAL_TOPOLOGY), [], max_wait_min=5)
@@ -332,6 +345,18 @@ def test_describe_local_cluster():
     assert "leaf1 (level 0)  free: node1,node2  busy: -  unusable: -" in text
     assert "placement for 3 node(s): node1,node2,node3" in text
     assert "--switches=2@00:05:00" in text
+
+
+def test_preview_shows_how_a_pin_sweep_spreads(monkeypatch, capsys):
+    fake_cluster(monkeypatch, "SchedulerParameters     = (null)\n")
+    assert topology_cli.main(["--nodes", "2", "--trials", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "sbatch options (mode=pin, 3 trial(s)):\n  trial 0: --nodelist=node1,node2\n" in out
+    assert "  trial 1: --nodelist=node3,node4\n  trial 2: --switches=1@00:05:00\n" in out
+    assert "  topology.mode=pin: 2 trial(s) got free nodes of their own" in out
+    with pytest.raises(SystemExit):
+        topology_cli.main(["--trials", "0"])
+    assert "--trials: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_max_switch_wait_from_scheduler_parameters():
@@ -376,3 +401,131 @@ def test_preview_caps_the_wait_as_the_sweep_does(monkeypatch, capsys):
 def test_the_config_file_and_the_dataclass_agree_on_the_wait():
     default_yaml = Path(__file__).parents[2] / "configs" / "topology" / "default.yaml"
     assert yaml.safe_load(default_yaml.read_text())["max_wait_min"] == TopologyConfig().max_wait_min == 5
+
+
+# -- a sweep's placements ------------------------------------------------------------------
+
+
+def pin_requests(count: int, nodes: int = 2, max_wait_min: int = 5, **kwargs) -> list[PlacementRequest]:
+    return [
+        PlacementRequest(trial=i, mode="pin", nodes=nodes, max_wait_min=max_wait_min, **kwargs) for i in range(count)
+    ]
+
+
+def test_pinned_trials_of_a_sweep_get_disjoint_leaves_then_fall_back_with_one_message():
+    tree = parse_topology(LOCAL_TOPOLOGY)
+    options, messages = sweep_placements(pin_requests(4), tree, parse_node_states(LOCAL_NODES))
+    assert options == {
+        0: {"nodelist": "node1,node2"},
+        1: {"nodelist": "node3,node4"},
+        2: {"switches": "1@00:05:00"},
+        3: {"switches": "1@00:05:00"},
+    }
+    (message,) = messages
+    assert message.startswith("topology.mode=pin: 2 trial(s) got free nodes of their own")
+    assert "the other 2 (trial(s) 2, 3)" in message and "fall back to topology.mode=switches" in message
+
+
+def test_no_message_while_free_nodes_last():
+    tree = parse_topology(LOCAL_TOPOLOGY)
+    options, messages = sweep_placements(pin_requests(2), tree, parse_node_states(LOCAL_NODES))
+    assert (options, messages) == ({0: {"nodelist": "node1,node2"}, 1: {"nodelist": "node3,node4"}}, [])
+
+
+def test_each_pinned_trial_stays_under_one_leaf_best_fit_first():
+    tree = parse_topology(TWO_LEVEL)  # three leaves of three nodes
+    states = states_for(dict.fromkeys(tree.leaf_of, "IDLE"))
+    options, messages = sweep_placements(pin_requests(4), tree, states)
+    assert [options[i] for i in range(3)] == [
+        {"nodelist": "h01,h02"},
+        {"nodelist": "h11,h12"},
+        {"nodelist": "h21,h22"},
+    ]
+    # One node is left on each leaf: three of them, but no two under one leaf.
+    assert options[3] == {"switches": "1@00:05:00"}
+    assert "the other 1 (trial(s) 3)" in messages[0]
+
+
+def test_best_fit_fills_a_partly_busy_leaf_before_an_idle_one():
+    tree = parse_topology(TWO_LEVEL)
+    states = states_for({**dict.fromkeys(tree.leaf_of, "IDLE"), "h01": "MIXED"})
+    options, _ = sweep_placements(pin_requests(2), tree, states)
+    assert options == {0: {"nodelist": "h02,h03"}, 1: {"nodelist": "h11,h12"}}
+
+
+def test_pinned_trials_honour_exclude_and_partition():
+    tree = parse_topology(LOCAL_TOPOLOGY)
+    states = parse_node_states(LOCAL_NODES)
+    requests = [
+        PlacementRequest(trial=0, mode="pin", nodes=2, max_wait_min=5, exclude=("node1",)),
+        PlacementRequest(trial=1, mode="pin", nodes=2, max_wait_min=5),
+    ]
+    options, _ = sweep_placements(requests, tree, states)
+    assert options == {0: {"nodelist": "node3,node4"}, 1: {"nodelist": "node1,node2"}}
+    # node1 is not in "urgent": leaf1 cannot hold a trial of that partition.
+    states = parse_node_states(LOCAL_NODES.replace("Partitions=batch,urgent", "Partitions=batch", 1))
+    options, messages = sweep_placements(pin_requests(2), tree, states, partition="urgent")
+    assert options == {0: {"nodelist": "node3,node4"}, 1: {"switches": "1@00:05:00"}}
+    assert "the other 1 (trial(s) 1)" in messages[0]
+
+
+def test_other_modes_and_single_nodes_are_placed_as_before_and_take_no_nodes():
+    tree = parse_topology(LOCAL_TOPOLOGY)
+    states = parse_node_states(LOCAL_NODES)
+    requests = [
+        PlacementRequest(trial=0, mode="switches", nodes=2, max_wait_min=10, exclude=("node4",)),
+        PlacementRequest(trial=1, mode="off", nodes=2, max_wait_min=5),
+        PlacementRequest(trial=2, mode="pin", nodes=1, max_wait_min=5),
+        PlacementRequest(trial=3, mode="pin", nodes=2, max_wait_min=5),
+        PlacementRequest(trial=4, mode="pin", nodes=2, max_wait_min=5),
+    ]
+    options, messages = sweep_placements(requests, tree, states)
+    for request in requests[:3]:
+        assert options[request.trial] == topology_sbatch_options(
+            request.mode, request.nodes, tree, states, max_wait_min=request.max_wait_min, exclude=request.exclude
+        )
+    assert options[3] == {"nodelist": "node1,node2"} and options[4] == {"nodelist": "node3,node4"}
+    assert messages == []
+
+
+def test_one_request_is_placed_as_topology_sbatch_options_places_it():
+    tree = parse_topology(TWO_LEVEL)
+    rng = random.Random(3)
+    kinds = ["IDLE", "MIXED", "ALLOCATED", "IDLE+DRAIN"]
+    for _ in range(40):
+        states = states_for({x: rng.choice(kinds) for x in tree.leaf_of})
+        for nodes in range(1, 6):
+            (request,) = pin_requests(1, nodes=nodes)
+            options, _ = sweep_placements([request], tree, states)
+            assert options[0] == topology_sbatch_options("pin", nodes, tree, states, max_wait_min=5)
+
+
+def test_a_fat_tree_gives_every_trial_its_own_leaf_until_none_is_left():
+    tree = parse_topology(FAT_TREE_TEXT)
+    states = parse_node_states("\n".join(node_line(x) for x in sorted(tree.leaf_of)))
+    options, messages = sweep_placements(pin_requests(70, nodes=16), tree, states)
+    nodelists = [options[i]["nodelist"].split(",") for i in range(64)]
+    assert len({x for nodes in nodelists for x in nodes}) == 64 * 16
+    assert all(len({tree.leaf_of[x] for x in nodes}) == 1 for nodes in nodelists)
+    assert all(options[i] == {"switches": "1@00:05:00"} for i in range(64, 70))
+    assert "the other 6 (trial(s) 64, 65, 66, 67, 68, 69)" in messages[0]
+
+
+def test_a_long_fallback_names_a_few_trials_and_the_count():
+    tree = parse_topology(LOCAL_TOPOLOGY)
+    _, (message,) = sweep_placements(pin_requests(14), tree, parse_node_states(LOCAL_NODES))
+    assert "the other 12 (trial(s) 2, 3, 4, 5, 6, 7, 8, ... 13 (12 in all))" in message
+
+
+@pytest.mark.parametrize("text", ["", "Topology plugin may not be configured\n"])
+def test_a_sweep_without_a_topology_is_unconstrained(text):
+    options, messages = sweep_placements(pin_requests(3), parse_topology(text), parse_node_states(LOCAL_NODES))
+    assert (options, messages) == ({0: {}, 1: {}, 2: {}}, [])
+
+
+def test_a_bad_request_names_the_key():
+    tree = parse_topology(LOCAL_TOPOLOGY)
+    with pytest.raises(ValueError, match=r"topology\.mode.*allowed: switches, pin, off"):
+        sweep_placements([PlacementRequest(trial=0, mode="spread", nodes=2, max_wait_min=5)], tree, [])
+    with pytest.raises(ValueError, match=r"topology\.max_wait_min"):
+        sweep_placements(pin_requests(1, max_wait_min=-1), tree, parse_node_states(LOCAL_NODES))
