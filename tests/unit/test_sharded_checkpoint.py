@@ -37,6 +37,42 @@ def start_torchrun(trial: Path, **env: str) -> subprocess.Popen:
     )
 
 
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it, from /proc (torchrun starts its workers in sessions of
+    their own, so killing torchrun's process group leaves them running)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its workers, as a node failure would; wait until torchrun is gone."""
+    for pid in process_tree(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+
+
+def is_worker(pid: int) -> bool:
+    """Whether ``pid`` still runs an hpcsweep worker (a zombie has an empty command line)."""
+    try:
+        return "hpcsweep.train" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def run_torchrun(trial: Path, **env: str) -> int:
     return start_torchrun(trial, **env).wait(timeout=300)
 
@@ -70,8 +106,12 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_no_temp_file(
         assert proc.poll() is None, "training ended before the save of step 6 paused"
         assert time.monotonic() < deadline, "rank 0 never paused inside the save of step 6"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    workers = process_tree(proc.pid)[1:]
+    kill_tree(proc)
+    deadline = time.monotonic() + 30
+    while any(is_worker(pid) for pid in workers):
+        assert time.monotonic() < deadline, "a worker outlived the kill"
+        time.sleep(0.1)
     checkpoints = trial / "checkpoints"
     temp = [p.name for p in checkpoints.iterdir() if p.name.startswith(".tmp-")]
     assert temp and temp[0].startswith(".tmp-step00000006-")  # the kill did land inside the save
