@@ -45,7 +45,7 @@ from hpcsweep.sweep.allocation import (
     chunk,
     executor_parameters,
 )
-from hpcsweep.sweep.hooks import SweepTrial, hook_of
+from hpcsweep.sweep.hooks import Placement, SweepTrial, hook_of
 from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 
@@ -68,13 +68,13 @@ def _placement_options(
     warned: set[str] = set()
     for trial in placed:
         allocation = trial.allocation
-        assert allocation.placement is not None
-        max_wait_min, warning = capped_max_wait_min(allocation.placement.max_wait_min, max_switch_wait_s)
+        placement = allocation.placement or Placement()
+        max_wait_min, warning = capped_max_wait_min(placement.max_wait_min, max_switch_wait_s)
         if warning and warning not in warned:
             warned.add(warning)
             log.warning(warning)
         options[trial.num] = topology_sbatch_options(
-            allocation.placement.mode,
+            placement.mode,
             allocation.nodes,
             tree,
             states,
