@@ -16,8 +16,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hpcsweep.config import TrialConfig, resume_config_from_dict
-from hpcsweep.sweep.prepare import exit_with_config_error, validate_composed
+from hpcsweep.sweep.hooks import trial_hook
+from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
+from hpcsweep.sweep.prepare import validate_composed
 from hpcsweep.sweep.resume_hint import stopped_command, this_trial
+from hpcsweep.sweep.sweep_trials import exit_with_config_error
 from hpcsweep.train import stop
 from hpcsweep.trial import preempt
 
@@ -84,6 +87,7 @@ def with_workers_per_node(trial: TrialConfig) -> TrialConfig:
 
 
 @hydra.main(config_path="pkg://hpcsweep.configs", config_name="config", version_base="1.3")
+@trial_hook(HpcsweepTrials())
 def hydra_main(cfg: DictConfig) -> dict[str, Any]:
     """``python -m hpcsweep``: see ``--help``."""
     return run_trial_task(cfg)

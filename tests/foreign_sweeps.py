@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import site
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,26 +36,9 @@ MANDATORY_DEFAULT_RETURNS = [
 ]
 
 
-def _outer_pth_folders() -> list[str]:
-    """Folders that this interpreter's ``.pth`` files name as plain paths (not their ``import`` lines).
-
-    A venv layered on another (``deps.pth`` naming a shared site-packages) gets its packages that
-    way; ``venv_on_these_packages`` names only the site dirs themselves, so the new venv would lack them.
-    """
-    folders = []
-    for site_dir in site.getsitepackages():
-        for pth in sorted(Path(site_dir).glob("*.pth")):
-            for line in pth.read_text().splitlines():
-                if line and not line.startswith(("#", "import ", "import\t")) and Path(line).is_dir():
-                    folders.append(line)
-    return folders
-
-
 def install_foreign_app(tmp_path: Path) -> Path:
     """A fresh venv with hpcsweep and the foreign app, each from a copy by a plain ``pip install``; its python."""
     python = venv_on_these_packages(tmp_path / "venv")
-    purelib = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))
-    (purelib / "outer-pth-folders.pth").write_text("".join(f"{folder}\n" for folder in _outer_pth_folders()))
     sources = []
     for name, tree in (("hpcsweep-source", REPO), ("foreign-app-source", FOREIGN_APP)):
         # A copy, so that the build leaves nothing in the work tree and no stale build/ leaks in.

@@ -1,17 +1,23 @@
-"""Pure functions from a validated trial and the launcher's settings to submitit parameters."""
+"""Pure functions from a trial's allocation and the launcher's settings to submitit parameters."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcsweep.config import TrialConfig
 from hpcsweep.slurm.partition_limits import AllocationRequest, Asked, parse_mem_mb
+from hpcsweep.sweep.hooks import Allocation
 
 # Launcher keys that are ours, not submitit's.
 _OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "max_array_size", "_target_"}
+# Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
+# ``executor_parameters`` passes on itself.
+_SIZE_KEYS = {
+    "nodes", "tasks_per_node", "gpus_per_node", "placement", "placement_max_wait_min", "mem",
+    "additional_parameters", "exclude",
+}
 # Launcher keys submitit names without the "slurm_" prefix.
-_BASE_KEYS = {"timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "name", "stderr_to_stdout"}
+_BASE_KEYS = {"timeout_min", "cpus_per_task", "name", "stderr_to_stdout"}
 
 
 def check_option_values(params: Mapping[str, Any]) -> None:
@@ -64,24 +70,24 @@ def check_time_limit(params: Mapping[str, Any]) -> None:
         raise ValueError(f"hydra.launcher.max_num_timeout={cap!r} is not allowed: a whole number >= 0")
 
 
-def gpus_per_node(trial: TrialConfig, launcher_gpus: int) -> int:
-    """GPUs to ask for on each node: none on CPU partitions, else one per worker when the trial
-    names its worker count, else the launcher's number (the workers then follow the GPUs)."""
+def gpus_asked(allocation: Allocation, params: Mapping[str, Any]) -> int:
+    """GPUs to ask for on each node: none when ``hydra.launcher.gpus_per_node`` is 0 (CPU
+    partitions), else the allocation's number, else the launcher's."""
+    launcher_gpus = int(params.get("gpus_per_node") or 0)
     if launcher_gpus == 0:
         return 0
-    nproc = trial.trainer.nproc_per_node
-    return launcher_gpus if nproc == "auto" else nproc
+    return launcher_gpus if allocation.gpus_per_node is None else allocation.gpus_per_node
 
 
-def allocation_request(trial: TrialConfig, params: Mapping[str, Any]) -> AllocationRequest:
-    """What this trial's job asks the cluster for, each amount with the key that sets it.
+def allocation_request(allocation: Allocation, params: Mapping[str, Any]) -> AllocationRequest:
+    """What a job of this allocation asks the cluster for, each amount with the key that sets it.
 
     Raises ``ValueError`` on a ``mem`` that is no ``--mem`` value.
     """
-    nodes = trial.trainer.nodes
+    nodes = allocation.nodes
     cpus = params.get("cpus_per_task")
-    gpus = gpus_per_node(trial, int(params.get("gpus_per_node") or 0))
-    gpu_key = "hydra.launcher.gpus_per_node" if trial.trainer.nproc_per_node == "auto" else "trainer.nproc_per_node"
+    gpus = gpus_asked(allocation, params)
+    gpu_key = "hydra.launcher.gpus_per_node" if allocation.gpus_per_node is None else allocation.gpus_key
     mem = params.get("mem")
     mem_mb = None if mem is None else parse_mem_mb(str(mem))
     if mem is not None and mem_mb is None:
@@ -90,7 +96,7 @@ def allocation_request(trial: TrialConfig, params: Mapping[str, Any]) -> Allocat
             "(480G)"
         )
     return AllocationRequest(
-        nodes=Asked("trainer.nodes", str(nodes), nodes),
+        nodes=Asked(allocation.nodes_key, str(nodes), nodes),
         time_min=Asked("hydra.launcher.timeout_min", str(params["timeout_min"]), params["timeout_min"]),
         cpus_per_node=Asked("hydra.launcher.cpus_per_task", str(cpus), cpus) if cpus else None,
         gpus_per_node=Asked(gpu_key, str(gpus), gpus) if gpus else None,
@@ -102,30 +108,28 @@ def allocation_request(trial: TrialConfig, params: Mapping[str, Any]) -> Allocat
 
 
 def executor_parameters(
-    trial: TrialConfig, params: Mapping[str, Any], extra_sbatch: Mapping[str, str] | None = None
+    allocation: Allocation, params: Mapping[str, Any], extra_sbatch: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """``update_parameters`` keywords of a submitit AutoExecutor for this trial's allocation.
+    """``update_parameters`` keywords of a submitit AutoExecutor for one allocation.
 
-    One task per node runs the torchrun agent; ``trainer.nodes`` sets the node count, so nobody
-    keeps two numbers in step.
+    The size comes from ``allocation`` (an app's hook may set it from the trial's own config, so
+    that nobody keeps two numbers in step); ``extra_sbatch`` holds the placement options.
     """
     out: dict[str, Any] = {}
     for key, value in params.items():
-        if key in _OWN_KEYS or key in ("gpus_per_node", "mem", "additional_parameters", "exclude"):
-            continue
-        if value is None:
+        if key in _OWN_KEYS or key in _SIZE_KEYS or value is None:
             continue
         out[key if key in _BASE_KEYS else f"slurm_{key}"] = value
-    out["nodes"] = trial.trainer.nodes
-    out["tasks_per_node"] = 1
-    gpus = gpus_per_node(trial, int(params.get("gpus_per_node") or 0))
+    out["nodes"] = allocation.nodes
+    out["tasks_per_node"] = allocation.tasks_per_node
+    gpus = gpus_asked(allocation, params)
     if gpus:
         out["gpus_per_node"] = gpus
     if params.get("mem"):
         out["slurm_mem"] = params["mem"]
     additional = {"requeue": True, **dict(params.get("additional_parameters") or {})}
     additional.update(extra_sbatch or {})
-    excluded = _names(params.get("exclude")) | set(trial.topology.exclude) | _names(additional.pop("exclude", None))
+    excluded = _names(params.get("exclude")) | set(allocation.exclude) | _names(additional.pop("exclude", None))
     if excluded:
         out["slurm_exclude"] = ",".join(sorted(excluded))
     out["slurm_additional_parameters"] = additional

@@ -1,4 +1,4 @@
-"""Compose and validate every trial of a sweep before anything runs or is submitted.
+"""hpcsweep's own checks of its trials: the trial schema, and resuming a trial dir.
 
 A trial whose dir already holds a checkpoint is checked against the config it was trained with
 (``hpcsweep.trial.identity``), every trial before any runs: a bad resume fails at once.
@@ -10,18 +10,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from hydra.core.utils import filter_overrides
 from omegaconf import DictConfig, OmegaConf
 
-from hpcsweep.config import (
-    ResumeConfig,
-    TrialConfig,
-    resume_config_from_dict,
-    trial_config_from_dict,
-)
-from hpcsweep.sweep.compose import SweepComposer
+from hpcsweep.config import ResumeConfig, TrialConfig, trial_config_from_dict
+from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.trial.identity import (
     ConfigMismatch,
     differences_text,
@@ -32,25 +26,15 @@ from hpcsweep.trial.identity import (
 log = logging.getLogger(__name__)
 
 
-class SweepConfigError(ValueError):
-    """A trial of the sweep has a bad config; nothing was run or submitted."""
-
-
 @dataclass(frozen=True)
 class PreparedTrial:
-    """One composed, validated trial."""
+    """One composed trial of hpcsweep's, validated."""
 
     num: int
     overrides: list[str]
     trial_dir: Path
     config: TrialConfig
     resume: ResumeConfig = field(default_factory=ResumeConfig)
-
-
-def trial_label(overrides: Sequence[str]) -> str:
-    """How a trial is named in messages: its overrides, or ``(defaults)``."""
-    shown = filter_overrides(list(overrides))
-    return " ".join(shown) if shown else "(defaults)"
 
 
 def validate_composed(config: DictConfig) -> TrialConfig:
@@ -61,32 +45,6 @@ def validate_composed(config: DictConfig) -> TrialConfig:
         if key != "hydra"
     }
     return trial_config_from_dict(values)
-
-
-def exit_with_config_error(err: ValueError, what: str) -> NoReturn:
-    """Report a bad config in one line and exit with status 2, without a traceback."""
-    log.error("%s; %s", err, what)
-    raise SystemExit(2)
-
-
-def prepare_trials(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[PreparedTrial]:
-    """Compose every trial from the launcher's master config, validate it, check it may resume its dir.
-
-    Raises ``SweepConfigError`` naming the trial and the bad key on the first invalid trial, or on
-    the first of the trials whose dirs were trained with another config.
-    """
-    composer = SweepComposer(launcher.hydra_context.config_loader, launcher.config)
-    trials = []
-    for offset, overrides in enumerate(job_overrides):
-        num = initial_job_idx + offset
-        try:
-            composed = composer.compose_app(overrides)
-            trial_config, resume = validate_composed(composed), resume_config_from_dict(composed)
-        except ValueError as err:
-            raise SweepConfigError(f"trial #{num} ({trial_label(overrides)}): {err}") from None
-        trials.append(PreparedTrial(num, list(overrides), composer.trial_dir(overrides, num), trial_config, resume))
-    check_resumes(trials)
-    return trials
 
 
 def check_resumes(trials: Sequence[PreparedTrial]) -> None:

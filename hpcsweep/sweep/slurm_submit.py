@@ -45,21 +45,21 @@ from hpcsweep.sweep.allocation import (
     chunk,
     executor_parameters,
 )
-from hpcsweep.sweep.prepare import (
-    PreparedTrial,
-    exit_with_config_error,
-    prepare_trials,
-)
+from hpcsweep.sweep.hooks import Placement, SweepTrial, hook_of
 from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
+from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 
 log = logging.getLogger(__name__)
 
 
 def _placement_options(
-    trials: Sequence[PreparedTrial], params: dict[str, Any], max_switch_wait_s: int
+    trials: Sequence[SweepTrial], params: dict[str, Any], max_switch_wait_s: int
 ) -> dict[int, dict[str, str]]:
-    """Switch-tree constraints per trial, from one look at the topology and node states."""
-    placed = [t for t in trials if t.config.trainer.nodes > 1 and t.config.topology.mode != "off"]
+    """Switch-tree constraints per trial, from one look at the topology and node states.
+
+    No Slurm command runs when no trial asks for a placement.
+    """
+    placed = [t for t in trials if t.allocation.placement is not None and t.allocation.nodes > 1]
     if not placed:
         return {}
     tree = parse_topology(commands.show_topology())
@@ -67,17 +67,18 @@ def _placement_options(
     options = {}
     warned: set[str] = set()
     for trial in placed:
-        topo = trial.config.topology
-        max_wait_min, warning = capped_max_wait_min(topo.max_wait_min, max_switch_wait_s)
+        allocation = trial.allocation
+        placement = allocation.placement or Placement()
+        max_wait_min, warning = capped_max_wait_min(placement.max_wait_min, max_switch_wait_s)
         if warning and warning not in warned:
             warned.add(warning)
             log.warning(warning)
         options[trial.num] = topology_sbatch_options(
-            topo.mode,
-            trial.config.trainer.nodes,
+            placement.mode,
+            allocation.nodes,
             tree,
             states,
-            exclude=[*topo.exclude, *(params.get("exclude") or "").split(",")],
+            exclude=[*allocation.exclude, *(params.get("exclude") or "").split(",")],
             max_wait_min=max_wait_min,
             partition=params.get("partition"),
         )
@@ -96,12 +97,12 @@ def _qos_limits(name: str | None, slurm_config: str) -> QosLimits | None:
     return next((qos for qos in found if qos.name == name), None)
 
 
-def check_against_cluster(trials: Sequence[PreparedTrial], params: dict[str, Any], slurm_config: str) -> None:
+def check_against_cluster(trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str) -> None:
     """Raise ``ValueError`` when a distinct allocation of the sweep could never start.
 
     One ``sinfo`` call (and a ``sacctmgr`` one when a QOS is named and its limits are enforced).
     """
-    requests = dict.fromkeys(allocation_request(t.config, params) for t in trials)
+    requests = dict.fromkeys(allocation_request(t.allocation, params) for t in trials)
     partitions = parse_sinfo_partitions(commands.sinfo_partitions(SINFO_FORMAT))
     qos = _qos_limits(params.get("qos"), slurm_config)
     for request in requests:
@@ -109,18 +110,18 @@ def check_against_cluster(trials: Sequence[PreparedTrial], params: dict[str, Any
 
 
 def _group_by_allocation(
-    trials: Sequence[PreparedTrial], params: dict[str, Any], max_switch_wait_s: int
-) -> list[tuple[dict[str, Any], list[PreparedTrial]]]:
+    trials: Sequence[SweepTrial], params: dict[str, Any], max_switch_wait_s: int
+) -> list[tuple[dict[str, Any], list[SweepTrial]]]:
     placement = _placement_options(trials, params, max_switch_wait_s)
-    groups: dict[tuple, tuple[dict[str, Any], list[PreparedTrial]]] = {}
+    groups: dict[tuple, tuple[dict[str, Any], list[SweepTrial]]] = {}
     for trial in trials:
-        parameters = executor_parameters(trial.config, params, placement.get(trial.num))
+        parameters = executor_parameters(trial.allocation, params, placement.get(trial.num))
         groups.setdefault(allocation_key(parameters), (parameters, []))[1].append(trial)
     return list(groups.values())
 
 
 def _submit_array(
-    launcher: Any, call: SharedLauncherCall, parameters: dict[str, Any], trials: Sequence[PreparedTrial]
+    launcher: Any, call: SharedLauncherCall, parameters: dict[str, Any], trials: Sequence[SweepTrial]
 ) -> list[Any]:
     import submitit
 
@@ -136,14 +137,14 @@ def _submit_array(
 def launch_on_slurm(
     launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
-    """Validate every trial and the launcher settings, submit, write ``sweep.json``.
+    """Check every trial (through the app's hook) and the launcher settings, submit, write ``sweep.json``.
 
     Returns at once with each trial's job id as its return value, unless ``wait`` is set, in
-    which case it blocks on every trial's result as Hydra's own launchers do.
+    which case it blocks on every trial's result and returns Hydra's usual JobReturns.
     """
     params = launcher.params
     try:
-        trials = prepare_trials(launcher, job_overrides, initial_job_idx)
+        trials = check_trials(launcher, job_overrides, initial_job_idx, hook_of(launcher.task_function))
         check_option_values(params)
         check_time_limit(params)
         slurm_config = commands.show_config()
@@ -185,7 +186,7 @@ def launch_on_slurm(
     log.info("report: python -m hpcsweep.report %s", sweep_dir)
 
     if params.get("wait"):
-        return [jobs_by_trial[t.num].results()[0] for t in trials]
+        return await_results(jobs_by_trial, trials)
     return [
         JobReturn(
             overrides=t.overrides,
@@ -195,3 +196,24 @@ def launch_on_slurm(
         )
         for t in trials
     ]
+
+
+def await_results(jobs_by_trial: dict[int, Any], trials: Sequence[SweepTrial]) -> list[JobReturn]:
+    """Every trial's JobReturn, as the array task's ``run_job`` built it, once all have ended.
+
+    A task that failed, or ended without a result (cancelled, requeued too often), becomes a
+    FAILED JobReturn holding the error, so that every trial is waited for and Hydra's sweeper
+    reports the first failure, as it does with Hydra's own launchers.
+    """
+    from submitit.core.utils import UncompletedJobError
+
+    returns = []
+    for trial in trials:
+        try:
+            returns.append(jobs_by_trial[trial.num].results()[0])
+        except UncompletedJobError as err:
+            returns.append(
+                JobReturn(overrides=trial.overrides, working_dir=str(trial.trial_dir), status=JobStatus.FAILED,
+                          _return_value=err)
+            )
+    return returns

@@ -10,7 +10,12 @@ _PLUGIN = "hydra_plugins.hpcsweep_plugins.launchers"
 
 @dataclass
 class SlurmLauncherConf:
-    """Slurm allocation of every trial. ``trainer.nodes`` and ``trainer.nproc_per_node`` set the size."""
+    """Slurm allocation of every trial, with generic defaults: one node, one task, no GPU.
+
+    hpcsweep's own app sets a trial's size and placement from its config (``trainer.nodes``,
+    ``trainer.nproc_per_node``, ``topology.*``), and its ``hydra/launcher=slurm`` carries the
+    A100-node values (``configs/hydra/launcher/slurm.yaml``).
+    """
 
     _target_: str = f"{_PLUGIN}.SlurmLauncher"
     # Where submitit keeps its pickles and the Slurm logs of every task.
@@ -19,11 +24,15 @@ class SlurmLauncherConf:
     name: str = "${hydra.job.name}"
     # Wall-time limit of each trial's job, in minutes; a trial needing longer requeues and resumes.
     timeout_min: int = 240
-    # CPUs for the one task per node (the torchrun agent and its workers share them).
-    cpus_per_task: Optional[int] = 64
-    # GPUs per node. A number: ask for that many; when trainer.nproc_per_node is a number, that wins;
-    # 0: ask for none (CPU partitions).
-    gpus_per_node: int = 8
+    # Nodes of each trial's job (hpcsweep's trials: trainer.nodes, this stays 1).
+    nodes: int = 1
+    # Tasks per node; each runs the task function (hpcsweep's trials: one, this stays 1).
+    tasks_per_node: int = 1
+    # CPUs per task; null: the partition's default.
+    cpus_per_task: Optional[int] = None
+    # GPUs per node; null or 0: none (0 also on a CPU partition for hpcsweep's trials, whose
+    # trainer.nproc_per_node, when a number, otherwise sets it).
+    gpus_per_node: Optional[int] = None
     # Memory per node, in sbatch syntax ("480G"); null: the partition's default.
     mem: Optional[str] = None
     partition: Optional[str] = None
@@ -32,6 +41,11 @@ class SlurmLauncherConf:
     constraint: Optional[str] = None
     # Comma-separated nodes never to run on.
     exclude: Optional[str] = None
+    # Multi-node jobs: "switches" (fewest leaf switches, --switches), "pin" (free nodes under the
+    # fewest switches, --nodelist) or "off"; null: switches. hpcsweep's trials: topology.mode.
+    placement: Optional[str] = None
+    # How long a job may wait for that placement; null: 5. hpcsweep's trials: topology.max_wait_min.
+    placement_max_wait_min: Optional[int] = None
     comment: Optional[str] = None
     # The time-limit warning signal comes this long before the limit (--signal=USR2@delay).
     signal_delay_s: int = 120

@@ -1,9 +1,12 @@
-"""The three launcher classes: thin shells over ``hpcsweep.sweep``."""
+"""The three launcher classes: thin shells over ``hpcsweep.sweep``.
+
+They work for any Hydra app; an app's task function may carry a hook (``hpcsweep.sweep.hooks``)
+that checks and sizes its trials, as ``python -m hpcsweep``'s does.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,24 +17,18 @@ log = logging.getLogger(__name__)
 
 
 class SlurmLauncher(BaseSubmititLauncher):
-    """Validate every trial, then submit the sweep as Slurm job arrays through submitit.
+    """Check every trial, then submit the sweep as Slurm job arrays through submitit.
 
-    Instances are pickled into each array task, where the inherited ``__call__`` runs the trial.
+    Instances are pickled into each array task, where the inherited ``__call__`` runs the trial
+    inside the hook's ``task_context`` (with no hook: under submitit's requeue on USR2).
     """
 
     _EXECUTOR = "slurm"
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        from hpcsweep.train.checkpoint_schedule import SIGNAL_DELAY_VAR
-        from hpcsweep.train.stop import STOP_REQUESTED, stop_signals_handled
-        from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
+        from hpcsweep.sweep.hooks import hook_of
 
-        # The trial's runner enforces the requeue cap and handles the stop signals; submitit's
-        # handlers (USR2: requeue and sys.exit at once) are replaced from here on, so a signal
-        # during start-up is kept for the runner instead.
-        os.environ[MAX_REQUEUES_VAR] = str(self.params["max_num_timeout"])
-        os.environ[SIGNAL_DELAY_VAR] = str(self.params["signal_delay_s"])
-        with stop_signals_handled(STOP_REQUESTED.set):
+        with hook_of(self.task_function).task_context(self.params):
             result = super().__call__(*args, **kwargs)
         # Hydra's run_job catches the trial's exception; raise it, so that the array task exits
         # non-zero and Slurm accounting says FAILED instead of COMPLETED.
@@ -47,7 +44,7 @@ class SlurmLauncher(BaseSubmititLauncher):
 
 
 class LocalLauncher(BaseSubmititLauncher):
-    """Validate every trial, then run them on this machine one after another."""
+    """Check every trial, then run them on this machine one after another."""
 
     _EXECUTOR = "local"
 

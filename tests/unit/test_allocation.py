@@ -10,6 +10,7 @@ from hpcsweep.sweep.allocation import (
     chunk,
     executor_parameters,
 )
+from hpcsweep.sweep.hpcsweep_hook import trial_allocation
 
 LAUNCHER = {
     "submitit_folder": "/s/.submitit/%j",
@@ -29,7 +30,7 @@ LAUNCHER = {
 
 
 def trial(**trainer):
-    return trial_config_from_dict({"trainer": trainer})
+    return trial_allocation(trial_config_from_dict({"trainer": trainer}))
 
 
 def test_nodes_come_from_the_trial_with_one_task_per_node():
@@ -88,7 +89,7 @@ def test_chunk_splits_at_max_array_size():
 
 
 def test_excluded_nodes_from_launcher_topology_and_placement_are_merged():
-    config = trial_config_from_dict({"topology": {"exclude": ["node2"]}})
+    config = trial_allocation(trial_config_from_dict({"topology": {"exclude": ["node2"]}}))
     params = executor_parameters(config, {**LAUNCHER, "exclude": "node4,node1"}, {"exclude": "node3", "switches": "1@00:10:00"})
     assert params["slurm_exclude"] == "node1,node2,node3,node4"
     assert "exclude" not in params["slurm_additional_parameters"]

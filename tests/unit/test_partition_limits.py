@@ -1,8 +1,10 @@
 """A request the cluster can never satisfy is refused in one line, from sinfo/sacctmgr text."""
 
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
+import yaml
 
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.slurm.cluster_info import gpus_from_gres, qos_limits_enforced
@@ -18,8 +20,10 @@ from hpcsweep.slurm.partition_limits import (
     parse_time_min,
 )
 from hpcsweep.sweep.allocation import allocation_request
+from hpcsweep.sweep.hpcsweep_hook import trial_allocation
 from hydra_plugins.hpcsweep_plugins.config import SlurmLauncherConf
 
+REPO = Path(__file__).resolve().parents[2]
 # `sinfo --all --noheader --format='%P|%D|%c|%m|%G|%l|%s'` on the local cluster (nodes of 64 CPUs,
 # 512000 MB, 8 A100s), plus a partition made by `scontrol create PartitionName=short ... MaxTime=10 MaxNodes=2`.
 SINFO = """\
@@ -42,7 +46,12 @@ QOS = """\
 normal|||
 capped|cpu=100,gres/gpu=8,node=2|gres/gpu=4,mem=100G|02:00:00
 """
-LAUNCHER = asdict(SlurmLauncherConf())
+# hpcsweep's own Slurm launcher: the plugin's generic defaults under configs/hydra/launcher/slurm.yaml.
+LAUNCHER = {
+    **asdict(SlurmLauncherConf()),
+    **{k: v for k, v in yaml.safe_load((REPO / "configs/hydra/launcher/slurm.yaml").read_text()).items()
+       if k != "defaults"},
+}
 
 
 def request(nodes=1, time_min=60, cpus=None, gpus=None, mem=None, partition=None, qos=None):
@@ -138,10 +147,10 @@ def test_qos_limits_count_only_when_the_cluster_enforces_them():
 
 
 def test_the_default_request_fits_the_a100_nodes_of_the_local_cluster():
-    default = allocation_request(trial_config_from_dict({}), LAUNCHER)
+    default = allocation_request(trial_allocation(trial_config_from_dict({})), LAUNCHER)
     assert (default.cpus_per_node.value, default.gpus_per_node.value, default.mem_per_node) == (64, 8, None)
     check_request(default, parse_sinfo_partitions(SINFO))
-    check_request(allocation_request(trial_config_from_dict({"trainer": {"nodes": 4}}), LAUNCHER),
+    check_request(allocation_request(trial_allocation(trial_config_from_dict({"trainer": {"nodes": 4}})), LAUNCHER),
                   parse_sinfo_partitions(SINFO))
     assert refusal(default, SINFO_SMALL_NODES) == (
         "hydra.launcher.cpus_per_task=64: no node of partition batch has more than 8 CPUs"
@@ -233,7 +242,7 @@ def test_qos_limits_per_job_and_per_node():
 
 
 def test_the_request_names_the_key_that_set_each_amount():
-    trial = trial_config_from_dict({"trainer": {"nodes": 2, "nproc_per_node": 4}})
+    trial = trial_allocation(trial_config_from_dict({"trainer": {"nodes": 2, "nproc_per_node": 4}}))
     req = allocation_request(trial, {**LAUNCHER, "mem": "480G", "partition": "urgent", "qos": "high"})
     assert str(req.gpus_per_node) == "trainer.nproc_per_node=4"
     assert (req.nodes.value, req.mem_per_node.value, req.partition, req.qos) == (2, 491520, "urgent", "high")

@@ -1,0 +1,128 @@
+"""hpcsweep's own trials through the launchers' hook: their schema, size, placement, resumes and stops.
+
+``hpcsweep.app`` decorates its task function with ``trial_hook(HpcsweepTrials())``; another
+Hydra app's trials never pass through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from hydra.core.utils import JobReturn
+from omegaconf import DictConfig
+
+from hpcsweep.config import TrialConfig, resume_config_from_dict
+from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepTrial, TrialHook
+from hpcsweep.sweep.prepare import PreparedTrial, check_resumes, validate_composed
+
+log = logging.getLogger(__name__)
+
+# Launcher keys that size or place a job of another app; hpcsweep's trials set these themselves.
+_TRIAL_SET_KEYS = {
+    "nodes": "trainer.nodes (one task per node runs the trial's torchrun agent)",
+    "tasks_per_node": "trainer.nodes (one task per node runs the trial's torchrun agent)",
+    "placement": "topology.mode",
+    "placement_max_wait_min": "topology.max_wait_min",
+}
+_LAUNCHER_DEFAULTS = {"nodes": 1, "tasks_per_node": 1, "placement": None, "placement_max_wait_min": None}
+
+
+def refuse_launcher_size(params: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` when the launcher sets what an hpcsweep trial's own config sets.
+
+    One number for one thing: a trial's nodes and placement come from its config, never from
+    ``hydra.launcher`` as well.
+    """
+    for key, default in _LAUNCHER_DEFAULTS.items():
+        value = params.get(key, default)
+        if value != default:
+            raise ValueError(
+                f"hydra.launcher.{key}={value!r} is not allowed: hpcsweep's trials set it with {_TRIAL_SET_KEYS[key]}"
+            )
+
+
+def trial_allocation(trial: TrialConfig) -> Allocation:
+    """The allocation of an hpcsweep trial: ``trainer.nodes`` nodes with one task each.
+
+    GPUs: one per worker when ``trainer.nproc_per_node`` is a number, else the launcher's (the
+    workers then follow the GPUs). Multi-node trials are placed by ``topology.*``.
+    """
+    nodes, nproc, topology = trial.trainer.nodes, trial.trainer.nproc_per_node, trial.topology
+    return Allocation(
+        nodes=nodes,
+        tasks_per_node=1,
+        gpus_per_node=None if nproc == "auto" else nproc,
+        exclude=tuple(topology.exclude),
+        placement=None if nodes == 1 or topology.mode == "off" else Placement(topology.mode, topology.max_wait_min),
+        nodes_key="trainer.nodes",
+        gpus_key="trainer.nproc_per_node",
+    )
+
+
+def log_resume_state(trials: Sequence[SweepTrial]) -> None:
+    """Say which trials of a resumed sweep have ended and which resume, before anything runs."""
+    from hpcsweep.files.metrics_file import read_metrics
+
+    for trial in trials:
+        metrics = read_metrics(trial.trial_dir / "metrics.json")
+        if metrics:
+            log.info("trial #%d: %s at step %s before this run", trial.num, metrics.get("status"), metrics.get("step"))
+
+
+class HpcsweepTrials(TrialHook):
+    """hpcsweep's trial checks, sizes, local stop handling and array-task signal handling."""
+
+    def check_trial(self, config: DictConfig, launcher: Mapping[str, Any]) -> CheckedTrial:
+        """The trial schema (``hpcsweep.config``), then the allocation its config asks for.
+
+        The app config kept for ``check_sweep`` is the pair ``(TrialConfig, ResumeConfig)``.
+        """
+        trial = validate_composed(config)
+        resume = resume_config_from_dict(config)
+        refuse_launcher_size(launcher)
+        return CheckedTrial(trial_allocation(trial), (trial, resume))
+
+    def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
+        """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``)."""
+        check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
+
+    def run_locally(
+        self, trials: Sequence[SweepTrial], run_trial: Callable[[SweepTrial], Sequence[JobReturn]]
+    ) -> list[JobReturn]:
+        """Run the trials in order; a stop signal (Ctrl-C) stops the running trial with a checkpoint
+        and starts no further one, and the command says how to resume."""
+        from hpcsweep.sweep.resume_hint import stopped_command
+        from hpcsweep.train import stop
+
+        log_resume_state(trials)
+        returns: list[JobReturn] = []
+        # Between trials no runner handles the stop signals: a signal then stops the sweep here.
+        with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
+            for trial in trials:
+                reason = stop.STOP_REQUESTED.reason
+                if reason:
+                    code = stop.EXIT_INTERRUPTED if reason == stop.INTERRUPTED else stop.EXIT_REQUEUE
+                    raise stopped_command(f"{reason}: trial #{trial.num} was not started", code)
+                returns.extend(run_trial(trial))
+        return returns
+
+    @contextmanager
+    def task_context(self, launcher: Mapping[str, Any]) -> Iterator[None]:
+        """The trial's runner enforces the requeue cap and handles the stop signals.
+
+        submitit's handlers (USR2: requeue and ``sys.exit`` at once) are replaced from here on, so
+        a signal during start-up is kept for the runner instead.
+        """
+        from hpcsweep.train.checkpoint_schedule import SIGNAL_DELAY_VAR
+        from hpcsweep.train.stop import STOP_REQUESTED, stop_signals_handled
+        from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
+
+        os.environ[MAX_REQUEUES_VAR] = str(launcher["max_num_timeout"])
+        # The workers' first save is weighed against the time-limit warning's lead.
+        os.environ[SIGNAL_DELAY_VAR] = str(launcher["signal_delay_s"])
+        with stop_signals_handled(STOP_REQUESTED.set):
+            yield
