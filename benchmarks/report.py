@@ -35,7 +35,7 @@ from hpcsweep.files.sweep_record import (  # noqa: E402
     read_sweep_record,
     write_sweep_record,
 )
-from hpcsweep.results.event_reader import masked_crc32c  # noqa: E402
+from hpcsweep.results.tfrecord import masked_crc32c  # noqa: E402
 from hpcsweep.results.table import load_sweep  # noqa: E402
 from hpcsweep.train.metrics import TAGS  # noqa: E402
 

@@ -15,7 +15,8 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 from torch.utils.tensorboard import SummaryWriter
 
-from hpcsweep.results.event_reader import iter_records, masked_crc32c, read_scalars
+from hpcsweep.results.event_reader import read_scalars
+from hpcsweep.results.tfrecord import iter_records, masked_crc32c
 
 TAGS = ("train/loss", "val/loss", "train/lr", "perf/tokens_per_s")
 
