@@ -42,22 +42,18 @@ class SimpleScalars:
     step: np.ndarray
     wall_time: np.ndarray
     value: np.ndarray
-    """``simple_value`` widened to float64, exactly as protobuf gives it to Python."""
-
-
-def _clipped(buf: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Positions kept inside ``buf``: records that are not scalars may send them anywhere."""
-    return np.minimum(positions, len(buf) - 1)
+    """``simple_value``, a float32."""
 
 
 def _byte_at(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    return buf[_clipped(buf, pos)]
+    """The bytes at ``pos``, which records that are not scalars may send past the end: clipped there."""
+    return np.take(buf, pos, mode="clip")
 
 
 def _fixed_at(buf: np.ndarray, pos: np.ndarray, dtype: str) -> np.ndarray:
     """The little-endian number of ``dtype`` at each position."""
     width = np.dtype(dtype).itemsize
-    return buf[_clipped(buf, pos[:, None] + np.arange(width))].view(dtype).ravel()
+    return _byte_at(buf, pos[:, None] + np.arange(width)).view(dtype).ravel()
 
 
 def _varints(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,7 +84,7 @@ def _tag_ids(buf: np.ndarray, start: np.ndarray, length: np.ndarray, ok: np.ndar
         return tag_id, []
     start, length = start[rows], length[rows]
     cols = np.arange(int(length.max()))
-    chars = np.where(cols < length[:, None], buf[_clipped(buf, start[:, None] + cols)], 0).astype(np.uint8)
+    chars = _byte_at(buf, start[:, None] + cols) * (cols < length[:, None])
     # The length goes into the key too, so that "a" and "a\0" stay apart despite the zero padding.
     keys = np.ascontiguousarray(np.column_stack([length.astype("<u2").view(np.uint8).reshape(-1, 2), chars]))
     _, first, inverse = np.unique(keys.view(f"V{keys.shape[1]}").ravel(), return_index=True, return_inverse=True)
@@ -128,6 +124,6 @@ def decode_simple_scalars(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarr
     found, tag_start, tag_length = _length_delimited(buf, pos, TAG_KEY)
     pos = tag_start + tag_length
     ok &= found & (_byte_at(buf, pos) == SIMPLE_VALUE_KEY) & (pos + 5 == ends)
-    value = _fixed_at(buf, pos + 1, "<f4").astype(np.float64)
+    value = _fixed_at(buf, pos + 1, "<f4")
     tag_id, tags = _tag_ids(buf, tag_start, tag_length, ok)
     return SimpleScalars(tag_id=tag_id, tags=tags, step=step, wall_time=wall_time, value=value)

@@ -266,9 +266,6 @@ def read_record(path: Path) -> SweepRecord:
 
 def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_scalars: bool = True) -> SweepData:
     """Read a sweep (or a single trial dir), running or finished: its rows and all trials' scalars."""
-    if with_scalars:
-        from hpcsweep.results.event_reader import read_scalar_files  # numpy and protobuf: not for status
-
     sweep_dir = Path(sweep_dir)
     record = read_record(sweep_dir)
     on_slurm = record.launcher == "slurm"
@@ -279,11 +276,16 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
             jobs = query(record.job_ids())
         except SlurmCommandError as err:
             slurm_error = str(err)
+    trial_dirs = [resolve_trial_dir(sweep_dir, trial) for trial in record.trials]
+    if with_scalars:
+        from hpcsweep.results.event_reader import read_runs  # numpy and protobuf: not for status
+
+        trial_scalars = read_runs([run_event_files(trial_dir) for trial_dir in trial_dirs])
+    else:
+        trial_scalars = [{} for _ in trial_dirs]
     rows, all_scalars = [], {}
-    for trial in record.trials:
-        trial_dir = resolve_trial_dir(sweep_dir, trial)
+    for trial, trial_dir, scalars in zip(record.trials, trial_dirs, trial_scalars):
         metrics = read_metrics(trial_dir / "metrics.json")
-        scalars = read_scalar_files(run_event_files(trial_dir)) if with_scalars else {}
         job = jobs.get(trial.job_id) if trial.job_id else None
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
         error = (

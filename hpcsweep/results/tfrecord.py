@@ -4,22 +4,21 @@ A file is a sequence of records::
 
     uint64 length | uint32 masked CRC-32C of length | data[length] | uint32 masked CRC-32C of data
 
-:func:`record_spans` returns the data of every record TensorBoard's reader would return, and stops
-where it stops: at a truncated tail (a record still being written) or at the first record whose
-length or data checksum does not match. TensorBoard checks both checksums in pure Python, one
-byte at a time, which is most of its reading time; here the checksums of all records of a file
-are computed together, one numpy step per byte position.
+:func:`read_records` finds in each file the records TensorBoard's reader returns, and stops where it
+stops: at a truncated tail (a record still being written) or at the first record whose length or
+data checksum does not match. TensorBoard checks both checksums in pure Python, one byte at a time,
+which is most of its reading time; here the checksums of all records of many files are computed
+together, one numpy step per byte position, so numpy's cost per call is paid once for them all.
 """
 
 from __future__ import annotations
 
-import logging
+import itertools
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("<Q")
 _LENGTH_BYTES = 8
@@ -72,7 +71,9 @@ def masked_crc32c_many(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
     Ranges are taken longest first, so the ones still going at byte ``j`` are a prefix of them, and
     one step updates them all.
     """
-    order = np.argsort(-lengths, kind="stable")
+    key = lengths.max(initial=0) - lengths
+    # numpy sorts 16-bit integers by radix: ten times faster than int64 on a million records.
+    order = np.argsort(key.astype(np.uint16) if key.max(initial=0) < 2**16 else key, kind="stable")
     starts, lengths = starts[order], lengths[order]
     crc = np.full(len(order), 0xFFFFFFFF, dtype=np.uint32)
     longer_than = len(lengths) - np.searchsorted(lengths[::-1], np.arange(lengths.max(initial=0)), side="right")
@@ -93,9 +94,9 @@ def masked_crc32c_many(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
     return masked
 
 
-def _uint32_at(buf: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The little-endian uint32 at each position."""
-    return buf[positions[:, None] + np.arange(4)].view("<u4").ravel()
+def _number_at(buf: np.ndarray, positions: np.ndarray, dtype: str) -> np.ndarray:
+    """The little-endian number of ``dtype`` at each position."""
+    return buf[positions[:, None] + np.arange(np.dtype(dtype).itemsize)].view(dtype).ravel()
 
 
 def _record_starts(data: bytes) -> list[int]:
@@ -110,40 +111,62 @@ def _record_starts(data: bytes) -> list[int]:
     return starts
 
 
-def _first_false(mask: np.ndarray) -> int:
-    bad = np.flatnonzero(~mask)
-    return int(bad[0]) if len(bad) else len(mask)
+def _first_failures(ok: np.ndarray, file_of: np.ndarray, files: int) -> np.ndarray:
+    """Per file, the index of its first record that is not ``ok`` (``len(ok)`` where all are)."""
+    failing = np.flatnonzero(~ok)
+    first = np.full(files, len(ok), dtype=np.int64)
+    np.minimum.at(first, file_of[failing], failing)
+    return first
 
 
-def record_spans(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """``(starts, lengths)`` of the data of each good record of ``data``, in file order (int64 arrays).
+@dataclass(frozen=True)
+class Records:
+    """The good records of several event files, joined in one buffer.
 
-    Stops at a truncated tail and, with a warning, at the first record whose length or data
-    checksum is wrong: the rest of such a file is unreadable, to TensorBoard as well.
+    File ``i``'s records are ``bounds[i]:bounds[i + 1]`` of ``starts`` and ``lengths`` (int64 arrays,
+    the data of each record, in file order). ``damaged`` lists the files cut short by a bad checksum.
     """
-    buf = np.frombuffer(data, dtype=np.uint8)
-    starts = np.array(_record_starts(data), dtype=np.int64)
-    stated = buf[starts[:, None] + np.arange(_LENGTH_BYTES)].view("<u8").ravel()
-    # A corrupt length may not fit an int64; no record is longer than the file.
-    lengths = np.minimum(stated, len(data)).astype(np.int64)
-    header_ok = masked_crc32c_many(buf, starts, np.full(len(starts), _LENGTH_BYTES)) == _uint32_at(
-        buf, starts + _LENGTH_BYTES
+
+    buf: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    bounds: np.ndarray
+    damaged: list[int]
+
+
+def read_records(files: Sequence[bytes]) -> Records:
+    """The good records of each file's contents: every complete record up to the first whose length
+    or data checksum is wrong, as TensorBoard's reader returns them."""
+    buf = np.frombuffer(b"".join(files), dtype=np.uint8)
+    sizes = np.array([len(data) for data in files], dtype=np.int64)
+    file_ends = np.cumsum(sizes)
+    per_file = [_record_starts(data) for data in files]
+    file_of = np.repeat(np.arange(len(files)), [len(starts) for starts in per_file])
+    starts = np.fromiter(itertools.chain.from_iterable(per_file), dtype=np.int64, count=len(file_of))
+    starts += (file_ends - sizes)[file_of]
+    room = file_ends[file_of] - starts - _FRAME_BYTES
+    # A corrupt length may not fit an int64: bound it by the room its file has left first.
+    lengths = np.minimum(_number_at(buf, starts, "<u8"), np.maximum(room + 1, 0).astype(np.uint64)).astype(np.int64)
+    header_ok = masked_crc32c_many(buf, starts, np.full(len(starts), _LENGTH_BYTES)) == _number_at(
+        buf, starts + _LENGTH_BYTES, "<u4"
     )
-    count = _first_false(header_ok)
-    if count < len(starts):
-        log.warning("event record at byte %d has a bad length CRC: ignoring the rest of the file", starts[count])
-    count = min(count, _first_false(starts + lengths + _FRAME_BYTES <= len(data)))
-    starts, lengths = starts[:count] + _HEADER_BYTES, lengths[:count]
-    data_ok = masked_crc32c_many(buf, starts, lengths) == _uint32_at(buf, starts + lengths)
-    count = _first_false(data_ok)
-    if count < len(starts):
-        log.warning("event record at byte %d has a bad data CRC: ignoring the rest of the file", starts[count])
-    return starts[:count], lengths[:count]
+    # The rest of a file is unreadable from its first truncated record, or bad checksum, on.
+    first = _first_failures(header_ok & (lengths <= room), file_of, len(files))
+    cut = np.flatnonzero(first < len(starts))
+    damaged = set(cut[~header_ok[first[cut]]].tolist())
+    keep = np.arange(len(starts)) < first[file_of]
+    starts, lengths, file_of = starts[keep] + _HEADER_BYTES, lengths[keep], file_of[keep]
+    data_ok = masked_crc32c_many(buf, starts, lengths) == _number_at(buf, starts + lengths, "<u4")
+    first = _first_failures(data_ok, file_of, len(files))
+    damaged.update(np.flatnonzero(first < len(starts)).tolist())
+    keep = np.arange(len(starts)) < first[file_of]
+    bounds = np.searchsorted(file_of[keep], np.arange(len(files) + 1))
+    return Records(buf, starts[keep], lengths[keep], bounds, sorted(damaged))
 
 
 def iter_records(data: bytes) -> Iterator[memoryview]:
-    """The data of each good record of ``data`` (see :func:`record_spans`)."""
+    """The data of each good record of one file's contents ``data`` (see :func:`read_records`)."""
     view = memoryview(data)
-    starts, lengths = record_spans(data)
-    for start, length in zip(starts.tolist(), lengths.tolist()):
+    records = read_records([data])
+    for start, length in zip(records.starts.tolist(), records.lengths.tolist()):
         yield view[start : start + length]
