@@ -1,0 +1,60 @@
+"""TFRecord framing: vectorized checksums equal TensorBoard's, and records stop where TensorBoard's reader stops."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+
+from hpcsweep.results.tfrecord import masked_crc32c, masked_crc32c_many, read_records
+
+
+def framed(payloads: list[bytes]) -> bytes:
+    out = b""
+    for payload in payloads:
+        header = struct.pack("<Q", len(payload))
+        out += header + struct.pack("<I", masked_crc32c(header)) + payload + struct.pack("<I", masked_crc32c(payload))
+    return out
+
+
+def test_many_checksums_at_once_match_tensorboard():
+    rng = np.random.default_rng(1)
+    buf = rng.integers(0, 256, 20_000, dtype=np.uint8)
+    starts = rng.integers(0, 15_000, 500)
+    lengths = rng.integers(0, 60, 500)
+    lengths[:3] = [4000, 3000, 0]  # the long ones are finished one byte at a time
+    expected = [reference(bytes(buf[s : s + n])) for s, n in zip(starts, lengths)]
+    assert masked_crc32c_many(buf, starts, lengths).tolist() == expected
+    assert masked_crc32c_many(buf, starts[:0], lengths[:0]).tolist() == []
+
+
+def spans(records, file: int) -> list[bytes]:
+    lo, hi = records.bounds[file], records.bounds[file + 1]
+    return [records.buf[s : s + n].tobytes() for s, n in zip(records.starts[lo:hi], records.lengths[lo:hi])]
+
+
+def test_each_file_stops_at_its_own_truncated_or_damaged_record():
+    payloads = [bytes([i]) * (i + 1) for i in range(6)]
+    good = framed(payloads)
+    truncated = good[:-3]
+    bad_data = bytearray(good)
+    bad_data[len(framed(payloads[:2])) + 12] ^= 1  # first data byte of record 2
+    bad_length = bytearray(good)
+    bad_length[len(framed(payloads[:4])) + 9] ^= 1  # the length checksum of record 4
+    files = [good, truncated, bytes(bad_data), b"", bytes(bad_length), good[:5]]
+    records = read_records(files)
+    assert spans(records, 0) == payloads
+    assert spans(records, 1) == payloads[:5]
+    assert spans(records, 2) == payloads[:2]
+    assert spans(records, 3) == []
+    assert spans(records, 4) == payloads[:4]
+    assert spans(records, 5) == []
+    assert records.damaged == [2, 4]  # a truncated tail is a file still being written, not damage
+
+
+def test_a_corrupt_length_larger_than_any_file_is_caught():
+    header = struct.pack("<Q", 2**64 - 1)
+    records = read_records([framed([b"ok"]) + header + struct.pack("<I", masked_crc32c(header)) + b"xyz"])
+    assert spans(records, 0) == [b"ok"]
+    assert records.damaged == []
