@@ -7,10 +7,11 @@ values whose tag carries the ``scalars`` plugin metadata (TensorBoard 2 style su
 checksums verified, a truncated tail left for later), the same values, the same purges of orphaned
 points after a restart.
 
-Why it is fast: the framing is checked for all records of a file at once, and so is the decoding
-of the plain scalar events that make up nearly all of a training run's file
-(``hpcsweep.results.scalar_records``), which are then appended per tag in bulk. Only the few other
-records (the file version, HParams, session logs, histograms) are parsed by protobuf, one by one.
+Why it is fast: the framing and checksums of all records of many files are checked at once
+(``hpcsweep.results.tfrecord``), and so is the decoding of the plain scalar events that make up
+nearly all of a training run's files (``hpcsweep.results.scalar_records``); those are then appended
+per tag in bulk. Only the few other records (the file version, HParams, session logs, histograms)
+are parsed by protobuf, one by one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 BATCH_BYTES = 16 * 2**20
 """Event files decoded together: enough to amortize numpy's calls, few enough to bound its
-temporary arrays (about 200 bytes a record)."""
+temporary arrays (about 100 MB at the peak for a batch of small scalar records)."""
 
 _TENSOR_DTYPES = {
     types_pb2.DT_FLOAT: ("float_val", "<f4"),

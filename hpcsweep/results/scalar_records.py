@@ -28,6 +28,8 @@ _MAX_STEP_BYTES = 5
 """Steps under 2**35; a larger or negative one (10 bytes) goes to protobuf."""
 _MAX_LENGTH_BYTES = 2
 """Lengths under 16 KiB: a scalar's summary is far shorter; anything longer goes to protobuf."""
+_MAX_TAG_BYTES = 256
+"""Longer tags go to protobuf: the tags of a batch are compared as rows as wide as the longest."""
 _NOT_SCALAR = -1
 
 
@@ -123,7 +125,7 @@ def decode_simple_scalars(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarr
         ok &= found & (pos + size == ends)  # the only field left in the record
     found, tag_start, tag_length = _length_delimited(buf, pos, TAG_KEY)
     pos = tag_start + tag_length
-    ok &= found & (_byte_at(buf, pos) == SIMPLE_VALUE_KEY) & (pos + 5 == ends)
+    ok &= found & (tag_length <= _MAX_TAG_BYTES) & (_byte_at(buf, pos) == SIMPLE_VALUE_KEY) & (pos + 5 == ends)
     value = _fixed_at(buf, pos + 1, "<f4")
     tag_id, tags = _tag_ids(buf, tag_start, tag_length, ok)
     return SimpleScalars(tag_id=tag_id, tags=tags, step=step, wall_time=wall_time, value=value)

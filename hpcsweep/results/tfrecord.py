@@ -13,7 +13,6 @@ together, one numpy step per byte position, so numpy's cost per call is paid onc
 
 from __future__ import annotations
 
-import itertools
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,10 @@ _CRC32C_POLY = 0x82F63B78
 _CRC_MASK_DELTA = 0xA282EAD8
 _MIN_VECTOR_ROWS = 16
 """Below this many records still being summed, numpy's cost per call outweighs its speed: the few
-long records left (a graph, a histogram) are finished one byte at a time in Python."""
+longest records (a graph, a histogram) are finished one byte at a time in Python."""
+_MIN_VECTOR_FILES = 64
+"""Below this many files still being framed, a numpy step (some 15 us) costs more than the plain
+loop takes for one record of each."""
 
 
 def _crc32c_table() -> list[int]:
@@ -76,19 +78,15 @@ def masked_crc32c_many(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
     order = np.argsort(key.astype(np.uint16) if key.max(initial=0) < 2**16 else key, kind="stable")
     starts, lengths = starts[order], lengths[order]
     crc = np.full(len(order), 0xFFFFFFFF, dtype=np.uint32)
-    longer_than = len(lengths) - np.searchsorted(lengths[::-1], np.arange(lengths.max(initial=0)), side="right")
-    done = 0
-    for done, active in enumerate(longer_than.tolist()):
-        if active < _MIN_VECTOR_ROWS:
-            break
+    # Vectorized while at least _MIN_VECTOR_ROWS ranges are still going, then the longest few alone.
+    columns = int(lengths[_MIN_VECTOR_ROWS - 1]) if len(lengths) >= _MIN_VECTOR_ROWS else 0
+    going = len(lengths) - np.searchsorted(lengths[::-1], np.arange(columns), side="right")
+    for column, active in enumerate(going.tolist()):
         register = crc[:active]
-        register ^= buf[starts[:active] + done]
+        register ^= buf[starts[:active] + column]
         crc[:active] = _TABLE_ARRAY[register & 0xFF] ^ (register >> 8)
-    else:
-        done = len(longer_than)
-    for row in np.flatnonzero(lengths > done).tolist():
-        start, stop = starts[row] + done, starts[row] + lengths[row]
-        crc[row] = _crc32c_update(int(crc[row]), buf[start:stop])
+    for row in np.flatnonzero(lengths > columns).tolist():
+        crc[row] = _crc32c_update(int(crc[row]), buf[starts[row] + columns : starts[row] + lengths[row]])
     masked = np.empty_like(crc)
     masked[order] = _mask(crc)
     return masked
@@ -99,16 +97,34 @@ def _number_at(buf: np.ndarray, positions: np.ndarray, dtype: str) -> np.ndarray
     return buf[positions[:, None] + np.arange(np.dtype(dtype).itemsize)].view(dtype).ravel()
 
 
-def _record_starts(data: bytes) -> list[int]:
-    """Where each record starts, trusting every length (the checksums are checked afterwards)."""
+def _record_starts(joined: bytes, buf: np.ndarray, file_starts: np.ndarray, file_ends: np.ndarray) -> np.ndarray:
+    """Where each record of each file starts in ``joined``, in order, trusting every length (the
+    checksums are checked afterwards).
+
+    Each file is a chain (a record's length says where the next one starts), so all files advance
+    one record per numpy step; once fewer than ``_MIN_VECTOR_FILES`` files go on, they finish in a
+    plain loop.
+    """
+    pos, ends = file_starts.copy(), file_ends.copy()
+    found = []
+    while True:
+        going = pos <= ends - _HEADER_BYTES
+        pos, ends = pos[going], ends[going]
+        if len(pos) < _MIN_VECTOR_FILES:
+            break
+        found.append(pos)
+        # A corrupt length may not fit an int64: bound it by the room its file has left first.
+        stated = np.minimum(_number_at(buf, pos, "<u8"), (ends - pos).astype(np.uint64))
+        pos = pos + stated.astype(np.int64) + _FRAME_BYTES
     unpack = _LENGTH.unpack_from
-    starts: list[int] = []
-    append = starts.append
-    pos, last = 0, len(data) - _HEADER_BYTES
-    while pos <= last:
-        append(pos)
-        pos += unpack(data, pos)[0] + _FRAME_BYTES
-    return starts
+    for start, end in zip(pos.tolist(), ends.tolist()):
+        rest = []
+        while start <= end - _HEADER_BYTES:
+            rest.append(start)
+            start += unpack(joined, start)[0] + _FRAME_BYTES
+        found.append(np.array(rest, dtype=np.int64))
+    # Files lie one after the other in ``joined``: in position order, records are in file order.
+    return np.sort(np.concatenate([np.empty(0, dtype=np.int64), *found]))
 
 
 def _first_failures(ok: np.ndarray, file_of: np.ndarray, files: int) -> np.ndarray:
@@ -137,13 +153,12 @@ class Records:
 def read_records(files: Sequence[bytes]) -> Records:
     """The good records of each file's contents: every complete record up to the first whose length
     or data checksum is wrong, as TensorBoard's reader returns them."""
-    buf = np.frombuffer(b"".join(files), dtype=np.uint8)
+    joined = b"".join(files)
+    buf = np.frombuffer(joined, dtype=np.uint8)
     sizes = np.array([len(data) for data in files], dtype=np.int64)
     file_ends = np.cumsum(sizes)
-    per_file = [_record_starts(data) for data in files]
-    file_of = np.repeat(np.arange(len(files)), [len(starts) for starts in per_file])
-    starts = np.fromiter(itertools.chain.from_iterable(per_file), dtype=np.int64, count=len(file_of))
-    starts += (file_ends - sizes)[file_of]
+    starts = _record_starts(joined, buf, file_ends - sizes, file_ends)
+    file_of = np.searchsorted(file_ends, starts, side="right")
     room = file_ends[file_of] - starts - _FRAME_BYTES
     # A corrupt length may not fit an int64: bound it by the room its file has left first.
     lengths = np.minimum(_number_at(buf, starts, "<u8"), np.maximum(room + 1, 0).astype(np.uint64)).astype(np.int64)

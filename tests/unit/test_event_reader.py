@@ -153,6 +153,7 @@ def test_events_outside_the_fast_path_match_event_accumulator(tmp_path):
         _scalar("a", 0.75, 2**40),  # past the fast path's 5-byte steps
         _scalar("é/ü", 1.0, 4),  # a UTF-8 tag
         _scalar("x" * 200, 2.0, 4),  # a tag longer than a 1-byte length
+        _scalar("y" * 300, 2.5, 4),  # past the fast path's 256-byte tags
         two_values,
         _scalar("a", 3.0, 6),
     ]

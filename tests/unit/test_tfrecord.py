@@ -43,14 +43,12 @@ def test_each_file_stops_at_its_own_truncated_or_damaged_record():
     bad_length = bytearray(good)
     bad_length[len(framed(payloads[:4])) + 9] ^= 1  # the length checksum of record 4
     files = [good, truncated, bytes(bad_data), b"", bytes(bad_length), good[:5]]
-    records = read_records(files)
-    assert spans(records, 0) == payloads
-    assert spans(records, 1) == payloads[:5]
-    assert spans(records, 2) == payloads[:2]
-    assert spans(records, 3) == []
-    assert spans(records, 4) == payloads[:4]
-    assert spans(records, 5) == []
-    assert records.damaged == [2, 4]  # a truncated tail is a file still being written, not damage
+    expected = [payloads, payloads[:5], payloads[:2], [], payloads[:4], []]
+    for copies in (1, 20):  # 120 files: framed side by side in numpy until fewer than 64 go on
+        records = read_records(files * copies)
+        assert [spans(records, i) for i in range(len(files) * copies)] == expected * copies
+        # A truncated tail is a file still being written, not damage.
+        assert records.damaged == [i + len(files) * k for k in range(copies) for i in (2, 4)]
 
 
 def test_a_corrupt_length_larger_than_any_file_is_caught():
