@@ -30,6 +30,9 @@ _CRC_MASK_DELTA = 0xA282EAD8
 _MIN_VECTOR_ROWS = 16
 """Below this many records still being summed, numpy's cost per call outweighs its speed: the few
 longest records (a graph, a histogram) are finished one byte at a time in Python."""
+_CACHE_ROWS = 16384
+"""Ranges summed together: the bytes the next step reads are then still in the CPU's cache (a
+million ranges at once go back to memory at every byte, 2.4 times slower)."""
 _MIN_VECTOR_FILES = 64
 """Below this many files still being framed, a numpy step (some 15 us) costs more than the plain
 loop takes for one record of each."""
@@ -68,16 +71,21 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def masked_crc32c_many(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The masked CRC-32C of each ``buf[start:start + length]`` (``buf`` of uint8), as uint32.
-
-    Ranges are taken longest first, so the ones still going at byte ``j`` are a prefix of them, and
-    one step updates them all.
-    """
+    """The masked CRC-32C of each ``buf[start:start + length]`` (``buf`` of uint8), as uint32."""
     key = lengths.max(initial=0) - lengths
     # numpy sorts 16-bit integers by radix: ten times faster than int64 on a million records.
     order = np.argsort(key.astype(np.uint16) if key.max(initial=0) < 2**16 else key, kind="stable")
-    starts, lengths = starts[order], lengths[order]
-    crc = np.full(len(order), 0xFFFFFFFF, dtype=np.uint32)
+    masked = np.empty(len(order), dtype=np.uint32)
+    for first in range(0, len(order), _CACHE_ROWS):
+        rows = order[first : first + _CACHE_ROWS]
+        masked[rows] = _mask(_crc32c_longest_first(buf, starts[rows], lengths[rows]))
+    return masked
+
+
+def _crc32c_longest_first(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The CRC-32C registers of ranges sorted longest first: the ones still going at byte ``j``
+    are a prefix of them, and one step updates them all."""
+    crc = np.full(len(starts), 0xFFFFFFFF, dtype=np.uint32)
     # Vectorized while at least _MIN_VECTOR_ROWS ranges are still going, then the longest few alone.
     columns = int(lengths[_MIN_VECTOR_ROWS - 1]) if len(lengths) >= _MIN_VECTOR_ROWS else 0
     going = len(lengths) - np.searchsorted(lengths[::-1], np.arange(columns), side="right")
@@ -87,9 +95,7 @@ def masked_crc32c_many(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray)
         crc[:active] = _TABLE_ARRAY[register & 0xFF] ^ (register >> 8)
     for row in np.flatnonzero(lengths > columns).tolist():
         crc[row] = _crc32c_update(int(crc[row]), buf[starts[row] + columns : starts[row] + lengths[row]])
-    masked = np.empty_like(crc)
-    masked[order] = _mask(crc)
-    return masked
+    return crc
 
 
 def _number_at(buf: np.ndarray, positions: np.ndarray, dtype: str) -> np.ndarray:

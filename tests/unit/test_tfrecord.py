@@ -29,6 +29,14 @@ def test_many_checksums_at_once_match_tensorboard():
     assert masked_crc32c_many(buf, starts[:0], lengths[:0]).tolist() == []
 
 
+def test_many_checksums_in_several_cache_sized_groups():
+    rng = np.random.default_rng(2)
+    buf = rng.integers(0, 256, 50_000, dtype=np.uint8)
+    starts, lengths = rng.integers(0, 49_000, 40_000), rng.integers(0, 20, 40_000)
+    expected = [masked_crc32c(bytes(buf[s : s + n])) for s, n in zip(starts, lengths)]
+    assert masked_crc32c_many(buf, starts, lengths).tolist() == expected
+
+
 def spans(records, file: int) -> list[bytes]:
     lo, hi = records.bounds[file], records.bounds[file + 1]
     return [records.buf[s : s + n].tobytes() for s, n in zip(records.starts[lo:hi], records.lengths[lo:hi])]
