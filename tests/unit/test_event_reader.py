@@ -208,3 +208,16 @@ def test_runs_read_in_batches_match_each_run_read_alone(tmp_path, monkeypatch):
     together = event_reader.read_runs([event_files(d) for d in [*run_dirs, tmp_path / "missing"]])
     assert [{t: list(zip(s.steps, s.wall_times, s.values)) for t, s in r.items()} for r in together] == [
         *(legacy_scalars(d) for d in run_dirs), {}]
+
+
+def test_every_file_tensorboard_reads_is_read(tmp_path):
+    # TensorBoard reads any file whose name holds "tfevents", hidden ones too, in name order.
+    for name, value in ((".hidden", 1.0), ("plain", 2.0)):
+        writer = SummaryWriter(log_dir=str(tmp_path / name))
+        writer.add_scalar("x", value, 1)
+        writer.close()
+        (path,) = (tmp_path / name).iterdir()
+        path.rename(tmp_path / (".events.out.tfevents.1" if name == ".hidden" else "events.out.tfevents.2"))
+    expected = legacy_scalars(tmp_path)
+    assert ours(tmp_path) == expected
+    assert [v for _, _, v in expected["x"]] == [1.0, 2.0]
