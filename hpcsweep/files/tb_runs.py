@@ -14,6 +14,7 @@ trial from before run names (events directly in ``tb/``) goes on writing there.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -28,8 +29,15 @@ _HASH_CHARS = 8
 
 
 def event_files(run_dir: Path) -> list[Path]:
-    """The event files directly in ``run_dir``, in the order TensorBoard reads them."""
-    return sorted(p for p in run_dir.glob("*tfevents*") if p.is_file())
+    """The event files directly in ``run_dir``, in the order TensorBoard reads them (none when it is missing).
+
+    An event file is any file whose name holds ``tfevents``, as TensorBoard has it.
+    """
+    try:
+        with os.scandir(run_dir) as entries:
+            return sorted(Path(entry.path) for entry in entries if "tfevents" in entry.name and entry.is_file())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def run_name(override_dirname: str) -> str:
@@ -58,15 +66,32 @@ def recorded_override_dirname(trial_dir: Path) -> str:
     return str(((record.get("hydra") or {}).get("job") or {}).get("override_dirname") or "")
 
 
+def _first_run(trial_dir: Path) -> tuple[Path, list[Path]] | None:
+    """The first run dir of the trial holding event files, with its files (see ``existing_run_dir``)."""
+    tb_dir = trial_dir / TB_DIR
+    files = event_files(tb_dir)
+    if files:
+        return tb_dir, files
+    if not tb_dir.is_dir():
+        return None
+    for run_dir in sorted(tb_dir.iterdir()):
+        files = event_files(run_dir)
+        if files:
+            return run_dir, files
+    return None
+
+
 def existing_run_dir(trial_dir: Path) -> Path | None:
     """The directory already holding the trial's event files: ``tb/`` itself, else the first
     subdirectory of ``tb/`` (by name) that has some; None before the trial logged anything."""
-    tb_dir = trial_dir / TB_DIR
-    if event_files(tb_dir):
-        return tb_dir
-    if not tb_dir.is_dir():
-        return None
-    return next((d for d in sorted(tb_dir.iterdir()) if d.is_dir() and event_files(d)), None)
+    found = _first_run(trial_dir)
+    return found[0] if found else None
+
+
+def run_event_files(trial_dir: Path) -> list[Path]:
+    """The event files of the trial's run (those in ``existing_run_dir``), in reading order; [] before any."""
+    found = _first_run(trial_dir)
+    return found[1] if found else []
 
 
 def trial_run_dir(trial_dir: Path) -> Path:

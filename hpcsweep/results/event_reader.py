@@ -1,27 +1,23 @@
 """Scalars from TensorBoard event files: fast, every point kept, safe on files still being written.
 
-An event file is a sequence of records::
+Scalars are ``summary.value[].simple_value`` (``SummaryWriter.add_scalar``) or rank-0 ``tensor``
+values whose tag carries the ``scalars`` plugin metadata (TensorBoard 2 style summaries).
+``read_scalars(run_dir)`` returns the same points, in the same order, as TensorBoard's
+``EventAccumulator`` with ``size_guidance=0``: the same records (``hpcsweep.results.tfrecord``:
+checksums verified, a truncated tail left for later), the same values, the same purges of orphaned
+points after a restart.
 
-    uint64 length | uint32 masked CRC-32C of length | data[length] | uint32 masked CRC-32C of data
-
-where ``data`` is a serialized ``Event`` proto. Scalars are ``summary.value[].simple_value``
-(``SummaryWriter.add_scalar``) or rank-0 ``tensor`` values whose tag carries the ``scalars``
-plugin metadata (TensorBoard 2 style summaries). ``read_scalars(run_dir)`` returns the same
-points, in the same order, as TensorBoard's ``EventAccumulator`` with ``size_guidance=0``.
-
-Why it is fast: TensorBoard's fallback reader computes CRC-32C in pure Python over every byte.
-Here the header CRC is checked against a cache keyed by the 8 length bytes (scalar records
-repeat a handful of lengths), the data CRC is not computed (a torn tail is caught by the length,
-a corrupt payload by the proto parse), events that cannot hold a summary are skipped by their
-first field tag without parsing, and only scalar summary values are converted.
+Why it is fast: the framing and checksums of all records of many files are checked at once
+(``hpcsweep.results.tfrecord``), and so is the decoding of the plain scalar events that make up
+nearly all of a training run's files (``hpcsweep.results.scalar_records``); those are then appended
+per tag in bulk. Only the few other records (the file version, HParams, session logs, histograms)
+are parsed by protobuf, one by one.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,15 +26,15 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2, tensor_pb2, types_pb2
 
 from hpcsweep.files.tb_runs import event_files
+from hpcsweep.results.scalar_records import SimpleScalars, decode_simple_scalars
+from hpcsweep.results.tfrecord import Records, read_records
 
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct("<QI")
-_CRC32C_POLY = 0x82F63B78
-_CRC_MASK_DELTA = 0xA282EAD8
-# Event fields that are never a summary or a session log: graph_def, log_message,
-# tagged_run_metadata, meta_graph_def (field numbers 4, 6, 8, 9 as length-delimited tags).
-_SKIPPED_FIELD_TAGS = frozenset({0x22, 0x32, 0x42, 0x4A})
+BATCH_BYTES = 16 * 2**20
+"""Event files decoded together: enough to amortize numpy's calls, few enough to bound its
+temporary arrays (about 100 MB at the peak for a batch of small scalar records)."""
+
 _TENSOR_DTYPES = {
     types_pb2.DT_FLOAT: ("float_val", "<f4"),
     types_pb2.DT_DOUBLE: ("double_val", "<f8"),
@@ -65,69 +61,6 @@ class ScalarSeries:
         self.values = [self.values[i] for i in kept]
 
 
-@functools.cache
-def _crc32c_table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (_CRC32C_POLY if crc & 1 else 0)
-        table.append(crc)
-    return tuple(table)
-
-
-def masked_crc32c(data: bytes) -> int:
-    """The masked CRC-32C TFRecord files store (slow: pure Python, meant for short inputs)."""
-    table = _crc32c_table()
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
-
-
-_header_crc = functools.lru_cache(maxsize=8192)(masked_crc32c)
-
-
-def iter_records(data: bytes) -> Iterator[memoryview]:
-    """The data of each complete record in ``data``.
-
-    Stops at a truncated tail (a record still being written) and at a header whose CRC does not
-    match, as TensorBoard does; the rest of such a file is unreadable.
-    """
-    view = memoryview(data)
-    pos, end = 0, len(data)
-    while pos + _HEADER.size <= end:
-        length, length_crc = _HEADER.unpack_from(data, pos)
-        if _header_crc(data[pos : pos + 8]) != length_crc:
-            log.warning("event record at byte %d has a bad length CRC: ignoring the rest of the file", pos)
-            return
-        start = pos + _HEADER.size
-        stop = start + length
-        if stop + 4 > end:
-            return
-        yield view[start:stop]
-        pos = stop + 4
-
-
-def _cannot_hold_summary(record: memoryview) -> bool:
-    """True when the event's first field after wall_time and step is one that is never read here.
-
-    Writers serialize fields in number order, so this is decided from a few bytes. Any layout this
-    does not recognise is parsed in full.
-    """
-    try:
-        pos = 9 if record[0] == 0x09 else 0
-        if record[pos] == 0x10:
-            pos += 1
-            while record[pos] & 0x80:
-                pos += 1
-            pos += 1
-        return record[pos] in _SKIPPED_FIELD_TAGS
-    except IndexError:
-        return False
-
-
 def scalar_from_tensor(tensor: tensor_pb2.TensorProto) -> float | None:
     """The value of a rank-0 numeric ``TensorProto``, or None for anything else."""
     if tensor.tensor_shape.dim or tensor.dtype not in _TENSOR_DTYPES:
@@ -152,18 +85,65 @@ class ScalarAccumulator:
         self._file_version = 0.0
         self._most_recent_step = -1
 
-    def add_file_bytes(self, data: bytes) -> None:
-        """Add every complete record of one event file's contents."""
+    def add_file(self, records: Records, scalars: SimpleScalars, index: int) -> None:
+        """Add the good records of file ``index`` of a batch, in file order: runs of simple scalar
+        records in bulk, every other record through protobuf."""
+        first, end = int(records.bounds[index]), int(records.bounds[index + 1])
+        view = memoryview(records.buf)
+
+        def parse(lo: int, hi: int) -> bool:
+            spans = zip(records.starts[lo:hi].tolist(), records.lengths[lo:hi].tolist())
+            return self._add_records(view[start : start + length] for start, length in spans)
+
+        begin = first
+        for other in [*(first + np.flatnonzero(scalars.tag_id[first:end] < 0)).tolist(), end]:
+            if begin < other and not self._add_simple_run(scalars, begin, other) and not parse(begin, other):
+                return
+            if other < end and not parse(other, other + 1):
+                return
+            begin = other + 1
+
+    def _add_simple_run(self, scalars: SimpleScalars, begin: int, end: int) -> bool:
+        """Append records ``begin:end`` (all simple scalars) per tag; False, adding nothing, when one
+        of them would purge points (old files whose steps go back), which is left to ``_add_event``."""
+        steps = scalars.step[begin:end]
+        if self._file_version < 2:
+            before = np.maximum.accumulate(np.concatenate([[self._most_recent_step], steps[:-1]]))
+            if np.any(steps < before):
+                return False
+            self._most_recent_step = int(steps[-1])
+        tag_id = scalars.tag_id[begin:end]
+        order = np.argsort(tag_id, kind="stable")
+        sorted_ids = tag_id[order]
+        bounds = [0, *(np.flatnonzero(np.diff(sorted_ids)) + 1).tolist(), len(order)]
+        index = order + begin
+        all_steps = scalars.step[index].tolist()
+        all_wall_times = scalars.wall_time[index].tolist()
+        all_values = scalars.value[index].tolist()  # float32 to Python float: exact, as protobuf does it
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            series = self._series(scalars.tags[sorted_ids[lo]])
+            series.steps += all_steps[lo:hi]
+            series.wall_times += all_wall_times[lo:hi]
+            series.values += all_values[lo:hi]
+        return True
+
+    def _add_records(self, records: Iterable[memoryview]) -> bool:
+        """Parse and add each record; False when one is undecodable (the rest of the file is skipped)."""
         parse = event_pb2.Event.FromString
-        for record in iter_records(data):
-            if _cannot_hold_summary(record):
-                continue
+        for record in records:
             try:
                 event = parse(record)
             except DecodeError:
                 log.warning("undecodable event record: ignoring the rest of the file")
-                return
+                return False
             self._add_event(event)
+        return True
+
+    def _series(self, tag: str) -> ScalarSeries:
+        series = self.series.get(tag)
+        if series is None:
+            series = self.series[tag] = ScalarSeries()
+        return series
 
     def _add_event(self, event: event_pb2.Event) -> None:
         kind = event.WhichOneof("what")
@@ -187,9 +167,7 @@ class ScalarAccumulator:
                     continue
             else:
                 continue
-            series = self.series.get(value.tag)
-            if series is None:
-                series = self.series[value.tag] = ScalarSeries()
+            series = self._series(value.tag)
             series.steps.append(step)
             series.wall_times.append(wall_time)
             series.values.append(number)
@@ -222,11 +200,46 @@ def _parse_file_version(text: str) -> float:
 
 def read_scalars(run_dir: str | Path) -> dict[str, ScalarSeries]:
     """Every scalar point of the run in ``run_dir`` (empty when it has no event files yet)."""
-    accumulator = ScalarAccumulator()
-    for path in event_files(Path(run_dir)):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        accumulator.add_file_bytes(data)
-    return accumulator.series
+    return read_runs([event_files(Path(run_dir))])[0]
+
+
+def read_runs(runs: Sequence[Sequence[Path]]) -> list[dict[str, ScalarSeries]]:
+    """The scalars of each run, given as its event files in TensorBoard's reading order.
+
+    Files are decoded in batches of several runs, up to ``BATCH_BYTES``: a 1,000-trial sweep has
+    2,000 small files, and numpy's cost per call is then paid once a batch, not once a file.
+    """
+    results: list[dict[str, ScalarSeries]] = []
+    batch: list[list[tuple[Path, bytes]]] = []
+    batch_bytes = 0
+    for paths in runs:
+        files = [(path, data) for path in paths if (data := _read(path)) is not None]
+        batch.append(files)
+        batch_bytes += sum(len(data) for _, data in files)
+        if batch_bytes >= BATCH_BYTES:
+            results += _read_batch(batch)
+            batch, batch_bytes = [], 0
+    return results + _read_batch(batch)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:  # deleted since it was listed
+        return None
+
+
+def _read_batch(runs: list[list[tuple[Path, bytes]]]) -> list[dict[str, ScalarSeries]]:
+    files = [file for run in runs for file in run]
+    records = read_records([data for _, data in files])
+    for index in records.damaged:
+        log.warning("%s: a record has a bad checksum: ignoring the rest of the file", files[index][0])
+    scalars = decode_simple_scalars(records.buf, records.starts, records.lengths)
+    results, index = [], 0
+    for run in runs:
+        accumulator = ScalarAccumulator()
+        for _ in run:
+            accumulator.add_file(records, scalars, index)
+            index += 1
+        results.append(accumulator.series)
+    return results

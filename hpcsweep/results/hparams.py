@@ -24,19 +24,13 @@ from google.protobuf import struct_pb2
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
+from hpcsweep.results.overrides import split_override
+
 HParamValue = bool | int | float | str
 
 HPARAMS_FILE_SUFFIX = ".hparams"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 CONFIG_FILE = "config.yaml"
-
-
-def split_override(override: str) -> tuple[str, str] | None:
-    """``+model.lr=1e-4`` -> ``("model.lr", "1e-4")``; None for a deletion (``~key``)."""
-    if override.startswith("~") or "=" not in override:
-        return None
-    key, value = override.split("=", 1)
-    return key.lstrip("+"), value
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,10 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 from torch.utils.tensorboard import SummaryWriter
 
-from hpcsweep.results.event_reader import iter_records, masked_crc32c, read_scalars
+from hpcsweep.files.tb_runs import event_files
+from hpcsweep.results import event_reader
+from hpcsweep.results.event_reader import read_scalars
+from hpcsweep.results.tfrecord import iter_records, masked_crc32c
 
 TAGS = ("train/loss", "val/loss", "train/lr", "perf/tokens_per_s")
 
@@ -122,3 +127,97 @@ def test_float32_values_are_rounded_as_tensorboard_rounds_them(tmp_path, value):
     writer.add_scalar("x", torch.tensor(value, dtype=torch.float64).item(), 1)
     writer.close()
     assert ours(tmp_path) == legacy_scalars(tmp_path)
+
+
+def _raw_event_file(path, events) -> None:
+    """Events framed as they are, with no file_version event first (an old writer's file)."""
+    out = b""
+    for event in events:
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        out += header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+    path.write_bytes(out)
+
+
+def _scalar(tag: str, value: float, step: int, wall_time: float = 1.0) -> event_pb2.Event:
+    return event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]))
+
+
+def test_events_outside_the_fast_path_match_event_accumulator(tmp_path):
+    two_values = event_pb2.Event(wall_time=5.0, step=5, summary=summary_pb2.Summary(value=[
+        summary_pb2.Summary.Value(tag="a", simple_value=1.5), summary_pb2.Summary.Value(tag="b", simple_value=2.5)]))
+    events = [
+        _scalar("a", 0.25, 0, wall_time=0.0),  # step and wall_time left out of the bytes
+        _scalar("a", 0.5, -3),  # a negative step is a 10-byte varint
+        _scalar("a", 0.75, 2**40),  # past the fast path's 5-byte steps
+        _scalar("é/ü", 1.0, 4),  # a UTF-8 tag
+        _scalar("x" * 200, 2.0, 4),  # a tag longer than a 1-byte length
+        _scalar("y" * 300, 2.5, 4),  # past the fast path's 256-byte tags
+        two_values,
+        _scalar("a", 3.0, 6),
+    ]
+    writer = EventFileWriter(str(tmp_path))
+    for event in events:
+        writer.add_event(event)
+    writer.close()
+    expected = legacy_scalars(tmp_path)
+    assert ours(tmp_path) == expected
+    assert [s for s, _, _ in expected["a"]] == [0, -3, 2**40, 5, 6]
+
+
+def test_old_files_whose_steps_go_back_are_purged_like_tensorboard(tmp_path):
+    # Before file version 2, a step going back drops that tag's later points. The first file is
+    # added in bulk; the second goes back in steps, so the bulk path hands it to the one by record.
+    _raw_event_file(tmp_path / "events.out.tfevents.1.old", [_scalar(t, float(s), s) for s in range(10) for t in "ab"])
+    events = [_scalar("a", -1.0, 4), _scalar("b", -2.0, 7), _scalar("a", -3.0, 5)]
+    events += [_scalar(tag, float(step), step) for step in range(8, 12) for tag in "ab"]
+    _raw_event_file(tmp_path / "events.out.tfevents.2.old", events)
+    expected = legacy_scalars(tmp_path)
+    assert ours(tmp_path) == expected
+    assert [s for s, _, _ in expected["a"]] == [0, 1, 2, 3, 4, 5, 8, 9, 10, 11]
+    assert [s for s, _, _ in expected["b"]] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+
+
+def test_a_damaged_record_ends_its_file_as_in_tensorboard(tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step in range(40):
+        writer.add_scalar("loss", step * 0.25, step)
+    writer.close()
+    (path,) = tmp_path.glob("*tfevents*")
+    data = bytearray(path.read_bytes())
+    data[-30 * 35] ^= 0x40  # inside a record some way before the end
+    path.write_bytes(bytes(data))
+    expected = legacy_scalars(tmp_path)
+    assert ours(tmp_path) == expected
+    assert 0 < len(expected["loss"]) < 40
+
+
+def test_runs_read_in_batches_match_each_run_read_alone(tmp_path, monkeypatch):
+    rng = np.random.default_rng(3)
+    run_dirs = []
+    for run in range(5):
+        run_dir = tmp_path / str(run)
+        writer = SummaryWriter(log_dir=str(run_dir))
+        for step in range(30 * run):
+            for tag in TAGS[: run + 1]:
+                writer.add_scalar(tag, float(rng.normal()), step)
+        writer.close()
+        run_dirs.append(run_dir)
+    monkeypatch.setattr(event_reader, "BATCH_BYTES", 4000)  # several runs a batch, several batches
+    together = event_reader.read_runs([event_files(d) for d in [*run_dirs, tmp_path / "missing"]])
+    assert [{t: list(zip(s.steps, s.wall_times, s.values)) for t, s in r.items()} for r in together] == [
+        *(legacy_scalars(d) for d in run_dirs), {}]
+
+
+def test_every_file_tensorboard_reads_is_read(tmp_path):
+    # TensorBoard reads any file whose name holds "tfevents", hidden ones too, in name order.
+    for name, value in ((".hidden", 1.0), ("plain", 2.0)):
+        writer = SummaryWriter(log_dir=str(tmp_path / name))
+        writer.add_scalar("x", value, 1)
+        writer.close()
+        (path,) = (tmp_path / name).iterdir()
+        path.rename(tmp_path / (".events.out.tfevents.1" if name == ".hidden" else "events.out.tfevents.2"))
+    expected = legacy_scalars(tmp_path)
+    assert ours(tmp_path) == expected
+    assert [v for _, _, v in expected["x"]] == [1.0, 2.0]

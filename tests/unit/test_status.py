@@ -128,3 +128,15 @@ def test_cancelled_and_stopped_trials_are_not_failures(tmp_path, capsys, fake_sl
     assert status.main([str(local_dir)]) == 0
     out = capsys.readouterr().out
     assert "2 trials, 1 cancelled, 1 stopped" in out and "error" not in out
+
+
+def test_a_config_is_parsed_once_per_text_across_polls(tmp_path):
+    (tmp_path / "config.yaml").write_text("data: {batch_size: 4, seq_len: 32}\ntrainer: {grad_accum: 2}\n")
+    parsed = {}
+    assert status.read_step_tokens(tmp_path, 2, parsed) == 4 * 32 * 2 * 2
+    first = next(iter(parsed.values()))
+    assert status.read_step_tokens(tmp_path, 1, parsed) == 4 * 32 * 2
+    assert len(parsed) == 1 and next(iter(parsed.values())) is first  # not parsed again
+    (tmp_path / "config.yaml").write_text("data: {batch_size: 8, seq_len: 32}\ntrainer: {grad_accum: 2}\n")
+    assert status.read_step_tokens(tmp_path, 1, parsed) == 8 * 32 * 2 and len(parsed) == 2
+    assert status.read_step_tokens(tmp_path / "missing", 1, parsed) is None
