@@ -32,10 +32,10 @@ from hpcsweep.slurm.partition_limits import (
     parse_qos_limits,
     parse_sinfo_partitions,
 )
+from hpcsweep.slurm.sweep_placement import PlacementRequest, sweep_placements
 from hpcsweep.slurm.topology import (
     capped_max_wait_min,
     parse_topology,
-    topology_sbatch_options,
 )
 from hpcsweep.sweep.allocation import (
     allocation_key,
@@ -62,10 +62,9 @@ def _placement_options(
     placed = [t for t in trials if t.allocation.placement is not None and t.allocation.nodes > 1]
     if not placed:
         return {}
-    tree = parse_topology(commands.show_topology())
-    states = parse_node_states(commands.show_nodes())
-    options = {}
+    requests = []
     warned: set[str] = set()
+    launcher_exclude = [name for name in (params.get("exclude") or "").split(",") if name]
     for trial in placed:
         allocation = trial.allocation
         placement = allocation.placement or Placement()
@@ -73,15 +72,19 @@ def _placement_options(
         if warning and warning not in warned:
             warned.add(warning)
             log.warning(warning)
-        options[trial.num] = topology_sbatch_options(
-            placement.mode,
-            allocation.nodes,
-            tree,
-            states,
-            exclude=[*allocation.exclude, *(params.get("exclude") or "").split(",")],
-            max_wait_min=max_wait_min,
-            partition=params.get("partition"),
-        )
+        requests.append(PlacementRequest(
+            trial=trial.num, mode=placement.mode, nodes=allocation.nodes, max_wait_min=max_wait_min,
+            exclude=(*allocation.exclude, *launcher_exclude),
+        ))
+    # One placement for the whole sweep, so that pin mode hands each trial its own nodes.
+    options, messages = sweep_placements(
+        requests,
+        parse_topology(commands.show_topology()),
+        parse_node_states(commands.show_nodes()),
+        partition=params.get("partition"),
+    )
+    for message in messages:
+        log.warning(message)
     return options
 
 

@@ -28,6 +28,7 @@ from hpcsweep.sweep.hooks import (
 from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
 from hpcsweep.sweep.slurm_submit import await_results, launch_on_slurm
 from hpcsweep.sweep.sweep_trials import SweepConfigError, check_trials
+from hpcsweep.train.checkpoint_schedule import SIGNAL_DELAY_VAR
 from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
 
 from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
@@ -156,12 +157,15 @@ def test_a_refused_trial_stops_the_slurm_sweep_before_any_slurm_command(fake_slu
     assert fake_slurm.calls("scontrol") == [] and fake_slurm.calls("sacct") == []
 
 
-def test_hpcsweeps_task_context_carries_the_requeue_cap(monkeypatch):
+def test_hpcsweeps_task_context_carries_the_requeue_cap_and_the_signal_delay(monkeypatch):
     monkeypatch.delenv(MAX_REQUEUES_VAR, raising=False)
-    with TrialHook().task_context({"max_num_timeout": 3}):
-        assert MAX_REQUEUES_VAR not in os.environ
-    with HpcsweepTrials().task_context({"max_num_timeout": 3}):
+    monkeypatch.delenv(SIGNAL_DELAY_VAR, raising=False)
+    launcher = {"max_num_timeout": 3, "signal_delay_s": 90}
+    with TrialHook().task_context(launcher):
+        assert MAX_REQUEUES_VAR not in os.environ and SIGNAL_DELAY_VAR not in os.environ
+    with HpcsweepTrials().task_context(launcher):
         assert os.environ[MAX_REQUEUES_VAR] == "3"
+        assert os.environ[SIGNAL_DELAY_VAR] == "90"
 
 
 class FinishedJob:
