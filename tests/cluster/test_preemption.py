@@ -140,15 +140,20 @@ def node4_freed(slurm_env):
     slurm(slurm_env, "scancel", "--partition=urgent", "--nodelist=node4")
 
 
+PREEMPTABLE_STEPS = "trainer.max_steps=400"
+"""About 25 s of the small trial on one thread: the preemption takes a few seconds to land."""
+
+
 def preempt_node4(env: dict[str, str]) -> None:
     """A job in the high-priority partition that needs all of node4."""
-    slurm(env, "sbatch", "--parsable", "-p", "urgent", "-w", "node4", "-c", "8", "--time=2",
+    slurm(env, "sbatch", "--parsable", "-p", "urgent", "-w", "node4", "-c", "64", "--time=2",
           "--output=/dev/null", "--wrap", "sleep 5")
 
 
 def test_a_preempted_trial_is_requeued_by_slurm_and_resumes(tmp_path, slurm_env, node4_freed, reference):
-    job_id, trial_dir = submit(tmp_path, slurm_env, "trainer.max_steps=60", "+hydra.launcher.additional_parameters.nodelist=node4")
-    expected = reference(1, "trainer.max_steps=60")
+    # Long enough that the preemption (a scheduler pass or two) always lands before the last step.
+    job_id, trial_dir = submit(tmp_path, slurm_env, PREEMPTABLE_STEPS, "+hydra.launcher.additional_parameters.nodelist=node4")
+    expected = reference(1, PREEMPTABLE_STEPS)
     wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     preempt_node4(slurm_env)
 
@@ -161,7 +166,7 @@ def test_a_preempted_trial_is_requeued_by_slurm_and_resumes(tmp_path, slurm_env,
 
 
 def test_a_trial_preempted_beyond_its_cap_fails_and_leaves_the_queue(tmp_path, slurm_env, node4_freed):
-    job_id, trial_dir = submit(tmp_path, slurm_env, "trainer.max_steps=60", "hydra.launcher.max_num_timeout=0",
+    job_id, trial_dir = submit(tmp_path, slurm_env, PREEMPTABLE_STEPS, "hydra.launcher.max_num_timeout=0",
                                "+hydra.launcher.additional_parameters.nodelist=node4")
     wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     preempt_node4(slurm_env)
