@@ -35,6 +35,12 @@ MANDATORY_DEFAULT_RETURNS = [
     (1, ["db=postgres"], "postgresql:80"),
 ]
 
+SWEEPS = {
+    "two_groups": (TWO_GROUPS, TWO_GROUPS_RETURNS),
+    "mandatory_default": (MANDATORY_DEFAULT, MANDATORY_DEFAULT_RETURNS),
+}
+"""Each sweep's overrides and its expected (num, overrides, value) returns, by test id."""
+
 
 def install_foreign_app(tmp_path: Path) -> Path:
     """A fresh venv with hpcsweep and the foreign app, each from a copy by a plain ``pip install``; its python."""

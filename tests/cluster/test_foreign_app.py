@@ -12,10 +12,7 @@ import json
 import pytest
 
 from ..foreign_sweeps import (
-    MANDATORY_DEFAULT,
-    MANDATORY_DEFAULT_RETURNS,
-    TWO_GROUPS,
-    TWO_GROUPS_RETURNS,
+    SWEEPS,
     assert_hydra_job_returns,
     assert_sweep_record,
     comparable,
@@ -24,10 +21,7 @@ from ..foreign_sweeps import (
 )
 from .conftest import TERMINAL_STATES, sacct_states, slurm, wait_for
 
-SWEEPS = {
-    "two_groups": (TWO_GROUPS, TWO_GROUPS_RETURNS),
-    "mandatory_default": (MANDATORY_DEFAULT, MANDATORY_DEFAULT_RETURNS),
-}
+
 # The launcher's own defaults otherwise: a foreign app selects hpcsweep_slurm directly.
 def ended_states(env: dict[str, str], job: str, job_ids: list[str]) -> dict[str, str]:
     """The accounting states of ``job_ids`` (of ``job``) once all are terminal.

@@ -10,21 +10,13 @@ from __future__ import annotations
 import pytest
 
 from ..foreign_sweeps import (
-    MANDATORY_DEFAULT,
-    MANDATORY_DEFAULT_RETURNS,
-    TWO_GROUPS,
-    TWO_GROUPS_RETURNS,
+    SWEEPS,
     assert_hydra_job_returns,
     assert_sweep_record,
     comparable,
     install_foreign_app,
     run_foreign_sweep,
 )
-
-SWEEPS = {
-    "two_groups": (TWO_GROUPS, TWO_GROUPS_RETURNS),
-    "mandatory_default": (MANDATORY_DEFAULT, MANDATORY_DEFAULT_RETURNS),
-}
 
 
 @pytest.fixture(scope="module")
