@@ -151,7 +151,8 @@ def git_identity(folder: Path) -> tuple[str | None, str | None, str | None]:
     """The checkout holding ``folder``: its top, ``HEAD`` commit, and the SHA-256 of its changes.
 
     The changes are ``git diff HEAD`` plus every untracked, not ignored file (name and content),
-    so two snapshots of the same commit with the same edits hash alike. Nulls outside git.
+    so two snapshots of the same commit with the same edits hash alike; untracked files the
+    snapshot never copies (outputs, checkpoints: ``EXCLUDED_NAMES``) stay out. Nulls outside git.
     """
     top = _git(folder, "rev-parse", "--show-toplevel")
     commit = _git(folder, "rev-parse", "HEAD")
@@ -165,6 +166,8 @@ def git_identity(folder: Path) -> tuple[str | None, str | None, str | None]:
     digest = hashlib.sha256(diff)
     for name in sorted(n for n in untracked.decode().split("\0") if n):
         path = root / name
+        if any(excluded(part) for part in Path(name).parts):
+            continue
         if path.is_file() and not path.is_symlink():
             digest.update(b"\0" + name.encode() + b"\0" + path.read_bytes())
     return str(root), commit.decode().strip(), digest.hexdigest()

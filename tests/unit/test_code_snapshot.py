@@ -138,6 +138,7 @@ def test_take_snapshot_copies_code_and_records_it(user_repo):
 
 def test_diff_hash_follows_uncommitted_changes_and_untracked_files(user_repo):
     clean = take_snapshot(user_repo / "multirun" / "a", user_repo).diff_sha256
+    write(user_repo / "outputs" / "run" / "model.pt")  # untracked, not ignored, never copied
     assert take_snapshot(user_repo / "multirun" / "b", user_repo).diff_sha256 == clean
     write(user_repo / "mymodel.py", "WIDTH = 16\n")
     edited = take_snapshot(user_repo / "multirun" / "c", user_repo).diff_sha256
