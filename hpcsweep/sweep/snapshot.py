@@ -126,15 +126,19 @@ def source_trees(cwd: Path, package_dirs: Mapping[str, Path | None], sweep_dir: 
         if sweep_dir.resolve().is_relative_to(cwd) and sweep_dir.resolve() != cwd:
             skip.add(sweep_dir.resolve().relative_to(cwd).as_posix())
         trees.append(SourceTree(cwd, "", frozenset(skip)))
-    for name, dest in PACKAGES.items():
-        folder = package_dirs.get(name)
-        if folder is None:
-            continue
-        nested = [d for n, d in PACKAGES.items() if n != name and d.startswith(dest + "/")]
-        inside_parent = any(folder.is_relative_to(other) for n, other in package_dirs.items()
-                            if n != name and other is not None and dest.startswith(PACKAGES[n] + "/"))
-        if not inside_parent:
-            trees.append(SourceTree(folder, dest, frozenset(d[len(dest) + 1:] for d in nested)))
+    # A package inside its parent's folder (an installed ``hpcsweep/configs``) comes with the
+    # parent; one that lives elsewhere (an editable install maps ``configs/``) is copied on its own.
+    separate = {
+        name: folder for name, folder in package_dirs.items()
+        if folder is not None and not any(
+            other is not None and PACKAGES[name].startswith(PACKAGES[n] + "/") and folder.is_relative_to(other)
+            for n, other in package_dirs.items()
+        )
+    }
+    for name, folder in separate.items():
+        dest = PACKAGES[name]
+        nested = frozenset(PACKAGES[n][len(dest) + 1:] for n in separate if PACKAGES[n].startswith(dest + "/"))
+        trees.append(SourceTree(folder, dest, nested))
     return trees
 
 

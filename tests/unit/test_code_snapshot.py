@@ -97,9 +97,12 @@ def test_source_trees_of_an_installed_package_outside_any_working_tree(tmp_path)
     (tmp_path / "empty").mkdir()
     trees = source_trees(tmp_path / "empty", packages, tmp_path / "empty" / "multirun")
     assert trees == [
-        SourceTree(site / "hpcsweep", "hpcsweep", frozenset({"configs"})),
+        SourceTree(site / "hpcsweep", "hpcsweep"),
         SourceTree(site / "hydra_plugins" / "hpcsweep_plugins", "hydra_plugins/hpcsweep_plugins"),
     ]
+    write(site / "hpcsweep" / "__init__.py")
+    write(site / "hpcsweep" / "configs" / "config.yaml")
+    assert choose_files(trees[0]) == ["__init__.py", "configs/config.yaml"]
 
 
 @pytest.fixture()
