@@ -28,7 +28,9 @@ def checkout(tmp_path) -> Path:
     repo = tmp_path / "hpcsweep"
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "*.egg-info", "__pycache__", "multirun", "outputs", "slurm-*.out"))
-    python = venv_on_these_packages(tmp_path / "venv", with_pip=True)
+    # No pip of its own: this interpreter's pip and setuptools make a PEP 660 editable install
+    # (a venv's bundled setuptools is too old for one) without a download.
+    python = venv_on_these_packages(tmp_path / "venv")
     installed = run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
                     repo, dict(os.environ), timeout=300)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
@@ -77,6 +79,7 @@ def test_trials_run_the_submitted_code_after_the_tree_changes(checkout, slurm_en
                                            "diff_sha256": snapshot["diff_sha256"]}
 
     # The control: outside a sweep, this venv imports the edited tree, marker and all.
-    imported = run([python, "-c", "import hpcsweep"], tmp_path, env, timeout=60)
+    # (From the venv's folder: in tmp_path, the checkout's folder "hpcsweep" would import as a namespace.)
+    imported = run([python, "-c", "import hpcsweep"], tmp_path / "venv", env, timeout=60)
     assert imported.returncode == 0, imported.stderr
     assert marker.read_text() == f"{init}\n"
