@@ -46,6 +46,7 @@ from hpcsweep.sweep.allocation import (
     executor_parameters,
 )
 from hpcsweep.sweep.hooks import Placement, SweepTrial, hook_of
+from hpcsweep.sweep.snapshot import take_snapshot, with_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 
@@ -160,6 +161,10 @@ def launch_on_slurm(
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    code_dir = None
+    if params.get("code_snapshot", True):
+        code_dir = Path(take_snapshot(sweep_dir, Path.cwd()).path)
+    params = with_snapshot(params, code_dir)
     shared = write_shared_launcher(sweep_dir / ".submitit", launcher, Singleton.get_state())
     call = SharedLauncherCall(str(shared))
     jobs_by_trial: dict[int, Any] = {}

@@ -28,6 +28,7 @@ import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_to_dict
 from hpcsweep.files.atomic import atomic_write_json, atomic_write_text
+from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
 from hpcsweep.files.metrics_file import write_metrics
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.slurm import commands
@@ -112,12 +113,18 @@ def resolve_head_address(rdzv: Rendezvous, env: Mapping[str, str]) -> Rendezvous
 def environment_record(
     rdzv: Rendezvous, nccl_vars: Mapping[str, str], env: Mapping[str, str]
 ) -> dict[str, Any]:
-    """What a trial ran under: code version, rendezvous, NCCL variables, Slurm job and restarts."""
+    """What a trial ran under: code version, rendezvous, NCCL variables, Slurm job and restarts.
+
+    ``code_snapshot`` names the sweep's code snapshot this code was imported from (its path,
+    commit and diff hash), or is null when the trial runs the installed code.
+    """
     import torch
 
     job = slurm_job_env(env)
+    code_dir = snapshot_dir_of(__file__)
     return {
         **git_state(Path(__file__).resolve().parent),
+        "code_snapshot": None if code_dir is None else read_snapshot_record(code_dir),
         "recorded_at": now_iso(),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),

@@ -59,6 +59,10 @@ class SlurmLauncherConf:
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     # Shell lines run in the batch script before srun (module loads, venv activation).
     setup: Optional[list[str]] = None
+    # Copy the code trials import (hpcsweep, these plugins, the working tree) to SWEEP_DIR/.code
+    # before submitting, and make every task, requeues included, import that copy; false: tasks
+    # import whatever the installed code is when they start.
+    code_snapshot: bool = True
     # false: return once sweep.json is written and the arrays are queued; true: wait for results.
     wait: bool = False
 

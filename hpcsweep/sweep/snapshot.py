@@ -1,0 +1,255 @@
+"""A copy of the code a sweep's trials import, taken once before the first ``sbatch``.
+
+A trial may start hours after submission, and a requeued one days later; by then the working tree
+has moved on. The snapshot, SWEEP_DIR/.code, holds hpcsweep's own packages (as imported here), the
+launcher plugins, and the user's working tree (the current directory, when it is a git checkout or
+holds Python files), without large files or build and output folders. Every array task puts it
+first on ``PYTHONPATH``, so the first run and every requeue import the submitted code.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcsweep.files.atomic import atomic_write_json
+from hpcsweep.files.code_snapshot import SNAPSHOT_DIR, SNAPSHOT_FILE
+
+log = logging.getLogger(__name__)
+
+# A source file larger than this is data or a model, not code.
+MAX_FILE_BYTES = 1 << 20
+# Names (files or folders, at any depth) never copied: version control, environments, caches,
+# Hydra's and Slurm's outputs, checkpoints and data.
+EXCLUDED_NAMES = (
+    ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".nox", "__pycache__", ".pytest_cache",
+    ".mypy_cache", ".ruff_cache", ".ipynb_checkpoints", "*.egg-info", "build", "dist", "node_modules",
+    "multirun", "outputs", "wandb", "mlruns", "lightning_logs", SNAPSHOT_DIR, f"{SNAPSHOT_DIR}.tmp-*",
+    "*.pyc", "*.so", "*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin", "*.npy", "*.npz", "*.h5",
+    "*.pkl", "*.parquet", "*.arrow", "*.tfevents.*", "events.out.*", "*.log", "*.out", "*.err",
+)
+# The packages whose imports must come from the snapshot, and where each goes inside it.
+PACKAGES = {"hpcsweep": "hpcsweep", "hpcsweep.configs": "hpcsweep/configs",
+            "hydra_plugins.hpcsweep_plugins": "hydra_plugins/hpcsweep_plugins"}
+GIT_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    """A folder to copy, to ``dest`` inside the snapshot, leaving out ``skip`` (paths relative to ``root``)."""
+
+    root: Path
+    dest: str
+    skip: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """What ``SNAPSHOT.json`` holds: where the code came from and how to recognise it."""
+
+    path: str
+    source: str | None
+    commit: str | None
+    diff_sha256: str | None
+    files_sha256: str
+    files: int
+    bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as written to ``SNAPSHOT.json``."""
+        return dict(self.__dict__)
+
+
+def excluded(name: str, patterns: Iterable[str] = EXCLUDED_NAMES) -> bool:
+    """Whether a file or folder called ``name`` stays out of the snapshot."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def choose_files(tree: SourceTree, max_bytes: int = MAX_FILE_BYTES,
+                 patterns: Iterable[str] = EXCLUDED_NAMES) -> list[str]:
+    """Paths (relative to ``tree.root``, sorted) of the regular files to copy from ``tree``.
+
+    Symbolic links are left out: a link to a dataset would otherwise pull it in.
+    """
+    patterns = tuple(patterns)
+    chosen = []
+    for folder, dirs, files in os.walk(tree.root):
+        rel_folder = Path(folder).relative_to(tree.root)
+        dirs[:] = [d for d in dirs if not excluded(d, patterns)
+                   and (rel_folder / d).as_posix() not in tree.skip and not os.path.islink(Path(folder, d))]
+        for name in files:
+            path = Path(folder, name)
+            rel = (rel_folder / name).as_posix()
+            if excluded(name, patterns) or rel in tree.skip or path.is_symlink():
+                continue
+            if path.stat().st_size > max_bytes:
+                log.info("code snapshot leaves out %s: larger than %d bytes", path, max_bytes)
+                continue
+            chosen.append(rel)
+    return sorted(chosen)
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def is_working_tree(folder: Path) -> bool:
+    """A folder whose code trials may import: a git checkout, or one holding Python files."""
+    return (folder / ".git").exists() or any(folder.glob("*.py"))
+
+
+def source_trees(cwd: Path, package_dirs: Mapping[str, Path | None], sweep_dir: Path) -> list[SourceTree]:
+    """The folders to copy: the working tree ``cwd`` (if it is one) first, then each package.
+
+    The working tree leaves out the packages' places, so that a stale copy of hpcsweep in it
+    cannot mix with the one imported here, and the sweep dir, when it lies inside; a package
+    inside another (an installed ``hpcsweep/configs``) is copied once, with its parent.
+    """
+    trees = []
+    skip = {dest for name, dest in PACKAGES.items() if package_dirs.get(name) is not None}
+    if is_working_tree(cwd):
+        cwd = cwd.resolve()
+        if sweep_dir.resolve().is_relative_to(cwd) and sweep_dir.resolve() != cwd:
+            skip.add(sweep_dir.resolve().relative_to(cwd).as_posix())
+        trees.append(SourceTree(cwd, "", frozenset(skip)))
+    # A package inside its parent's folder (an installed ``hpcsweep/configs``) comes with the
+    # parent; one that lives elsewhere (an editable install maps ``configs/``) is copied on its own.
+    separate = {
+        name: folder for name, folder in package_dirs.items()
+        if folder is not None and not any(
+            other is not None and PACKAGES[name].startswith(PACKAGES[n] + "/") and folder.is_relative_to(other)
+            for n, other in package_dirs.items()
+        )
+    }
+    for name, folder in separate.items():
+        dest = PACKAGES[name]
+        nested = frozenset(PACKAGES[n][len(dest) + 1:] for n in separate if PACKAGES[n].startswith(dest + "/"))
+        trees.append(SourceTree(folder, dest, nested))
+    return trees
+
+
+def _git(root: Path, *args: str) -> bytes | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=GIT_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def git_identity(folder: Path) -> tuple[str | None, str | None, str | None]:
+    """The checkout holding ``folder``: its top, ``HEAD`` commit, and the SHA-256 of its changes.
+
+    The changes are ``git diff HEAD`` plus every untracked, not ignored file (name and content),
+    so two snapshots of the same commit with the same edits hash alike; untracked files the
+    snapshot never copies (outputs, checkpoints: ``EXCLUDED_NAMES``) stay out. Nulls outside git.
+    """
+    top = _git(folder, "rev-parse", "--show-toplevel")
+    commit = _git(folder, "rev-parse", "HEAD")
+    if top is None or commit is None:
+        return None, None, None
+    root = Path(top.decode().strip())
+    diff = _git(root, "diff", "HEAD", "--binary")
+    untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z")
+    if diff is None or untracked is None:
+        return str(root), commit.decode().strip(), None
+    digest = hashlib.sha256(diff)
+    for name in sorted(n for n in untracked.decode().split("\0") if n):
+        path = root / name
+        if any(excluded(part) for part in Path(name).parts):
+            continue
+        if path.is_file() and not path.is_symlink():
+            digest.update(b"\0" + name.encode() + b"\0" + path.read_bytes())
+    return str(root), commit.decode().strip(), digest.hexdigest()
+
+
+def _fill(trees: Iterable[SourceTree], target: Path) -> tuple[int, int, str]:
+    """Copy ``trees`` into ``target``; return the file count, the bytes, and a hash of the copy."""
+    copied = {}
+    for tree in trees:
+        for rel in choose_files(tree):
+            dest = Path(tree.dest, rel).as_posix()
+            (target / dest).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tree.root / rel, target / dest)
+            copied[dest] = target / dest
+    digest = hashlib.sha256()
+    size = 0
+    for dest in sorted(copied):
+        data = copied[dest].read_bytes()
+        digest.update(dest.encode() + b"\0" + hashlib.sha256(data).digest())
+        size += len(data)
+    return len(copied), size, digest.hexdigest()
+
+
+def take_snapshot(sweep_dir: Path, cwd: Path) -> SnapshotRecord:
+    """Copy the code trials import to ``sweep_dir/.code``, atomically, and describe it.
+
+    The copy is built in a temporary folder beside it and renamed into place, so a task never
+    sees half a snapshot. An existing snapshot is kept: later batches of the same sweep, and its
+    requeued tasks, run the code the first batch was submitted with.
+    """
+    code_dir = sweep_dir / SNAPSHOT_DIR
+    if (code_dir / SNAPSHOT_FILE).is_file():
+        log.info("code snapshot: keeping %s", code_dir)
+        return SnapshotRecord(**_read_record(code_dir))
+    package_dirs = {name: _package_dir(name) for name in PACKAGES}
+    trees = source_trees(cwd, package_dirs, sweep_dir)
+    tmp = sweep_dir / f"{SNAPSHOT_DIR}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        files, size, files_sha256 = _fill(trees, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    git_root = cwd if is_working_tree(cwd) else package_dirs["hpcsweep"]
+    source, commit, diff_sha256 = git_identity(git_root) if git_root else (None, None, None)
+    record = SnapshotRecord(path=str(code_dir), source=source, commit=commit, diff_sha256=diff_sha256,
+                            files_sha256=files_sha256, files=files, bytes=size)
+    atomic_write_json(tmp / SNAPSHOT_FILE, record.as_dict())
+    os.rename(tmp, code_dir)
+    log.info("code snapshot: %d files (%d kB) in %s", files, size // 1024, code_dir)
+    return record
+
+
+def _read_record(code_dir: Path) -> dict[str, Any]:
+    return json.loads((code_dir / SNAPSHOT_FILE).read_text())
+
+
+def snapshot_setup_lines(code_dir: Path) -> list[str]:
+    """Batch-script lines that make every process of the task import from ``code_dir``.
+
+    ``PYTHONSAFEPATH`` keeps ``python -m`` from putting the current directory first on
+    ``sys.path``: a job started from the user's checkout would import the live tree again.
+    torchrun's workers inherit both variables.
+    """
+    return [
+        f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONSAFEPATH=1",
+    ]
+
+
+def with_snapshot(params: Mapping[str, Any], code_dir: Path | None) -> dict[str, Any]:
+    """The launcher settings to submit with: ``code_snapshot`` taken out, the setup lines added.
+
+    They come after the user's own setup lines, so that activating an environment there cannot
+    undo them.
+    """
+    out = {key: value for key, value in params.items() if key != "code_snapshot"}
+    if code_dir is not None:
+        out["setup"] = [*(params.get("setup") or []), *snapshot_setup_lines(code_dir)]
+    return out
