@@ -16,10 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpcsweep.files.atomic import atomic_write_json
+from hpcsweep.files.trial_files import TRIAL_FILES
 
 SWEEP_FILE = "sweep.json"
-TRIAL_FILES = ("metrics.json", "config.yaml", "environment.json")
-"""Files a trial dir holds once it has started: without sweep.json, they make it a sweep of one."""
 SCHEMA_VERSION = 1
 
 

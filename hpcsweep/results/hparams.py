@@ -24,13 +24,13 @@ from google.protobuf import struct_pb2
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
+from hpcsweep.files.trial_files import CONFIG_FILE
 from hpcsweep.results.overrides import split_override
 
 HParamValue = bool | int | float | str
 
 HPARAMS_FILE_SUFFIX = ".hparams"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
-CONFIG_FILE = "config.yaml"
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

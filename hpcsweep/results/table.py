@@ -25,6 +25,7 @@ from hpcsweep.files.sweep_record import (
     read_sweep_record,
 )
 from hpcsweep.files.tb_runs import run_event_files
+from hpcsweep.files.trial_files import ENVIRONMENT_FILE
 from hpcsweep.results.failure import summarize_error, trial_error_text
 from hpcsweep.results.overrides import override_values
 from hpcsweep.slurm.commands import SlurmCommandError
@@ -37,7 +38,6 @@ FINAL_STATUSES = ("completed", "stopped_early", "failed", "cancelled", "stopped"
 """Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
 FINISHED_STATUSES = ("completed", "stopped_early")
 """Statuses the trainer writes when a trial is done, whatever Slurm says afterwards."""
-ENVIRONMENT_FILE = "environment.json"
 OVERRIDES_FILE = ".hydra/overrides.yaml"
 METRICS = (
     "best_val_loss", "val_loss", "train_loss", "mean_tokens_per_s", "tokens_per_s", "gpu_hours", "step", "restarts"

@@ -17,9 +17,7 @@ from typing import Any
 import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_from_dict, trial_config_to_dict
-
-CONFIG_FILE = "config.yaml"
-"""The resolved config a trial dir holds (written by the runner before training)."""
+from hpcsweep.files.trial_files import CONFIG_FILE
 
 FREE_KEYS: tuple[str, ...] = (
     # Logging, checkpoints and retention: no effect on the computation or the RNG streams.

@@ -31,20 +31,19 @@ from hpcsweep.files.atomic import atomic_write_json, atomic_write_text
 from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
 from hpcsweep.files.metrics_file import write_metrics
 from hpcsweep.files.sweep_record import now_iso
+from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FILE
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
 from hpcsweep.train import stop
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.trial import preempt
-from hpcsweep.trial.identity import CONFIG_FILE, check_resume, differences_text
+from hpcsweep.trial.identity import check_resume, differences_text
 from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env
 from hpcsweep.trial.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
 
 log = logging.getLogger(__name__)
 
-ENVIRONMENT_FILE = "environment.json"
-METRICS_FILE = "metrics.json"
 # How long an agent waits for the other nodes of its trial to join the rendezvous.
 RDZV_JOIN_TIMEOUT_S = 900
 
