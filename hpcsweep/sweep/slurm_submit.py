@@ -138,6 +138,35 @@ def _submit_array(
     return executor.map_array(call, [t.overrides for t in trials], [t.num for t in trials])
 
 
+def submit_trials(
+    launcher: Any, trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str, sweep_dir: Path
+) -> tuple[dict[int, Any], list[ArrayRecord]]:
+    """Submit checked trials into ``sweep_dir`` as job arrays, one per allocation shape and size cap.
+
+    ``params`` are the launcher settings to submit with (a retry may change them); ``slurm_config``
+    is ``scontrol show config``'s text. Returns each trial's submitit job and the arrays, in order.
+    """
+    max_array_size = parse_max_array_size(slurm_config)
+    if params.get("max_array_size"):
+        max_array_size = min(max_array_size, int(params["max_array_size"]))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    code_dir = None
+    if params.get("code_snapshot", True):
+        code_dir = Path(take_snapshot(sweep_dir, Path.cwd()).path)
+    params = with_snapshot(params, code_dir)
+    shared = write_shared_launcher(sweep_dir / ".submitit", launcher, Singleton.get_state())
+    call = SharedLauncherCall(str(shared))
+    jobs_by_trial: dict[int, Any] = {}
+    arrays: list[ArrayRecord] = []
+    for parameters, group in _group_by_allocation(trials, params, parse_max_switch_wait(slurm_config)):
+        for piece in chunk(group, max_array_size):
+            jobs = _submit_array(launcher, call, parameters, piece)
+            for trial, job in zip(piece, jobs, strict=True):
+                jobs_by_trial[trial.num] = job
+            arrays.append(ArrayRecord(str(jobs[0].job_id).split("_")[0], [t.num for t in piece]))
+    return jobs_by_trial, arrays
+
+
 def launch_on_slurm(
     launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> Sequence[JobReturn]:
@@ -155,26 +184,8 @@ def launch_on_slurm(
         check_against_cluster(trials, params, slurm_config)
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
-    max_array_size = parse_max_array_size(slurm_config)
-    if params.get("max_array_size"):
-        max_array_size = min(max_array_size, int(params["max_array_size"]))
-
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    code_dir = None
-    if params.get("code_snapshot", True):
-        code_dir = Path(take_snapshot(sweep_dir, Path.cwd()).path)
-    params = with_snapshot(params, code_dir)
-    shared = write_shared_launcher(sweep_dir / ".submitit", launcher, Singleton.get_state())
-    call = SharedLauncherCall(str(shared))
-    jobs_by_trial: dict[int, Any] = {}
-    arrays: list[ArrayRecord] = []
-    for parameters, group in _group_by_allocation(trials, params, parse_max_switch_wait(slurm_config)):
-        for piece in chunk(group, max_array_size):
-            jobs = _submit_array(launcher, call, parameters, piece)
-            for trial, job in zip(piece, jobs, strict=True):
-                jobs_by_trial[trial.num] = job
-            arrays.append(ArrayRecord(str(jobs[0].job_id).split("_")[0], [t.num for t in piece]))
+    jobs_by_trial, arrays = submit_trials(launcher, trials, params, slurm_config, sweep_dir)
 
     submitted = now_iso()
     record = SweepRecord(
