@@ -28,6 +28,12 @@ def write_shared_launcher(folder: Path, launcher: Any, singleton_state: Any) -> 
     return path
 
 
+def load_shared_launcher(path: Path) -> tuple[Any, Any]:
+    """The launcher and Hydra's global state that ``write_shared_launcher`` stored at ``path``."""
+    with open(path, "rb") as handle:
+        return pickle.load(handle)
+
+
 @dataclass(frozen=True)
 class SharedLauncherCall:
     """Runs trial ``job_num`` through the launcher stored at ``launcher_path``."""
@@ -35,8 +41,7 @@ class SharedLauncherCall:
     launcher_path: str
 
     def __call__(self, overrides: Sequence[str], job_num: int) -> Any:
-        with open(self.launcher_path, "rb") as handle:
-            launcher, singleton_state = pickle.load(handle)
+        launcher, singleton_state = load_shared_launcher(Path(self.launcher_path))
         return launcher(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}", singleton_state)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
