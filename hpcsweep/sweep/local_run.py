@@ -9,6 +9,7 @@ trials with a checkpoint and starts no further one (``hpcsweep_hook.HpcsweepTria
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn
 
 from hpcsweep.files.sweep_record import (
@@ -94,4 +96,7 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     log.info("sweep dir: %s (%d trials, running locally, %d at a time)", sweep_dir, len(trials), plan.parallelism)
     with tempfile.TemporaryDirectory(prefix="hpcsweep-local-") as folder:
         context_file = write_sweep_context(Path(folder), launcher.hydra_context, launcher.config, launcher.task_function)
+        # The trials run elsewhere: here the sweep's own config is Hydra's, for what the app says
+        # about the whole sweep (a stop names the sweep dir to resume).
+        HydraConfig.instance().set_config(copy.deepcopy(launcher.config))
         return hook.run_locally(trials, lambda to_run: run_local_trials(to_run, plan, context_file))
