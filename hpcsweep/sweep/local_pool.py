@@ -112,58 +112,87 @@ def _forwarding(forwarder: _StopForwarder) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+class _LocalRun:
+    """One local run's state: the trials waiting in order, those running, how the others ended, what is free."""
+
+    def __init__(self, trials: Sequence[SweepTrial], plan: LocalPlan, context_file: Path) -> None:
+        self.trials, self.plan, self.context_file = list(trials), plan, context_file
+        self.waiting = list(trials)
+        self.free_slots, self.free_gpus = list(plan.slots), plan.gpu_ids
+        self.forwarder = _StopForwarder()
+        self.outcomes: dict[int, TrialOutcome] = {}
+
+    @property
+    def stopping(self) -> bool:
+        """A stop signal came, or a trial stopped (or refused to start) on a signal of its own."""
+        return self.forwarder.reason is not None or any(
+            isinstance(outcome, (Stopped, NotStarted)) for outcome in self.outcomes.values()
+        )
+
+    def start_ready(self) -> None:
+        """Start the next trials in order while a slot and their GPUs are free (none once stopping)."""
+        from hpcsweep.train.stop import stop_signals_blocked
+
+        while self.waiting and self.free_slots and not self.stopping:
+            trial = self.waiting[0]
+            allocation = trial.allocation
+            taken = take_gpus(self.free_gpus, trial_gpu_count(self.plan, allocation.gpus_per_node, allocation.gpus_key))
+            if taken is None:
+                return
+            gpus, self.free_gpus = taken
+            slot = self.free_slots.pop(0)
+            self.waiting.pop(0)
+            # Blocked, so that a signal now reaches the new process once, after it is registered.
+            with stop_signals_blocked():
+                process = start_trial(
+                    self.context_file, trial.overrides, trial.num, slot.cpus, trial_environment(self.plan, gpus)
+                )
+                self.forwarder.running[trial.num] = _Running(trial, process, slot, gpus)
+            log.info("trial #%d started (pid %d, CPUs %s%s)", trial.num, process.process.pid,
+                     ",".join(map(str, slot.cpus)), f", GPUs {','.join(gpus)}" if self.plan.gpu_ids else "")
+
+    def collect_ended(self) -> None:
+        """Take the outcome of every trial process that has exited, and free its slot and GPUs."""
+        for num, running in list(self.forwarder.running.items()):
+            if running.process.process.poll() is None:
+                continue
+            del self.forwarder.running[num]
+            self.free_slots = sorted([*self.free_slots, running.slot], key=lambda slot: slot.index)
+            self.free_gpus = tuple(sorted((*self.free_gpus, *running.gpus), key=self.plan.gpu_ids.index))
+            self.outcomes[num] = running.process.outcome()
+
+    def stopped(self) -> LocalSweepStopped:
+        """The sweep's stop, once every started trial has ended."""
+        from hpcsweep.train.stop import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED
+
+        outcomes = [self.outcomes.get(trial.num) for trial in self.trials]
+        refused = [outcome.reason for outcome in outcomes if isinstance(outcome, NotStarted)]
+        reason = self.forwarder.reason or (refused[0] if refused else None)
+        stopped = [outcome for outcome in outcomes if isinstance(outcome, Stopped)]
+        ended = [t.num for t, outcome in zip(self.trials, outcomes) if isinstance(outcome, Exited)]
+        not_started = [t.num for t, outcome in zip(self.trials, outcomes) if outcome is None or isinstance(outcome, NotStarted)]
+        code = stopped[0].code if stopped else (EXIT_INTERRUPTED if reason == INTERRUPTED else EXIT_REQUEUE)
+        what = stop_summary(reason, [outcome.what for outcome in stopped], ended, not_started)
+        log.warning("%s", what)
+        return LocalSweepStopped(what, code)
+
+
 def run_local_trials(trials: Sequence[SweepTrial], plan: LocalPlan, context_file: Path) -> list[JobReturn]:
     """Run ``trials`` with ``plan`` and return their JobReturns in trial order.
 
     Raises ``LocalSweepStopped`` once the running trials have ended when a stop signal came or a
     trial stopped.
     """
-    from hpcsweep.train.stop import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED, stop_signals_blocked
-
-    waiting = list(trials)
-    free_slots, free_gpus = list(plan.slots), plan.gpu_ids
-    forwarder = _StopForwarder()
-    outcomes: dict[int, TrialOutcome] = {}
-    a_trial_stopped = False
-    with _forwarding(forwarder):
-        while waiting or forwarder.running:
-            while waiting and free_slots and forwarder.reason is None and not a_trial_stopped:
-                trial = waiting[0]
-                taken = take_gpus(free_gpus, trial_gpu_count(plan, trial.allocation.gpus_per_node, trial.allocation.gpus_key))
-                if taken is None:
-                    break
-                gpus, free_gpus = taken
-                slot = free_slots.pop(0)
-                waiting.pop(0)
-                # Blocked, so that a signal now reaches the new process once, after it is registered.
-                with stop_signals_blocked():
-                    process = start_trial(context_file, trial.overrides, trial.num, slot.cpus, trial_environment(plan, gpus))
-                    forwarder.running[trial.num] = _Running(trial, process, slot, gpus)
-                log.info("trial #%d started (pid %d, CPUs %s%s)", trial.num, process.process.pid,
-                         ",".join(map(str, slot.cpus)), f", GPUs {','.join(gpus)}" if plan.gpu_ids else "")
-            if not forwarder.running:
-                break
-            for num, running in list(forwarder.running.items()):
-                if running.process.process.poll() is None:
-                    continue
-                del forwarder.running[num]
-                free_slots.append(running.slot)
-                free_slots.sort(key=lambda slot: slot.index)
-                free_gpus = tuple(sorted((*free_gpus, *running.gpus), key=plan.gpu_ids.index))
-                outcomes[num] = running.process.outcome()
-                a_trial_stopped = a_trial_stopped or isinstance(outcomes[num], (Stopped, NotStarted))
+    run = _LocalRun(trials, plan, context_file)
+    with _forwarding(run.forwarder):
+        run.start_ready()
+        while run.forwarder.running:
             time.sleep(POLL_S)
-    if forwarder.reason is None and not a_trial_stopped:
-        return [job_return_of(trial, outcomes[trial.num]) for trial in trials]
-    reason = forwarder.reason or next((o.reason for o in outcomes.values() if isinstance(o, NotStarted)), None)
-    stopped = [o.what for t in trials if isinstance(o := outcomes.get(t.num), Stopped)]
-    ended = [t.num for t in trials if isinstance(outcomes.get(t.num), Exited)]
-    not_started = [t.num for t in trials if t.num not in outcomes or isinstance(outcomes[t.num], NotStarted)]
-    first_stop = next((o for t in trials if isinstance(o := outcomes.get(t.num), Stopped)), None)
-    code = first_stop.code if first_stop else (EXIT_INTERRUPTED if reason == INTERRUPTED else EXIT_REQUEUE)
-    what = stop_summary(reason, stopped, ended, not_started)
-    log.warning("%s", what)
-    raise LocalSweepStopped(what, code)
+            run.collect_ended()
+            run.start_ready()
+    if run.stopping:
+        raise run.stopped()
+    return [job_return_of(trial, run.outcomes[trial.num]) for trial in trials]
 
 
 def job_return_of(trial: SweepTrial, outcome: TrialOutcome) -> JobReturn:
