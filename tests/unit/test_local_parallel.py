@@ -10,6 +10,14 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from ..foreign_sweeps import (
+    TWO_GROUPS,
+    TWO_GROUPS_RETURNS,
+    assert_hydra_job_returns,
+    install_foreign_app,
+    run_foreign_sweep,
+)
+
 # Tiny trials, long enough (20 steps) that a trial's process outlives the start of the next one.
 TINY = [
     "hydra/launcher=local", "trainer.device=cpu", "trainer.nproc_per_node=1", "trainer.max_steps=20",
@@ -70,3 +78,14 @@ def test_two_trials_run_at_once_each_in_its_own_process_with_the_weights_of_one_
         assert (done["status"], done["step"]) == ("completed", 20), num
         assert done["weights_sha256"] == alone["weights_sha256"], num
     assert len({metrics(d)["weights_sha256"] for d in dirs["parallel"]}) == 4
+
+
+def test_another_apps_job_returns_come_back_in_trial_order_from_two_at_once(tmp_path):
+    python = install_foreign_app(tmp_path / "install")
+    sweep_dir = tmp_path / "parallel"
+    proc, returns = run_foreign_sweep(
+        python, tmp_path, sweep_dir, [*TWO_GROUPS, "hydra/launcher=hpcsweep_local", "hydra.launcher.local_parallelism=2"]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 trials, running locally, 2 at a time" in proc.stdout + proc.stderr
+    assert_hydra_job_returns(returns, sweep_dir, TWO_GROUPS_RETURNS)
