@@ -89,3 +89,15 @@ def test_another_apps_job_returns_come_back_in_trial_order_from_two_at_once(tmp_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 trials, running locally, 2 at a time" in proc.stdout + proc.stderr
     assert_hydra_job_returns(returns, sweep_dir, TWO_GROUPS_RETURNS)
+
+
+def test_a_bad_parallelism_runs_nothing_and_names_the_key(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "hpcsweep", "-m", "model.lr=1e-4,3e-4", "hydra/launcher=local",
+         "hydra.launcher.local_parallelism=0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert ("hydra.launcher.local_parallelism=0 is not allowed: a whole number >= 1, or null (one trial per GPU, "
+            "1 without GPUs); no trial was run") in result.stdout + result.stderr
+    assert not (tmp_path / "multirun").exists()
