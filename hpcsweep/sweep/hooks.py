@@ -96,10 +96,14 @@ class TrialHook:
         """Validate the sweep as a whole once every trial passed ``check_trial``; ``ValueError``."""
 
     def run_locally(
-        self, trials: Sequence[SweepTrial], run_trial: Callable[[SweepTrial], Sequence[JobReturn]]
+        self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn]]
     ) -> list[JobReturn]:
-        """Run a local sweep's trials through ``run_trial``, in order, and return every JobReturn."""
-        return [job_return for trial in trials for job_return in run_trial(trial)]
+        """Run a local sweep's trials through ``run_trials`` and return their JobReturns in trial order.
+
+        ``run_trials`` runs them several at a time, each in its own process; after a stop signal it
+        raises ``local_pool.LocalSweepStopped`` (a ``SystemExit``), which an app may turn into its own.
+        """
+        return run_trials(trials)
 
     def task_context(self, launcher: Mapping[str, Any]) -> AbstractContextManager[Any]:
         """Entered around the task function in each Slurm array task.

@@ -91,24 +91,18 @@ class HpcsweepTrials(TrialHook):
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
 
     def run_locally(
-        self, trials: Sequence[SweepTrial], run_trial: Callable[[SweepTrial], Sequence[JobReturn]]
+        self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn]]
     ) -> list[JobReturn]:
-        """Run the trials in order; a stop signal (Ctrl-C) stops the running trial with a checkpoint
-        and starts no further one, and the command says how to resume."""
+        """Run the trials; a stop signal (Ctrl-C) stops the running trials with a checkpoint and
+        starts no further one, and the command says in one line how to resume."""
+        from hpcsweep.sweep.local_pool import LocalSweepStopped
         from hpcsweep.sweep.resume_hint import stopped_command
-        from hpcsweep.train import stop
 
         log_resume_state(trials)
-        returns: list[JobReturn] = []
-        # Between trials no runner handles the stop signals: a signal then stops the sweep here.
-        with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
-            for trial in trials:
-                reason = stop.STOP_REQUESTED.reason
-                if reason:
-                    code = stop.EXIT_INTERRUPTED if reason == stop.INTERRUPTED else stop.EXIT_REQUEUE
-                    raise stopped_command(f"{reason}: trial #{trial.num} was not started", code)
-                returns.extend(run_trial(trial))
-        return returns
+        try:
+            return run_trials(trials)
+        except LocalSweepStopped as stopped:
+            raise stopped_command(stopped.what, stopped.code) from None
 
     @contextmanager
     def task_context(self, launcher: Mapping[str, Any]) -> Iterator[None]:

@@ -16,12 +16,14 @@ class CommandStopped(SystemExit):
     """The command stopped (Ctrl-C or a stop signal); ``line`` says what happened and how to resume.
 
     A ``SystemExit``, so Hydra's job runner and launchers let it through; ``python -m hpcsweep``
-    prints ``line`` and exits with ``code``.
+    prints ``line`` and exits with ``code``. ``what`` is the line without the resume command (a
+    local sweep's trial process sends it to the sweep, which names the command once).
     """
 
-    def __init__(self, line: str, code: int) -> None:
+    def __init__(self, line: str, code: int, what: str | None = None) -> None:
         super().__init__(code)
         self.line = line
+        self.what = line if what is None else what
 
     def __str__(self) -> str:
         return self.line
@@ -71,4 +73,4 @@ def stopped_command(what: str, code: Any) -> CommandStopped:
     else:
         key, directory = RUN_DIR_KEY, str(hydra_config.run.dir)
     command = resume_command(sys.argv[1:], key, shown_dir(directory, os.getcwd()))
-    return CommandStopped(f"{what}; resume with: {command}", int(code))
+    return CommandStopped(f"{what}; resume with: {command}", int(code), what)

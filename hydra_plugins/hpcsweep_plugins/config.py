@@ -65,13 +65,20 @@ class SlurmLauncherConf:
     code_snapshot: bool = True
     # false: return once sweep.json is written and the arrays are queued; true: wait for results.
     wait: bool = False
+    # Trials at once when the auto launcher runs them locally (no Slurm reachable; see
+    # LocalLauncherConf). Here so that auto.yaml can start from slurm.yaml; on Slurm,
+    # array_parallelism sets how many trials run at once.
+    local_parallelism: Optional[int] = None
 
 
 @dataclass
 class LocalLauncherConf:
-    """Run every trial on this machine, one after another."""
+    """Run the trials on this machine, several at a time, each in a process of its own."""
 
     _target_: str = f"{_PLUGIN}.LocalLauncher"
+    # Trials at once; null: one per GPU (each pinned with CUDA_VISIBLE_DEVICES; a trial asking
+    # for k GPUs takes k), 1 without GPUs. The CPUs are shared out among the running trials.
+    local_parallelism: Optional[int] = None
 
 
 @dataclass

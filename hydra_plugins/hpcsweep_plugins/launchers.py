@@ -44,7 +44,7 @@ class SlurmLauncher(BaseSubmititLauncher):
 
 
 class LocalLauncher(BaseSubmititLauncher):
-    """Check every trial, then run them on this machine one after another."""
+    """Check every trial, then run them on this machine, ``local_parallelism`` at a time, each in its own process."""
 
     _EXECUTOR = "local"
 
@@ -65,7 +65,7 @@ class AutoLauncher(SlurmLauncher):
         log.info("launcher: %s (%s)", "slurm" if use_slurm else "local", reason)
         if use_slurm:
             return super().launch(job_overrides, initial_job_idx)
-        local = LocalLauncher()
+        local = LocalLauncher(local_parallelism=self.params.get("local_parallelism"))
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         local.setup(hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
         return local.launch(job_overrides, initial_job_idx)

@@ -1,0 +1,205 @@
+"""One trial of a local sweep in a process of its own: the sweep starts it, it runs the trial, and
+says how it ended in a file.
+
+A trial process starts from the sweep's environment, not from the last trial's: the variables a
+trial sets (NCCL, ``OMP_NUM_THREADS``, the stop file), its threads and its CUDA context end with
+it. It runs the trial exactly as Hydra's basic launcher runs it in a sweep (``run_job``: the
+``.hydra`` dir, the job's logs and callbacks, its ``JobReturn``).
+
+``python -m hpcsweep.sweep.local_trial SPEC.json`` is the process's entry; the sweep's Hydra
+context is pickled once per sweep (``write_sweep_context``), each trial's spec is a small JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import cloudpickle
+
+from hpcsweep.files.atomic import atomic_write_bytes, atomic_write_json
+
+CONTEXT_FILE = "hydra_context.pkl"
+
+
+@dataclass(frozen=True)
+class Returned:
+    """The trial ran: Hydra's JobReturn for it (failed or not)."""
+
+    job_return: Any
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The trial stopped (a stop signal, with a checkpoint where the app makes one): ``what`` says how."""
+
+    what: str
+    code: int
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    """A stop signal came before the trial's task function was called."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The process ended without saying how the trial ended (a crash, a kill, an exit of the task)."""
+
+    returncode: int
+    detail: str = ""
+
+
+TrialOutcome = Union[Returned, Stopped, NotStarted, Exited]
+
+
+def write_sweep_context(folder: Path, hydra_context: Any, config: Any, task_function: Any) -> Path:
+    """Pickle what every trial process of the sweep needs from Hydra, once; return the file."""
+    from hydra.core.singleton import Singleton
+
+    path = folder / CONTEXT_FILE
+    atomic_write_bytes(path, cloudpickle.dumps((hydra_context, config, task_function, Singleton.get_state())))
+    return path
+
+
+@dataclass
+class TrialProcess:
+    """A started trial process, and where it leaves its outcome."""
+
+    num: int
+    process: subprocess.Popen
+    outcome_file: Path
+
+    def outcome(self) -> TrialOutcome:
+        """How the trial ended; call once the process has exited."""
+        returncode = self.process.wait()
+        try:
+            with open(self.outcome_file, "rb") as handle:
+                return pickle.load(handle)
+        except FileNotFoundError:
+            return Exited(returncode)
+        # What the trial returned may not load here (an exception class with another signature).
+        except (pickle.UnpicklingError, AttributeError, ImportError, TypeError, EOFError) as err:
+            return Exited(returncode, f"its outcome could not be read back: {err}")
+
+
+def start_trial(
+    context_file: Path, overrides: Sequence[str], num: int, cpus: Sequence[int], env: Mapping[str, str]
+) -> TrialProcess:
+    """Start Hydra job ``num`` with ``overrides`` in a new process on ``cpus``, with ``env`` on top of ours.
+
+    The process gets a session of its own: a Ctrl-C reaches it once, from the sweep, which passes
+    on every stop signal. Call with the stop signals blocked (``stop.stop_signals_blocked``): the
+    process inherits the mask and holds a signal until it knows what to do with it.
+    """
+    folder = context_file.parent
+    spec_file, outcome_file = folder / f"trial-{num}.json", folder / f"trial-{num}.outcome"
+    outcome_file.unlink(missing_ok=True)
+    atomic_write_json(spec_file, {
+        "context_file": str(context_file),
+        "overrides": list(overrides),
+        "num": num,
+        "cpus": list(cpus),
+        "sys_path": sys.path,
+        "outcome_file": str(outcome_file),
+    })
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpcsweep.sweep.local_trial", str(spec_file)],
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    return TrialProcess(num, process, outcome_file)
+
+
+class _StopBeforeStart(BaseException):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def let_held_stop_signals_in() -> None:
+    """Unblock the stop signals held since the process began; raise ``_StopBeforeStart`` for one of them.
+
+    The signals stay blocked from the sweep's ``start_trial`` until here, so that one sent while
+    this process imports means: do not start the trial. Afterwards their usual handlers apply
+    (the app's own, once its task function installs them).
+    """
+    from hpcsweep.train import stop
+
+    def refuse(signum: int, frame: Any) -> None:
+        raise _StopBeforeStart(stop.stop_reason(signum))
+
+    previous = {sig: signal.signal(sig, refuse) for sig in stop.SIGNAL_REASONS}
+    try:
+        stop.unblock_stop_signals()  # a held signal is handled in this call
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
+    """Run the trial of ``spec`` in this process as Hydra's basic launcher does; how it ended."""
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+    from hydra.core.singleton import Singleton
+
+    from hpcsweep.sweep.resume_hint import CommandStopped
+    from hpcsweep.train import stop
+
+    with open(spec["context_file"], "rb") as handle:
+        hydra_context, config, task_function, singleton_state = pickle.load(handle)
+    Singleton.set_state(singleton_state)
+    launcher = BasicLauncher()
+    launcher.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+    num = int(spec["num"])
+    try:
+        let_held_stop_signals_in()
+        (job_return,) = launcher.launch([list(spec["overrides"])], num)
+    except _StopBeforeStart as refused:
+        return NotStarted(refused.reason)
+    except CommandStopped as stopped:
+        return Stopped(stopped.what, int(stopped.code))
+    except KeyboardInterrupt:  # an app without stop handlers, interrupted
+        return Stopped(f"{stop.INTERRUPTED}: trial #{num} was interrupted", stop.EXIT_INTERRUPTED)
+    return Returned(job_return)
+
+
+def outcome_bytes(outcome: TrialOutcome) -> bytes:
+    """``outcome`` pickled; a return value that cannot be pickled becomes the trial's failure."""
+    from hydra.core.utils import JobStatus
+
+    try:
+        return cloudpickle.dumps(outcome)
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        assert isinstance(outcome, Returned)
+        job_return = outcome.job_return
+        job_return.status = JobStatus.FAILED
+        job_return._return_value = RuntimeError(f"the trial's return value cannot be sent to the sweep: {err}")
+        return cloudpickle.dumps(Returned(job_return))
+
+
+def main(argv: Sequence[str]) -> int:
+    """The trial process: its CPUs, the sweep's import path, the trial, then its outcome file."""
+    spec = json.loads(Path(argv[0]).read_text())
+    if spec["cpus"]:
+        os.sched_setaffinity(0, spec["cpus"])
+    sys.path[:] = spec["sys_path"]
+    outcome = run_trial_here(spec)
+    atomic_write_bytes(Path(spec["outcome_file"]), outcome_bytes(outcome))
+    return outcome.code if isinstance(outcome, Stopped) else 0
+
+
+if __name__ == "__main__":
+    # Through the module's own name: the outcome classes pickled here must be the sweep's, not __main__'s.
+    from hpcsweep.sweep.local_trial import main as trial_main
+
+    sys.exit(trial_main(sys.argv[1:]))
