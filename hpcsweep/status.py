@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.results.budget import BudgetView
 from hpcsweep.results.failure import submitit_logs, tail
 from hpcsweep.results.table import (
     FINAL_STATUSES,
@@ -104,6 +105,10 @@ def status_line(row: TrialRow, params: str, eta: float | None, color: bool = Fal
         f"{steps:>11}  eta {format_duration(eta):>7}  loss {'-' if loss is None else f'{loss:.4f}'}  "
         f"restarts {row.restarts if row.restarts is not None else '-'}  {where_column(row, color)}"
     )
+    if row.attempt > 1:
+        line += f"  attempt {row.attempt}"
+    if row.last_stop_reason == "budget" and row.status == "stopped":
+        line += "  (stopped by the budget)"
     if row.status == "failed":
         line += f"\n     error: {row.error or 'no error recorded'}"
     if row.status == "pending" and row.never_starts:
@@ -162,7 +167,17 @@ def render_status(
     summary = f"{sweep_dir}: {trials}, " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if sweep.slurm_error:
         summary += f"\n(no Slurm states: {sweep.slurm_error.splitlines()[0]})"
+    summary += "\n" + budget_text(sweep.usage.spent_hours if sweep.usage else None, sweep.record.budget_gpu_hours, color)
     return "\n".join([summary, *lines]) + "\n", sweep.rows
+
+
+def budget_text(spent_hours: float | None, budget_hours: float | None, color: bool) -> str:
+    """The budget line: spent / budget, its share, and a red flag from 80 % on (spending unknown: says so)."""
+    if spent_hours is None:
+        return "budget: spending unknown (accounting did not answer)" + (
+            "" if budget_hours is None else f", budget {budget_hours:.3f} GPU-hours")
+    view = BudgetView(spent_hours, budget_hours)
+    return paint(view.line(), color) if view.flag else view.line()
 
 
 def render_logs(sweep_dir: Path, num: int, lines: int = LOG_LINES) -> str:

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
-from hpcsweep.train.stop import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED, PREEMPTED
+from hpcsweep.train.stop import BUDGET, EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED, PREEMPTED
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ def decide_after_stop(reason: str | None, requeues: int, cap: int | None, under_
     """
     if reason == INTERRUPTED:
         return StopDecision("exit", "interrupted: checkpoint saved; run the same trial directory again to resume")
+    if reason == BUDGET:
+        return StopDecision("exit", "budget spent: checkpoint saved; python -m hpcsweep.retry SWEEP_DIR resumes it")
     if not under_slurm:
         return StopDecision("exit", "checkpoint saved; run the same trial directory again to resume")
     if cap is not None and requeues >= cap:

@@ -18,8 +18,8 @@ STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
 SHARED = ("config", "files", "slurm")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
-COMMANDS = ("__main__", "app", "report", "status", "topology")
-"""What users type: ``python -m hpcsweep[.report|.status|.topology]``; nothing imports them."""
+COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
+"""What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
 ALLOWED = {
     "config": {"config"},
     "files": {"config", "files"},

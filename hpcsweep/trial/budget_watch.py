@@ -1,0 +1,184 @@
+"""The sweep's GPU-hour budget, seen from one trial: skip the trial when it is spent, stop it when it runs out.
+
+A trial of a sweep finds its ``sweep.json`` (and there the budget, ``budget_gpu_hours``) in a
+directory above its own. Then:
+
+- ``skip_if_spent``: a trial that starts once the budget is spent trains nothing; node 0 marks it
+  ``skipped_budget`` and cancels the sweep's tasks that have not started.
+- ``watching``: while the trial runs, node 0 looks at the sweep's spending every
+  ``HPCSWEEP_BUDGET_POLL_S`` seconds (one ``sacct`` call on Slurm). Once the budget is spent, or
+  would be before the next look, it stops the trial the way a stop signal does (a checkpoint, then
+  ``last_stop_reason: budget``; ``hpcsweep.trial.preempt`` never requeues it) and cancels the
+  pending tasks. Locally it also records the trial's wall time in ``usage.json``, which is what a
+  local sweep's spending is made of.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
+from hpcsweep.files.sweep_record import SWEEP_FILE, SweepRecord, read_sweep_record
+from hpcsweep.files.trial_files import METRICS_FILE
+from hpcsweep.files.usage_file import USAGE_FILE, start_run, touch_run
+from hpcsweep.results.budget import budget_reached, query_sweep_usage
+from hpcsweep.slurm import commands
+from hpcsweep.train.stop import BUDGET
+
+log = logging.getLogger(__name__)
+
+POLL_VAR = "HPCSWEEP_BUDGET_POLL_S"
+"""Seconds between two looks at the sweep's spending (default ``DEFAULT_POLL_S``)."""
+DEFAULT_POLL_S = 60.0
+SKIPPED = "skipped_budget"
+"""metrics.json status of a trial that did not start because the budget was spent."""
+
+
+def poll_interval(env: Mapping[str, str]) -> float:
+    """``HPCSWEEP_BUDGET_POLL_S``, else ``DEFAULT_POLL_S``; ``ValueError`` unless a number > 0."""
+    raw = env.get(POLL_VAR, "").strip()
+    if not raw:
+        return DEFAULT_POLL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ValueError(f"{POLL_VAR}={raw!r} is not allowed: a number of seconds > 0")
+    return value
+
+
+def horizon_s(poll_s: float) -> float:
+    """How far ahead a look at the spending reaches: until the next look, plus as long again to stop."""
+    return 2 * poll_s
+
+
+def find_sweep(trial_dir: Path) -> tuple[Path, SweepRecord] | None:
+    """The sweep dir above ``trial_dir`` whose ``sweep.json`` lists it, and that record; None outside a sweep."""
+    target = trial_dir.resolve()
+    for folder in target.parents:
+        if not (folder / SWEEP_FILE).exists():
+            continue
+        try:
+            record = read_sweep_record(folder)
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            log.warning("budget: %s/%s unreadable: %s", folder, SWEEP_FILE, err)
+            return None
+        if any(_resolved(folder, t.trial_dir) == target for t in record.trials):
+            return folder, record
+    return None
+
+
+def _resolved(sweep_dir: Path, trial_dir: str) -> Path:
+    path = Path(trial_dir)
+    return (path if path.is_absolute() else sweep_dir / path).resolve()
+
+
+def _trial_dirs(sweep_dir: Path, record: SweepRecord) -> list[Path]:
+    return [_resolved(sweep_dir, t.trial_dir) for t in record.trials]
+
+
+def cancel_pending_tasks(record: SweepRecord) -> None:
+    """Cancel the sweep's array tasks that have not started (Slurm only); log a refusal."""
+    if record.launcher != "slurm" or not record.job_ids():
+        return
+    try:
+        commands.cancel_pending(record.job_ids())
+        log.warning("budget spent: cancelled the pending tasks of array(s) %s", ", ".join(record.job_ids()))
+    except commands.SlurmCommandError as err:
+        log.warning("budget spent, but the pending tasks were not cancelled: %s", err)
+
+
+def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float) -> bool:
+    """Whether the sweep's budget is spent (within ``horizon`` seconds); False when accounting does not answer."""
+    if record.budget_gpu_hours is None:
+        return False
+    try:
+        usage = query_sweep_usage(record, _trial_dirs(sweep_dir, record))
+    except commands.SlurmCommandError as err:
+        log.warning("budget: spending unknown this time (%s)", err)
+        return False
+    reached = budget_reached(usage, record.budget_gpu_hours, horizon)
+    if reached:
+        log.warning("budget spent: %.4f of %.4f GPU-hours, %.0f GPUs running",
+                    usage.spent_hours, record.budget_gpu_hours, usage.burn_per_hour)
+    return reached
+
+
+def skip_if_spent(trial_dir: Path, node_rank: int, max_steps: int, world_size: int, env: Mapping[str, str]) -> bool:
+    """True (and, on node 0, metrics.json says ``skipped_budget``) when the sweep's budget is already spent."""
+    found = find_sweep(trial_dir)
+    if found is None or not budget_spent(*found, horizon=0.0):
+        return False
+    if node_rank == 0:
+        previous = read_metrics(trial_dir / METRICS_FILE)
+        base = previous or new_report(max_steps=max_steps, world_size=world_size, restarts=0, env=env)
+        write_metrics(trial_dir / METRICS_FILE, {**base, "status": SKIPPED})
+        cancel_pending_tasks(found[1])
+    log.warning("trial %s not started: the sweep's GPU-hour budget is spent", trial_dir)
+    return True
+
+
+@contextmanager
+def watching(
+    trial_dir: Path, node_rank: int, units: Callable[[], int], on_stop: Callable[[str], None],
+    env: Mapping[str, str],
+) -> Iterator[None]:
+    """While the block runs, node 0 stops the trial through ``on_stop(BUDGET)`` once the budget is spent.
+
+    ``units``: GPUs (nodes without GPUs) this trial holds, asked only for a local trial's ``usage.json``.
+    """
+    found = find_sweep(trial_dir) if node_rank == 0 else None
+    if found is None:
+        yield
+        return
+    local = found[1].launcher != "slurm"
+    if not local and found[1].budget_gpu_hours is None:
+        yield
+        return
+    usage_path = trial_dir / USAGE_FILE
+    if local:
+        start_run(usage_path, units(), time.time())
+    poll = poll_interval(env)
+    done = threading.Event()
+
+    def watch() -> None:
+        sweep_dir, record = found
+        while not done.wait(poll):
+            if local:
+                touch_run(usage_path, time.time())
+            try:
+                record = read_sweep_record(sweep_dir)
+            except (ValueError, KeyError, TypeError, OSError) as err:
+                log.warning("budget: %s/%s unreadable this time: %s", sweep_dir, SWEEP_FILE, err)
+            if budget_spent(sweep_dir, record, horizon_s(poll)):
+                on_stop(BUDGET)
+                cancel_pending_tasks(record)
+                break
+        while local and not done.wait(poll):
+            touch_run(usage_path, time.time())
+
+    thread = threading.Thread(target=watch, name="budget-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if local:
+            touch_run(usage_path, time.time(), ended=True)
+
+
+def local_units(device: str, nnodes: int, nproc_per_node: int) -> int:
+    """GPUs a local trial holds (one per worker on CUDA), else its nodes."""
+    if device == "cpu":
+        return nnodes
+    import torch
+
+    return nnodes * nproc_per_node if torch.cuda.is_available() else nnodes
+
