@@ -70,6 +70,11 @@ def budget_flag(spent_hours: float, budget_hours: float | None) -> str:
     return ""
 
 
+def hours_text(hours: float) -> str:
+    """Hours to three significant digits (``0.00123``, ``12.3``), whole hours from 1000 on."""
+    return f"{hours:.0f}" if hours >= 1000 else f"{hours:.3g}"
+
+
 @dataclass(frozen=True)
 class BudgetView:
     """What status shows of the budget: spent, the budget (None: none), the flag."""
@@ -82,9 +87,9 @@ class BudgetView:
         return budget_flag(self.spent_hours, self.budget_hours)
 
     def line(self) -> str:
-        """``budget: 1.234 / 2.000 GPU-hours spent (62%)``, with the flag when there is one."""
+        """``budget: 1.23 / 2 GPU-hours spent (62%)``, with the flag when there is one."""
         if self.budget_hours is None:
-            return f"budget: {self.spent_hours:.3f} GPU-hours spent (no budget)"
+            return f"budget: {hours_text(self.spent_hours)} GPU-hours spent (no budget)"
         share = 100.0 * self.spent_hours / self.budget_hours
-        text = f"budget: {self.spent_hours:.3f} / {self.budget_hours:.3f} GPU-hours spent ({share:.0f}%)"
+        text = f"budget: {hours_text(self.spent_hours)} / {hours_text(self.budget_hours)} GPU-hours spent ({share:.0f}%)"
         return f"{text}  {self.flag}" if self.flag else text

@@ -8,6 +8,7 @@ trial with a checkpoint and starts no further one (``hpcsweep_hook.HpcsweepTrial
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from hpcsweep.files.sweep_record import (
     read_sweep_record,
     write_sweep_record,
 )
+from hpcsweep.sweep.budget import announce_local_budget
 from hpcsweep.sweep.hooks import SweepTrial, hook_of
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 
@@ -65,10 +67,12 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     hook = hook_of(launcher.task_function)
     try:
         trials = check_trials(launcher, job_overrides, initial_job_idx, hook)
+        budget = announce_local_budget(launcher.config.hydra.launcher)
     except ValueError as err:
         exit_with_config_error(err, "no trial was run")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
-    write_sweep_record(local_sweep_record(sweep_dir, trials, previous_record(sweep_dir)))
+    record = local_sweep_record(sweep_dir, trials, previous_record(sweep_dir))
+    write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget))
     log.info("sweep dir: %s (%d trials, running locally)", sweep_dir, len(trials))
     basic = BasicLauncher()
     basic.setup(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=launcher.config)

@@ -377,7 +377,13 @@ def run_trial_on_this_node(
         metrics = read_metrics(trial_dir)
         outcome = preempt.classify_exit(result.exit_codes, metrics.get("status"))
         if outcome == "stopped":
-            after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
+            try:
+                after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
+            except preempt.TrialStopped as stopped:
+                # A budget stop ends this trial, not the command: the sweep goes on, and skips the rest.
+                if stopped.reason != stop.BUDGET:
+                    raise
+                return read_metrics(trial_dir)
     if outcome == "failed":
         # torchrun's summary names the failed ranks; the traceback is what rank 0 wrote.
         worker_error = metrics.get("error")

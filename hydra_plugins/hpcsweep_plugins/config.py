@@ -65,6 +65,9 @@ class SlurmLauncherConf:
     code_snapshot: bool = True
     # false: return once sweep.json is written and the arrays are queued; true: wait for results.
     wait: bool = False
+    # GPU-hours the whole sweep may spend, every run of every trial (node-hours on a partition
+    # without GPUs); once spent, running trials stop with a checkpoint and no other starts. null: none.
+    budget_gpu_hours: Optional[float] = None
 
 
 @dataclass
@@ -72,6 +75,8 @@ class LocalLauncherConf:
     """Run every trial on this machine, one after another."""
 
     _target_: str = f"{_PLUGIN}.LocalLauncher"
+    # GPU-hours the sweep may spend (node-hours without GPUs), from the trials' wall time. null: none.
+    budget_gpu_hours: Optional[float] = None
 
 
 @dataclass
