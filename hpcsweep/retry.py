@@ -44,7 +44,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     choice.add_argument("--trials", metavar="N[,N...]", help="retry these trials, finished ones included")
     parser.add_argument("overrides", nargs="*", metavar="hydra.launcher.KEY=VALUE",
                         help="launcher settings for this retry (partition, timeout_min, exclude, budget_gpu_hours ...)")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
