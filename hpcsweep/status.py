@@ -3,7 +3,8 @@
 One line per trial: Slurm state, a progress bar of step/max_steps, the ETA from its throughput,
 the latest loss, restarts and nodes, or for a pending trial Slurm's reason it waits; failed trials
 add why, and a reason that never clears (``PartitionConfig`` ...) is flagged in red with what it
-means. Each poll makes one ``sacct`` call for the whole sweep (none for a local sweep), plus one
+means. A retried trial shows its attempt. Above the trials: the GPU-hours every run of the sweep
+has spent, against ``hydra.launcher.budget_gpu_hours``, flagged from 80 % of it on. Each poll makes one ``sacct`` call for the whole sweep (none for a local sweep), plus one
 ``squeue`` while a trial is queued. SWEEP_DIR may also be one trial dir (``sbatch
 slurm/train.sbatch`` writes one). ``--follow`` refreshes until every trial has ended, or stops
 when a trial can never start; ``--logs N`` tails trial N's ``train.log`` and submitit ``.err``.

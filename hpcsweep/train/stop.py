@@ -34,7 +34,7 @@ INTERRUPTED = "interrupted"
 
 
 BUDGET = "budget"
-"""The stop came from the sweep's GPU-hour budget running out (``hpcsweep.trial.budget_watch``)."""
+"""The sweep's GPU-hour budget is spent: stop with a checkpoint, and nothing requeues the trial."""
 
 
 EXIT_REQUEUE = 3
