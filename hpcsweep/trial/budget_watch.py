@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 POLL_VAR = "HPCSWEEP_BUDGET_POLL_S"
 """Seconds between two looks at the sweep's spending (default ``DEFAULT_POLL_S``)."""
 DEFAULT_POLL_S = 60.0
+ARRAY_JOB_VAR = "SLURM_ARRAY_JOB_ID"
+"""Set in a Slurm array task: a trial of a sweep, whose ``sweep.json`` may not be written yet."""
 SKIPPED = "skipped_budget"
 """metrics.json status of a trial that did not start because the budget was spent."""
 
@@ -131,16 +133,16 @@ def watching(
 ) -> Iterator[None]:
     """While the block runs, node 0 stops the trial through ``on_stop(BUDGET)`` once the budget is spent.
 
-    ``units``: GPUs (nodes without GPUs) this trial holds, asked only for a local trial's ``usage.json``.
+    ``units``: GPUs (nodes without GPUs) this trial holds, asked only for a local trial's
+    ``usage.json``. An array task may start before its sweep's ``sweep.json`` is written: it
+    looks for it again at every poll, and reads the budget afresh each time.
     """
     found = find_sweep(trial_dir) if node_rank == 0 else None
-    if found is None:
+    array_task = bool(env.get(ARRAY_JOB_VAR))
+    if node_rank != 0 or (found is None and not array_task):
         yield
         return
-    local = found[1].launcher != "slurm"
-    if not local and found[1].budget_gpu_hours is None:
-        yield
-        return
+    local = found is not None and found[1].launcher != "slurm"
     usage_path = trial_dir / USAGE_FILE
     if local:
         start_run(usage_path, units(), time.time())
@@ -148,17 +150,13 @@ def watching(
     done = threading.Event()
 
     def watch() -> None:
-        sweep_dir, record = found
         while not done.wait(poll):
             if local:
                 touch_run(usage_path, time.time())
-            try:
-                record = read_sweep_record(sweep_dir)
-            except (ValueError, KeyError, TypeError, OSError) as err:
-                log.warning("budget: %s/%s unreadable this time: %s", sweep_dir, SWEEP_FILE, err)
-            if budget_spent(sweep_dir, record, horizon_s(poll)):
+            sweep = find_sweep(trial_dir)
+            if sweep is not None and budget_spent(*sweep, horizon=horizon_s(poll)):
                 on_stop(BUDGET)
-                cancel_pending_tasks(record)
+                cancel_pending_tasks(sweep[1])
                 break
         while local and not done.wait(poll):
             touch_run(usage_path, time.time())

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hpcsweep.files.sweep_record import SweepRecord, TrialRecord, write_sweep_record
+from hpcsweep.files.sweep_record import ArrayRecord, SweepRecord, TrialRecord, write_sweep_record
 from hpcsweep.files.usage_file import USAGE_FILE, LocalRun, local_spending, read_runs, start_run, touch_run
 from hpcsweep.results.budget import BudgetView, budget_flag, budget_reached, usage_of_local_trials, usage_of_states
 from hpcsweep.slurm.job_states import parse_sacct
@@ -16,6 +16,8 @@ from hpcsweep.slurm.usage import Usage, nodes_from_tres, run_hours, units_from_t
 from hpcsweep.sweep.budget import check_budget, worst_case_hours, worst_case_line
 from hpcsweep.sweep.hooks import Allocation, SweepTrial
 from hpcsweep.trial import budget_watch
+
+from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 
 SACCT = """\
 70_0|PREEMPTED|1800|billing=8,cpu=8,gres/gpu=8,node=1|gpu01
@@ -168,3 +170,21 @@ def test_poll_interval_is_checked():
     assert budget_watch.poll_interval({budget_watch.POLL_VAR: "2.5"}) == 2.5
     with pytest.raises(ValueError, match="HPCSWEEP_BUDGET_POLL_S='0' is not allowed"):
         budget_watch.poll_interval({budget_watch.POLL_VAR: "0"})
+
+
+def test_an_array_task_that_starts_before_sweep_json_still_watches(tmp_path, fake_slurm):  # noqa: F811
+    scancel = fake_slurm.bin_dir / "scancel"
+    scancel.write_text(f"#!/bin/sh\necho \"$*\" >> {fake_slurm.bin_dir / 'scancel.log'}\n")
+    scancel.chmod(0o755)
+    (tmp_path / "0").mkdir()
+    fake_slurm.answer("sacct", "41_0|RUNNING|3600|cpu=1,gres/gpu=1,node=1|n1\n41_1|PENDING|0||None assigned\n")
+    stopped = threading.Event()
+    env = {budget_watch.POLL_VAR: "0.05", budget_watch.ARRAY_JOB_VAR: "41"}
+    with budget_watch.watching(tmp_path / "0", 0, lambda: 1, lambda reason: stopped.set(), env):
+        trials = [TrialRecord(0, [], str(tmp_path / "0"), "41_0", "2026-01-01T00:00:00+00:00")]
+        write_sweep_record(SweepRecord(str(tmp_path), "slurm", "2026-01-01T00:00:00+00:00", trials,
+                                       [ArrayRecord("41", [0, 1])], budget_gpu_hours=1.0))
+        assert stopped.wait(10), "the watch never found sweep.json"
+    assert fake_slurm.calls("sacct")[0].startswith("--noheader --parsable2 --allocations --duplicates --jobs 41 ")
+    assert fake_slurm.calls("scancel") == ["--state=PENDING 41"]
+    assert not (tmp_path / "0" / USAGE_FILE).exists()  # on Slurm, accounting counts
