@@ -8,8 +8,8 @@ directory above its own. Then:
 - ``watching``: while the trial runs, node 0 looks at the sweep's spending every
   ``HPCSWEEP_BUDGET_POLL_S`` seconds (one ``sacct`` call on Slurm). Once the budget is spent, or
   would be before the next look, it stops the trial the way a stop signal does (a checkpoint, then
-  ``last_stop_reason: budget``; ``hpcsweep.trial.preempt`` never requeues it) and cancels the
-  pending tasks. Locally it also records the trial's wall time in ``usage.json``, which is what a
+  ``last_stop_reason: budget``; ``hpcsweep.trial.preempt`` never requeues it), writes the stop
+  file of every other running trial of the sweep, and cancels the pending tasks. Locally it also records the trial's wall time in ``usage.json``, which is what a
   local sweep's spending is made of.
 """
 
@@ -28,7 +28,7 @@ from hpcsweep.files.trial_files import METRICS_FILE
 from hpcsweep.files.usage_file import USAGE_FILE, start_run, touch_run
 from hpcsweep.results.budget import budget_reached, query_sweep_usage
 from hpcsweep.slurm import commands
-from hpcsweep.train.stop import BUDGET
+from hpcsweep.train.stop import BUDGET, stop_file_for, write_stop_file
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,16 @@ def cancel_pending_tasks(record: SweepRecord) -> None:
         log.warning("budget spent, but the pending tasks were not cancelled: %s", err)
 
 
+def stop_running_trials(sweep_dir: Path, record: SweepRecord) -> None:
+    """Ask every running trial of the sweep to stop (its node 0 stop file): they all stop within a step.
+
+    Each running trial's own watch would notice too, but up to a poll later, each spending meanwhile.
+    """
+    for trial_dir in _trial_dirs(sweep_dir, record):
+        if (read_metrics(trial_dir / METRICS_FILE) or {}).get("status") == "running":
+            write_stop_file(stop_file_for(trial_dir, 0), BUDGET)
+
+
 def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float) -> bool:
     """Whether the sweep's budget is spent (within ``horizon`` seconds); False when accounting does not answer."""
     if record.budget_gpu_hours is None:
@@ -156,6 +166,7 @@ def watching(
             sweep = find_sweep(trial_dir)
             if sweep is not None and budget_spent(*sweep, horizon=horizon_s(poll)):
                 on_stop(BUDGET)
+                stop_running_trials(*sweep)
                 cancel_pending_tasks(sweep[1])
                 break
         while local and not done.wait(poll):

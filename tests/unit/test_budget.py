@@ -15,6 +15,7 @@ from hpcsweep.slurm.job_states import parse_sacct
 from hpcsweep.slurm.usage import Usage, nodes_from_tres, run_hours, units_from_tres
 from hpcsweep.sweep.budget import check_budget, worst_case_hours, worst_case_line
 from hpcsweep.sweep.hooks import Allocation, SweepTrial
+from hpcsweep.train.stop import read_stop_file
 from hpcsweep.trial import budget_watch
 
 from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
@@ -135,6 +136,7 @@ def test_a_trial_starts_while_budget_is_left_or_outside_a_sweep(tmp_path):
 
 def test_the_watch_stops_a_running_trial_once_the_budget_runs_out(tmp_path):
     _local_sweep(tmp_path, budget=1.0, spent_seconds=3599.0)
+    (tmp_path / "0" / "metrics.json").write_text(json.dumps({"status": "running", "step": 3}))
     stops: list[str] = []
     stopped = threading.Event()
 
@@ -147,6 +149,9 @@ def test_the_watch_stops_a_running_trial_once_the_budget_runs_out(tmp_path):
         assert stopped.wait(10), "the watch never stopped the trial"
     assert stops == ["budget"]
     assert time.monotonic() - started < 5
+    # The other running trial of the sweep is asked to stop too, through its stop file.
+    assert read_stop_file(tmp_path / "0" / "stop" / "node0.json") == "budget"
+    assert not (tmp_path / "1" / "stop").exists()
     (run,) = read_runs(tmp_path / "1" / USAGE_FILE)
     assert run.ended and run.units == 1 and run.last_at >= run.started_at
 
