@@ -55,9 +55,15 @@ def poll_interval(env: Mapping[str, str]) -> float:
     return value
 
 
+STOP_ALLOWANCE_S = 10.0
+"""Seconds from a stop request to the end of the job in accounting: the step, the checkpoint, the
+exit, and Slurm's end of the job (4 s on the loaded local cluster, after a 0.5 s stop)."""
+
+
 def horizon_s(poll_s: float) -> float:
-    """How far ahead a look at the spending reaches: until the next look, plus as long again to stop."""
-    return 2 * poll_s
+    """How far ahead a look at the spending reaches: a poll until the next look (by this trial or
+    another), one more for a look that just missed it, and the stop itself (``STOP_ALLOWANCE_S``)."""
+    return 2 * poll_s + STOP_ALLOWANCE_S
 
 
 def find_sweep(trial_dir: Path) -> tuple[Path, SweepRecord] | None:
