@@ -9,8 +9,8 @@ directory above its own. Then:
   ``HPCSWEEP_BUDGET_POLL_S`` seconds (one ``sacct`` call on Slurm). Once the budget is spent, or
   would be before the next look, it stops the trial the way a stop signal does (a checkpoint, then
   ``last_stop_reason: budget``; ``hpcsweep.trial.preempt`` never requeues it), writes the stop
-  file of every other running trial of the sweep, and cancels the pending tasks. Locally it also records the trial's wall time in ``usage.json``, which is what a
-  local sweep's spending is made of.
+  file of every other running trial of the sweep, and cancels the pending tasks. Locally it also
+  records the trial's wall time in ``usage.json``, which is what a local sweep's spending is made of.
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from hpcsweep.config import TrialConfig
 from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import SWEEP_FILE, SweepRecord, read_sweep_record
 from hpcsweep.files.trial_files import METRICS_FILE
 from hpcsweep.files.usage_file import USAGE_FILE, start_run, touch_run
 from hpcsweep.results.budget import budget_reached, query_sweep_usage
 from hpcsweep.slurm import commands
+from hpcsweep.slurm.usage import Usage
 from hpcsweep.train.stop import BUDGET, stop_file_for, write_stop_file
+from hpcsweep.trial.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +115,9 @@ def stop_running_trials(sweep_dir: Path, record: SweepRecord) -> None:
             write_stop_file(stop_file_for(trial_dir, 0), BUDGET)
 
 
-def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float) -> bool:
-    """Whether the sweep's budget is spent (within ``horizon`` seconds); False when accounting does not answer."""
+def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float, starting_units: int = 0) -> bool:
+    """Whether the sweep's budget is spent, or will be within ``horizon`` seconds at the current rate
+    (plus ``starting_units`` about to start). False when accounting does not answer."""
     if record.budget_gpu_hours is None:
         return False
     try:
@@ -121,6 +125,7 @@ def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float) -> bool:
     except commands.SlurmCommandError as err:
         log.warning("budget: spending unknown this time (%s)", err)
         return False
+    usage = Usage(usage.spent_hours, usage.burn_per_hour + starting_units)
     reached = budget_reached(usage, record.budget_gpu_hours, horizon)
     if reached:
         log.warning("budget spent: %.4f of %.4f GPU-hours, %.0f GPUs running",
@@ -128,14 +133,23 @@ def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float) -> bool:
     return reached
 
 
-def skip_if_spent(trial_dir: Path, node_rank: int, max_steps: int, world_size: int, env: Mapping[str, str]) -> bool:
-    """True (and, on node 0, metrics.json says ``skipped_budget``) when the sweep's budget is already spent."""
+def skip_if_spent(trial: TrialConfig, trial_dir: Path, rdzv: Rendezvous, env: Mapping[str, str]) -> bool:
+    """True (and, on node 0, metrics.json says ``skipped_budget``) when the sweep's budget is spent.
+
+    Spent as the running trials' watches judge it, looking as far ahead: a trial they would stop at
+    once does not start. A local trial adds its own GPUs to the rate; an array task is running
+    already, so accounting counts it.
+    """
     found = find_sweep(trial_dir)
-    if found is None or not budget_spent(*found, horizon=0.0):
+    if found is None:
         return False
-    if node_rank == 0:
+    starting = local_units(trial, rdzv) if found[1].launcher != "slurm" else 0
+    if not budget_spent(*found, horizon=horizon_s(poll_interval(env)), starting_units=starting):
+        return False
+    if rdzv.node_rank == 0:
         previous = read_metrics(trial_dir / METRICS_FILE)
-        base = previous or new_report(max_steps=max_steps, world_size=world_size, restarts=0, env=env)
+        base = previous or new_report(
+            max_steps=trial.trainer.max_steps, world_size=rdzv.world_size, restarts=0, env=env)
         write_metrics(trial_dir / METRICS_FILE, {**base, "status": SKIPPED})
         cancel_pending_tasks(found[1])
     log.warning("trial %s not started: the sweep's GPU-hour budget is spent", trial_dir)
@@ -144,24 +158,22 @@ def skip_if_spent(trial_dir: Path, node_rank: int, max_steps: int, world_size: i
 
 @contextmanager
 def watching(
-    trial_dir: Path, node_rank: int, units: Callable[[], int], on_stop: Callable[[str], None],
-    env: Mapping[str, str],
+    trial: TrialConfig, trial_dir: Path, rdzv: Rendezvous, on_stop: Callable[[str], None], env: Mapping[str, str],
 ) -> Iterator[None]:
     """While the block runs, node 0 stops the trial through ``on_stop(BUDGET)`` once the budget is spent.
 
-    ``units``: GPUs (nodes without GPUs) this trial holds, asked only for a local trial's
-    ``usage.json``. An array task may start before its sweep's ``sweep.json`` is written: it
-    looks for it again at every poll, and reads the budget afresh each time.
+    An array task may start before its sweep's ``sweep.json`` is written: it looks for it again at
+    every poll, and reads the budget afresh each time.
     """
-    found = find_sweep(trial_dir) if node_rank == 0 else None
+    found = find_sweep(trial_dir) if rdzv.node_rank == 0 else None
     array_task = bool(env.get(ARRAY_JOB_VAR))
-    if node_rank != 0 or (found is None and not array_task):
+    if rdzv.node_rank != 0 or (found is None and not array_task):
         yield
         return
     local = found is not None and found[1].launcher != "slurm"
     usage_path = trial_dir / USAGE_FILE
     if local:
-        start_run(usage_path, units(), time.time())
+        start_run(usage_path, local_units(trial, rdzv), time.time())
     poll = poll_interval(env)
     done = threading.Event()
 
@@ -189,11 +201,10 @@ def watching(
             touch_run(usage_path, time.time(), ended=True)
 
 
-def local_units(device: str, nnodes: int, nproc_per_node: int) -> int:
+def local_units(trial: TrialConfig, rdzv: Rendezvous) -> int:
     """GPUs a local trial holds (one per worker on CUDA), else its nodes."""
-    if device == "cpu":
-        return nnodes
+    if trial.trainer.device == "cpu":
+        return rdzv.nnodes
     import torch
 
-    return nnodes * nproc_per_node if torch.cuda.is_available() else nnodes
-
+    return rdzv.world_size if torch.cuda.is_available() else rdzv.nnodes

@@ -310,7 +310,7 @@ def run_trial_on_this_node(
     if trial_already_done(trial_dir, previous):
         log.info("trial %s is already %s: not training it again", trial_dir, previous["status"])
         return previous
-    if budget_watch.skip_if_spent(trial_dir, rdzv.node_rank, trial.trainer.max_steps, rdzv.world_size, env):
+    if budget_watch.skip_if_spent(trial, trial_dir, rdzv, env):
         return read_metrics(trial_dir)
     trial_dir.mkdir(parents=True, exist_ok=True)
     write_trial_config(trial, trial_dir)
@@ -356,10 +356,7 @@ def run_trial_on_this_node(
         stop.STOP_REQUESTED.set(reason)
         stop.write_stop_file(stop_file, reason)
 
-    def units() -> int:
-        return budget_watch.local_units(trial.trainer.device, rdzv.nnodes, rdzv.nproc_per_node)
-
-    with stop.stop_signals_handled(on_stop), budget_watch.watching(trial_dir, rdzv.node_rank, units, on_stop, env):
+    with stop.stop_signals_handled(on_stop), budget_watch.watching(trial, trial_dir, rdzv, on_stop, env):
         if stop.STOP_REQUESTED.reason:  # signalled during start-up, before these handlers
             on_stop(stop.STOP_REQUESTED.reason)
         try:

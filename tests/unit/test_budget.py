@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +18,7 @@ from hpcsweep.sweep.budget import check_budget, worst_case_hours, worst_case_lin
 from hpcsweep.sweep.hooks import Allocation, SweepTrial
 from hpcsweep.train.stop import read_stop_file
 from hpcsweep.trial import budget_watch
+from hpcsweep.trial.rendezvous import Rendezvous
 
 from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 
@@ -108,6 +110,11 @@ def test_local_usage_file_records_each_run(tmp_path):
     assert read_runs(tmp_path / "missing.json") == []
 
 
+TRIAL = SimpleNamespace(trainer=SimpleNamespace(device="cpu", max_steps=8))
+"""What the budget watch reads of a trial's config."""
+NODE0 = Rendezvous("127.0.0.1", 29500, nnodes=1, node_rank=0, nproc_per_node=1, rdzv_id="t")
+
+
 def _local_sweep(tmp_path, budget, spent_seconds):
     """A local sweep of two trials whose trial 0 has used ``spent_seconds`` of one GPU."""
     trials = [TrialRecord(n, [], str(tmp_path / str(n)), None, "2026-01-01T00:00:00+00:00") for n in (0, 1)]
@@ -120,18 +127,18 @@ def _local_sweep(tmp_path, budget, spent_seconds):
 
 def test_a_trial_that_starts_after_the_budget_is_spent_is_skipped(tmp_path):
     _local_sweep(tmp_path, budget=1.0, spent_seconds=3600.0)
-    assert budget_watch.skip_if_spent(tmp_path / "1", 0, max_steps=8, world_size=1, env={})
+    assert budget_watch.skip_if_spent(TRIAL, tmp_path / "1", NODE0, env={})
     metrics = json.loads((tmp_path / "1" / "metrics.json").read_text())
     assert metrics["status"] == "skipped_budget" and metrics["step"] == 0 and metrics["max_steps"] == 8
 
 
 def test_a_trial_starts_while_budget_is_left_or_outside_a_sweep(tmp_path):
     _local_sweep(tmp_path, budget=1.0, spent_seconds=1800.0)
-    assert not budget_watch.skip_if_spent(tmp_path / "1", 0, max_steps=8, world_size=1, env={})
+    assert not budget_watch.skip_if_spent(TRIAL, tmp_path / "1", NODE0, env={})
     assert not (tmp_path / "1" / "metrics.json").exists()
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    assert not budget_watch.skip_if_spent(outside, 0, max_steps=8, world_size=1, env={})
+    assert not budget_watch.skip_if_spent(TRIAL, outside, NODE0, env={})
 
 
 def test_the_watch_stops_a_running_trial_once_the_budget_runs_out(tmp_path):
@@ -145,7 +152,7 @@ def test_the_watch_stops_a_running_trial_once_the_budget_runs_out(tmp_path):
         stopped.set()
 
     started = time.monotonic()
-    with budget_watch.watching(tmp_path / "1", 0, lambda: 1, on_stop, {budget_watch.POLL_VAR: "0.05"}):
+    with budget_watch.watching(TRIAL, tmp_path / "1", NODE0, on_stop, {budget_watch.POLL_VAR: "0.05"}):
         assert stopped.wait(10), "the watch never stopped the trial"
     assert stops == ["budget"]
     assert time.monotonic() - started < 5
@@ -160,7 +167,7 @@ def test_the_watch_leaves_a_trial_alone_while_budget_is_left(tmp_path):
     _local_sweep(tmp_path, budget=1.0, spent_seconds=0.0)
     stops: list[str] = []
     usage = tmp_path / "1" / USAGE_FILE
-    with budget_watch.watching(tmp_path / "1", 0, lambda: 1, stops.append, {budget_watch.POLL_VAR: "0.05"}):
+    with budget_watch.watching(TRIAL, tmp_path / "1", NODE0, stops.append, {budget_watch.POLL_VAR: "0.05"}):
         deadline = time.monotonic() + 10
         # Each poll moves the run's last record: wait for several polls, which must not stop it.
         while not (read_runs(usage) and read_runs(usage)[0].last_at - read_runs(usage)[0].started_at > 0.3):
@@ -185,7 +192,7 @@ def test_an_array_task_that_starts_before_sweep_json_still_watches(tmp_path, fak
     fake_slurm.answer("sacct", "41_0|RUNNING|3600|cpu=1,gres/gpu=1,node=1|n1\n41_1|PENDING|0||None assigned\n")
     stopped = threading.Event()
     env = {budget_watch.POLL_VAR: "0.05", budget_watch.ARRAY_JOB_VAR: "41"}
-    with budget_watch.watching(tmp_path / "0", 0, lambda: 1, lambda reason: stopped.set(), env):
+    with budget_watch.watching(TRIAL, tmp_path / "0", NODE0, lambda reason: stopped.set(), env):
         trials = [TrialRecord(0, [], str(tmp_path / "0"), "41_0", "2026-01-01T00:00:00+00:00")]
         write_sweep_record(SweepRecord(str(tmp_path), "slurm", "2026-01-01T00:00:00+00:00", trials,
                                        [ArrayRecord("41", [0, 1])], budget_gpu_hours=1.0))
@@ -193,3 +200,9 @@ def test_an_array_task_that_starts_before_sweep_json_still_watches(tmp_path, fak
     assert fake_slurm.calls("sacct")[0].startswith("--noheader --parsable2 --allocations --duplicates --jobs 41 ")
     assert fake_slurm.calls("scancel") == ["--state=PENDING 41"]
     assert not (tmp_path / "0" / USAGE_FILE).exists()  # on Slurm, accounting counts
+
+
+def test_a_trial_the_look_ahead_would_stop_at_once_does_not_start(tmp_path):
+    # 5 GPU-seconds left: less than one poll of this trial's own GPU, so it is skipped, not started.
+    _local_sweep(tmp_path, budget=1.0, spent_seconds=3595.0)
+    assert budget_watch.skip_if_spent(TRIAL, tmp_path / "1", NODE0, env={budget_watch.POLL_VAR: "1"})
