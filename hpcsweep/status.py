@@ -168,16 +168,25 @@ def render_status(
     summary = f"{sweep_dir}: {trials}, " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if sweep.slurm_error:
         summary += f"\n(no Slurm states: {sweep.slurm_error.splitlines()[0]})"
-    summary += "\n" + budget_text(sweep.usage.spent_hours if sweep.usage else None, sweep.record.budget_gpu_hours, color)
+    summary += "\n" + budget_text(sweep.usage.spent_hours if sweep.usage else None, sweep.record.budget_gpu_hours,
+                                  color, stopped_by_budget(sweep.rows))
     return "\n".join([summary, *lines]) + "\n", sweep.rows
 
 
-def budget_text(spent_hours: float | None, budget_hours: float | None, color: bool) -> str:
-    """The budget line: spent / budget, its share, and a red flag from 80 % on (spending unknown: says so)."""
+def stopped_by_budget(rows: Sequence[TrialRow]) -> bool:
+    """Whether the budget has stopped or skipped some trial that has not run again since."""
+    return any(r.status == "skipped_budget" or (r.status == "stopped" and r.last_stop_reason == "budget") for r in rows)
+
+
+def budget_text(spent_hours: float | None, budget_hours: float | None, color: bool, stopped: bool = False) -> str:
+    """The budget line: spent / budget, its share, and a red flag from 80 % on (spending unknown: says so).
+
+    ``stopped``: the budget has stopped the sweep (``stopped_by_budget``), which flags it as spent.
+    """
     if spent_hours is None:
         return "budget: spending unknown (accounting did not answer)" + (
             "" if budget_hours is None else f", budget {budget_hours:.3f} GPU-hours")
-    view = BudgetView(spent_hours, budget_hours)
+    view = BudgetView(spent_hours, budget_hours, stopped)
     return paint(view.line(), color) if view.flag else view.line()
 
 

@@ -59,11 +59,12 @@ def budget_reached(usage: Usage, budget_hours: float | None, horizon_s: float) -
     return usage.spent_hours + usage.burn_per_hour * horizon_s / 3600.0 >= budget_hours
 
 
-def budget_flag(spent_hours: float, budget_hours: float | None) -> str:
-    """``"BUDGET SPENT"`` at 100 %, ``"80% OF BUDGET"`` from 80 %, else ``""``."""
+def budget_flag(spent_hours: float, budget_hours: float | None, stopped_by_budget: bool = False) -> str:
+    """``"BUDGET SPENT"`` at 100 % (or once the budget has stopped or skipped a trial: the watches stop
+    the sweep a little before 100 %), ``"80% OF BUDGET"`` from 80 %, else ``""``."""
     if budget_hours is None:
         return ""
-    if spent_hours >= budget_hours:
+    if spent_hours >= budget_hours or stopped_by_budget:
         return "BUDGET SPENT"
     if spent_hours >= WARN_FRACTION * budget_hours:
         return f"{round(WARN_FRACTION * 100)}% OF BUDGET"
@@ -81,10 +82,12 @@ class BudgetView:
 
     spent_hours: float
     budget_hours: float | None
+    stopped_by_budget: bool = False
+    """Some trial is stopped or skipped by the budget now."""
 
     @property
     def flag(self) -> str:
-        return budget_flag(self.spent_hours, self.budget_hours)
+        return budget_flag(self.spent_hours, self.budget_hours, self.stopped_by_budget)
 
     def line(self) -> str:
         """``budget: 1.23 / 2 GPU-hours spent (62%)``, with the flag when there is one."""

@@ -66,6 +66,8 @@ def test_flags_at_80_and_100_percent():
     assert budget_flag(8.0, 10.0) == "80% OF BUDGET"
     assert budget_flag(10.0, 10.0) == "BUDGET SPENT"
     assert budget_flag(100.0, None) == ""
+    # The watches stop a sweep a little before 100 %: a trial the budget stopped flags it as spent.
+    assert budget_flag(7.0, 10.0, stopped_by_budget=True) == "BUDGET SPENT"
     assert BudgetView(8.5, 10.0).line() == "budget: 8.5 / 10 GPU-hours spent (85%)  80% OF BUDGET"
     assert BudgetView(0.00123, None).line() == "budget: 0.00123 GPU-hours spent (no budget)"
     assert BudgetView(1.0, 10.0).line() == "budget: 1 / 10 GPU-hours spent (10%)"

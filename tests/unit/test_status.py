@@ -181,3 +181,5 @@ def test_budget_stopped_and_skipped_trials_are_not_failures(tmp_path, capsys, fa
     out = capsys.readouterr().out
     assert "2 trials, 1 stopped, 1 skipped_budget" in out and "(stopped by the budget)" in out
     assert "budget: 0.136 GPU-hours spent (no budget)" in out
+    assert status.budget_text(0.136, 0.2, color=False, stopped=status.stopped_by_budget(
+        status.load_sweep(sweep_dir, with_scalars=False).rows)) == "budget: 0.136 / 0.2 GPU-hours spent (68%)  BUDGET SPENT"
