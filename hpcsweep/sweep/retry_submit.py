@@ -83,6 +83,7 @@ def plan_retry(
     Changes the process's directory to where the sweep was submitted from (see ``submission_dir``).
     """
     from hydra.core.singleton import Singleton
+    from hydra.core.utils import setup_globals
     from omegaconf import open_dict
 
     sweep_dir = sweep_dir.resolve()
@@ -97,6 +98,8 @@ def plan_retry(
     launcher, singleton_state = load_shared_launcher(sweep_dir / ".submitit" / LAUNCHER_FILE)
     params = {**launcher.params, **launcher_changes(overrides, launcher.params)}
     Singleton.set_state(singleton_state)
+    # Hydra's resolvers (``now``, ...), as the array task sets them up: the sweep dir may use them.
+    setup_globals()
     origin = submission_dir(record.sweep_dir, str(launcher.config.hydra.sweep.dir))
     if origin is not None:
         os.chdir(origin)
