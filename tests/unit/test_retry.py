@@ -147,3 +147,18 @@ def test_retry_of_a_local_sweep_says_how_to_resume(tmp_path, capsys):
 def test_a_status_never_selects_finished_trials():
     with pytest.raises(ValueError, match="--status completed: trial\\(s\\) 0 finished; name them with --trials"):
         select_trials(SWEEP, statuses=("completed",))
+
+
+def test_a_skipped_trial_that_never_trained_starts_afresh(tmp_path):
+    from hpcsweep.sweep.retry_submit import forget_skipped_start
+
+    never, trained, failed = tmp_path / "never", tmp_path / "trained", tmp_path / "failed"
+    for trial_dir, status in ((never, "skipped_budget"), (trained, "skipped_budget"), (failed, "failed")):
+        trial_dir.mkdir()
+        (trial_dir / "metrics.json").write_text(f'{{"status": "{status}", "restarts": 0}}')
+    (trained / "checkpoints").mkdir()
+    (trained / "checkpoints" / "step00000004-valinf.pt").write_bytes(b"x")
+    for trial_dir in (never, trained, failed):
+        forget_skipped_start(trial_dir)
+    assert not (never / "metrics.json").exists()
+    assert (trained / "metrics.json").exists() and (failed / "metrics.json").exists()
