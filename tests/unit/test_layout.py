@@ -143,6 +143,7 @@ def test_every_package_says_what_it_owns_and_may_import():
     [
         ["hpcsweep.status"],
         ["hpcsweep.report"],
+        ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
         ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare"],
     ],
