@@ -31,14 +31,15 @@ def check_budget(params: Mapping[str, Any]) -> float | None:
     return float(value)
 
 
+def trial_units(trial: SweepTrial, params: Mapping[str, Any]) -> int:
+    """What an hour of the trial costs: its GPUs (nodes x GPUs per node), or its nodes without GPUs."""
+    gpus = gpus_asked(trial.allocation, params)
+    return trial.allocation.nodes * (gpus if gpus else 1)
+
+
 def worst_case_hours(trials: Sequence[SweepTrial], params: Mapping[str, Any]) -> float:
     """GPU-hours (node-hours without GPUs) if every trial ran once to ``timeout_min``."""
-    hours = float(params["timeout_min"]) / 60.0
-    total = 0.0
-    for trial in trials:
-        gpus = gpus_asked(trial.allocation, params)
-        total += trial.allocation.nodes * (gpus if gpus else 1) * hours
-    return total
+    return sum(trial_units(trial, params) for trial in trials) * float(params["timeout_min"]) / 60.0
 
 
 def worst_case_line(trials: Sequence[SweepTrial], params: Mapping[str, Any], budget: float | None) -> str:

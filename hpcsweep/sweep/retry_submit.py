@@ -19,16 +19,18 @@ from typing import Any
 from hpcsweep.files.metrics_file import read_metrics
 from hpcsweep.files.sweep_record import SweepRecord, now_iso, read_sweep_record, write_sweep_record
 from hpcsweep.files.trial_files import METRICS_FILE
-from hpcsweep.results.budget import hours_text
+from hpcsweep.results.budget import budget_reached, hours_text
 from hpcsweep.results.table import load_sweep, resolve_trial_dir
 from hpcsweep.slurm import commands
+from hpcsweep.slurm.usage import Usage
 from hpcsweep.sweep.allocation import check_option_values, check_time_limit
-from hpcsweep.sweep.budget import check_budget
+from hpcsweep.sweep.budget import check_budget, trial_units
 from hpcsweep.sweep.hooks import SweepTrial, hook_of
 from hpcsweep.sweep.retry_selection import TrialState, launcher_changes, select_trials
 from hpcsweep.sweep.shared_call import LAUNCHER_FILE, load_shared_launcher
 from hpcsweep.sweep.slurm_submit import check_against_cluster, submit_trials
 from hpcsweep.sweep.sweep_trials import check_trials
+from hpcsweep.trial.budget_watch import horizon_s, poll_interval
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +112,23 @@ def plan_retry(
     check_option_values(params)
     check_time_limit(params)
     budget = check_budget(params)
-    spent = sweep.usage.spent_hours if sweep.usage else 0.0
-    if budget is not None and spent >= budget:
-        raise ValueError(f"hydra.launcher.budget_gpu_hours={budget:g} is already spent ({hours_text(spent)} "
-                         "GPU-hours so far): raise it to retry")
+    check_budget_left(budget, sweep.usage.spent_hours if sweep.usage else 0.0,
+                      sum(trial_units(t, params) for t in trials), horizon_s(poll_interval(os.environ)))
     slurm_config = commands.show_config()
     check_against_cluster(trials, params, slurm_config)
     return RetryPlan(sweep_dir, record, launcher, params, trials, slurm_config, budget)
+
+
+def check_budget_left(budget: float | None, spent_hours: float, units: int, horizon: float) -> None:
+    """``ValueError`` unless the budget leaves the retried trials more than the budget watch's look-ahead.
+
+    With less, each task would start and be skipped at once (``hpcsweep.trial.budget_watch``).
+    """
+    if budget_reached(Usage(spent_hours, float(units)), budget, horizon):
+        raise ValueError(
+            f"hydra.launcher.budget_gpu_hours={budget:g} is spent: {hours_text(spent_hours)} GPU-hours so far, and "
+            f"{units} GPUs of retried trials need {hours_text(units * horizon / 3600.0)} more to start; raise it to retry"
+        )
 
 
 def forget_skipped_start(trial_dir: Path) -> None:

@@ -162,3 +162,13 @@ def test_a_skipped_trial_that_never_trained_starts_afresh(tmp_path):
         forget_skipped_start(trial_dir)
     assert not (never / "metrics.json").exists()
     assert (trained / "metrics.json").exists() and (failed / "metrics.json").exists()
+
+
+def test_a_retry_needs_budget_left_for_its_trials_to_start():
+    from hpcsweep.sweep.retry_submit import check_budget_left
+
+    check_budget_left(None, spent_hours=100.0, units=8, horizon=130.0)
+    check_budget_left(10.0, spent_hours=9.0, units=8, horizon=130.0)  # 8 GPUs x 130 s = 0.29 GPU-hours
+    with pytest.raises(ValueError, match=r"^hydra.launcher.budget_gpu_hours=10 is spent: 9.8 GPU-hours so far, and "
+                                         r"8 GPUs of retried trials need 0.289 more to start; raise it to retry$"):
+        check_budget_left(10.0, spent_hours=9.8, units=8, horizon=130.0)
