@@ -23,6 +23,7 @@ from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swe
 CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
     "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "world_size", "nodes", "error", "trial_dir",
+    "attempt", "last_stop_reason",
 )
 
 
@@ -40,7 +41,7 @@ def _steps(row: TrialRow) -> str:
 
 def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells of the report table (numbers already formatted)."""
-    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts", "gpu_h"]
+    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts", "gpu_h", "attempt"]
     cells = [
         [
             str(row.num),
@@ -53,6 +54,7 @@ def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str
             _number(row.mean_tokens_per_s, 0),
             _number(row.restarts, 0),
             _number(row.gpu_hours, 3),
+            str(row.attempt),
         ]
         for row in rows
     ]

@@ -3,7 +3,8 @@
 One line per trial: Slurm state, a progress bar of step/max_steps, the ETA from its throughput,
 the latest loss, restarts and nodes, or for a pending trial Slurm's reason it waits; failed trials
 add why, and a reason that never clears (``PartitionConfig`` ...) is flagged in red with what it
-means. Each poll makes one ``sacct`` call for the whole sweep (none for a local sweep), plus one
+means. A retried trial shows its attempt. Above the trials: the GPU-hours every run of the sweep
+has spent, against ``hydra.launcher.budget_gpu_hours``, flagged from 80 % of it on. Each poll makes one ``sacct`` call for the whole sweep (none for a local sweep), plus one
 ``squeue`` while a trial is queued. SWEEP_DIR may also be one trial dir (``sbatch
 slurm/train.sbatch`` writes one). ``--follow`` refreshes until every trial has ended, or stops
 when a trial can never start; ``--logs N`` tails trial N's ``train.log`` and submitit ``.err``.
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.results.budget import BudgetView
 from hpcsweep.results.failure import submitit_logs, tail
 from hpcsweep.results.table import (
     FINAL_STATUSES,
@@ -104,6 +106,10 @@ def status_line(row: TrialRow, params: str, eta: float | None, color: bool = Fal
         f"{steps:>11}  eta {format_duration(eta):>7}  loss {'-' if loss is None else f'{loss:.4f}'}  "
         f"restarts {row.restarts if row.restarts is not None else '-'}  {where_column(row, color)}"
     )
+    if row.attempt > 1:
+        line += f"  attempt {row.attempt}"
+    if row.last_stop_reason == "budget" and row.status == "stopped":
+        line += "  (stopped by the budget)"
     if row.status == "failed":
         line += f"\n     error: {row.error or 'no error recorded'}"
     if row.status == "pending" and row.never_starts:
@@ -162,7 +168,26 @@ def render_status(
     summary = f"{sweep_dir}: {trials}, " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if sweep.slurm_error:
         summary += f"\n(no Slurm states: {sweep.slurm_error.splitlines()[0]})"
+    summary += "\n" + budget_text(sweep.usage.spent_hours if sweep.usage else None, sweep.record.budget_gpu_hours,
+                                  color, stopped_by_budget(sweep.rows))
     return "\n".join([summary, *lines]) + "\n", sweep.rows
+
+
+def stopped_by_budget(rows: Sequence[TrialRow]) -> bool:
+    """Whether the budget has stopped or skipped some trial that has not run again since."""
+    return any(r.status == "skipped_budget" or (r.status == "stopped" and r.last_stop_reason == "budget") for r in rows)
+
+
+def budget_text(spent_hours: float | None, budget_hours: float | None, color: bool, stopped: bool = False) -> str:
+    """The budget line: spent / budget, its share, and a red flag from 80 % on (spending unknown: says so).
+
+    ``stopped``: the budget has stopped the sweep (``stopped_by_budget``), which flags it as spent.
+    """
+    if spent_hours is None:
+        return "budget: spending unknown (accounting did not answer)" + (
+            "" if budget_hours is None else f", budget {budget_hours:.3f} GPU-hours")
+    view = BudgetView(spent_hours, budget_hours, stopped)
+    return paint(view.line(), color) if view.flag else view.line()
 
 
 def render_logs(sweep_dir: Path, num: int, lines: int = LOG_LINES) -> str:

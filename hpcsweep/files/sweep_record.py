@@ -3,16 +3,22 @@
 Schema (version 1)::
 
     {"version": 1, "sweep_dir": str, "launcher": "slurm" | "local", "created_at": ISO-8601,
+     "budget_gpu_hours": float | null,
      "arrays": [{"array_job_id": str, "trials": [int, ...]}],
      "trials": [{"num": int, "overrides": [str], "trial_dir": str,
-                 "job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}
+                 "job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601,
+                 "attempts": [{"job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}]}
+
+``budget_gpu_hours`` and ``attempts`` came later and may be missing: no budget, and one attempt
+(the trial's ``job_id`` and ``submitted_at``). ``job_id`` and ``submitted_at`` are always the
+current attempt's; ``arrays`` lists every array ever submitted, retries included.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from hpcsweep.files.atomic import atomic_write_json
@@ -28,14 +34,35 @@ def now_iso() -> str:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One submission of a trial: the job that ran it (None for a local run) and when."""
+
+    job_id: str | None
+    submitted_at: str
+
+
+@dataclass(frozen=True)
 class TrialRecord:
-    """One trial of a sweep."""
+    """One trial of a sweep; ``job_id`` and ``submitted_at`` are its current attempt's."""
 
     num: int
     overrides: list[str]
     trial_dir: str
     job_id: str | None
     submitted_at: str
+    attempts: list[Attempt] = field(default_factory=list)
+    """Every submission, oldest first; empty in files written before retries (one attempt then)."""
+
+    def all_attempts(self) -> list[Attempt]:
+        """Every submission of the trial, oldest first, the current one last."""
+        return list(self.attempts) or [Attempt(self.job_id, self.submitted_at)]
+
+    def retried(self, job_id: str | None, submitted_at: str) -> TrialRecord:
+        """This trial with one more attempt, now the current one."""
+        return replace(
+            self, job_id=job_id, submitted_at=submitted_at,
+            attempts=[*self.all_attempts(), Attempt(job_id, submitted_at)],
+        )
 
 
 @dataclass(frozen=True)
@@ -55,6 +82,8 @@ class SweepRecord:
     created_at: str
     trials: list[TrialRecord]
     arrays: list[ArrayRecord] = field(default_factory=list)
+    budget_gpu_hours: float | None = None
+    """``hydra.launcher.budget_gpu_hours`` of the latest submission (None: no budget)."""
     version: int = SCHEMA_VERSION
 
     def job_ids(self) -> list[str]:
@@ -78,9 +107,15 @@ def parse_sweep_record(text: str) -> SweepRecord:
         sweep_dir=raw["sweep_dir"],
         launcher=raw["launcher"],
         created_at=raw["created_at"],
-        trials=[TrialRecord(**trial) for trial in raw["trials"]],
+        trials=[_trial_record(trial) for trial in raw["trials"]],
         arrays=[ArrayRecord(**array) for array in raw.get("arrays", [])],
+        budget_gpu_hours=raw.get("budget_gpu_hours"),
     )
+
+
+def _trial_record(raw: dict) -> TrialRecord:
+    attempts = [Attempt(**attempt) for attempt in raw.get("attempts", [])]
+    return TrialRecord(**{**raw, "attempts": attempts})
 
 
 def missing_sweep_message(sweep_dir: str | Path) -> str | None:

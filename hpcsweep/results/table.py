@@ -26,15 +26,17 @@ from hpcsweep.files.sweep_record import (
 )
 from hpcsweep.files.tb_runs import run_event_files
 from hpcsweep.files.trial_files import ENVIRONMENT_FILE
+from hpcsweep.results.budget import usage_of_local_trials, usage_of_states
 from hpcsweep.results.failure import summarize_error, trial_error_text
 from hpcsweep.results.overrides import override_values
 from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.slurm.job_states import JobState, query_job_states
+from hpcsweep.slurm.usage import Usage
 
 if TYPE_CHECKING:
     from hpcsweep.results.event_reader import ScalarSeries
 
-FINAL_STATUSES = ("completed", "stopped_early", "failed", "cancelled", "stopped")
+FINAL_STATUSES = ("completed", "stopped_early", "failed", "cancelled", "stopped", "skipped_budget")
 """Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
 FINISHED_STATUSES = ("completed", "stopped_early")
 """Statuses the trainer writes when a trial is done, whatever Slurm says afterwards."""
@@ -79,6 +81,10 @@ class TrialRow:
     """For a pending trial: why Slurm has not started it (``Priority``, ``PartitionConfig`` ...)."""
     never_starts: str = ""
     """For a pending trial whose reason never clears: why waiting will not start it, in one line."""
+    attempt: int = 1
+    """Which submission of the trial this is (``python -m hpcsweep.retry`` adds one)."""
+    last_stop_reason: str = ""
+    """Why the trial last stopped with a checkpoint (``time_limit``, ``preempted``, ``budget`` ...)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,8 @@ class SweepData:
     scalars: dict[int, dict[str, ScalarSeries]] = field(default_factory=dict)
     slurm_error: str | None = None
     """Why Slurm states are missing (accounting unreachable), if they are."""
+    usage: Usage | None = None
+    """What every run of every trial has spent (None when accounting did not answer)."""
 
 
 def mean_tokens_per_s(window_rates: Sequence[float]) -> float | None:
@@ -110,7 +118,8 @@ def mean_tokens_per_s(window_rates: Sequence[float]) -> float | None:
 def trial_status(metrics_status: str | None, job: JobState | None, on_slurm: bool) -> str:
     """The one status of a trial, from metrics.json and the Slurm state of its task.
 
-    A trial the trainer finished keeps its status. One that someone cancelled (Slurm's
+    A trial the trainer finished keeps its status, and so does one that the budget stopped or
+    skipped once its task has ended (its exit code says nothing more). One that someone cancelled (Slurm's
     ``CANCELLED by UID``, or metrics.json's ``cancelled`` for a local trial) is ``cancelled``: a
     person ended it, nothing failed. A task Slurm ended badly otherwise is ``failed``. A trial that
     stopped after a checkpoint is ``stopped`` once nothing requeues it; while Slurm has it queued or
@@ -118,6 +127,8 @@ def trial_status(metrics_status: str | None, job: JobState | None, on_slurm: boo
     says running never reported its end: ``failed`` too.
     """
     if metrics_status in FINISHED_STATUSES:
+        return metrics_status
+    if metrics_status in ("stopped", "skipped_budget") and (job is None or not job.active):
         return metrics_status
     if (job is not None and job.cancelled) or metrics_status == "cancelled":
         return "cancelled"
@@ -196,6 +207,8 @@ def build_row(
         trial_dir=trial.trial_dir,
         reason=waiting.reason if waiting is not None else "",
         never_starts=waiting.never_starts if waiting is not None else "",
+        attempt=len(trial.all_attempts()),
+        last_stop_reason=metrics.get("last_stop_reason") or "",
         **values,
     )
 
@@ -295,4 +308,8 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
         )
         rows.append(build_row(trial, metrics, job, scalars, error, on_slurm))
         all_scalars[trial.num] = scalars
-    return SweepData(record=record, rows=rows, scalars=all_scalars, slurm_error=slurm_error)
+    if not on_slurm:
+        usage: Usage | None = usage_of_local_trials(trial_dirs)
+    else:
+        usage = None if slurm_error else usage_of_states(jobs)
+    return SweepData(record=record, rows=rows, scalars=all_scalars, slurm_error=slurm_error, usage=usage)

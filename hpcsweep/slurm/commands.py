@@ -146,3 +146,8 @@ def squeue(job_ids: Sequence[str], fmt: str) -> str:
     return run_slurm(
         ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", fmt]
     )
+
+
+def cancel_pending(job_ids: Sequence[str]) -> None:
+    """``scancel --state=PENDING JOB...``: cancel the tasks of these arrays that have not started."""
+    run_slurm(["scancel", "--state=PENDING", *job_ids])

@@ -18,6 +18,7 @@ from hpcsweep.slurm.cluster_info import gpus_from_tres
 from hpcsweep.slurm.commands import SlurmCommandError, sacct, show_nodes, squeue
 from hpcsweep.slurm.nodes import NodeState, parse_node_states
 from hpcsweep.slurm.pending import needs_node_states, never_clears, parse_reason
+from hpcsweep.slurm.usage import run_hours, units_from_tres
 
 SACCT_FIELDS = ("JobID", "State", "ElapsedRaw", "AllocTRES", "NodeList")
 SQUEUE_FORMAT = "%i|%T|%N|%r"
@@ -53,6 +54,10 @@ class JobState:
     """Why a queued task waits (``squeue``'s ``%r``: ``Priority``, ``ReqNodeNotAvail, ...``)."""
     never_starts: str = ""
     """Why waiting will never start it (``hpcsweep.slurm.pending.never_clears``); '' when it may start."""
+    used_hours: float = 0.0
+    """GPU-hours (node-hours without GPUs) of every run of the task (``hpcsweep.slurm.usage``)."""
+    units: int = 0
+    """GPUs (nodes without GPUs) the latest run holds: what an hour of it costs."""
 
     @property
     def failed(self) -> bool:
@@ -112,6 +117,7 @@ def parse_sacct(text: str) -> dict[str, JobState]:
         for task_id in expand_task_ids(job_id):
             seconds = int(elapsed) if elapsed.isdigit() else None
             earlier = states.get(task_id)
+            used = run_hours(seconds or 0, tres) + (earlier.used_hours if earlier is not None else 0.0)
             if earlier is not None and earlier.elapsed_s is not None and seconds is not None:
                 seconds += earlier.elapsed_s
             states[task_id] = JobState(
@@ -120,6 +126,8 @@ def parse_sacct(text: str) -> dict[str, JobState]:
                 elapsed_s=seconds,
                 gpus=gpus_from_tres(tres),
                 nodes="" if nodes == "None assigned" else nodes,
+                used_hours=used,
+                units=units_from_tres(tres),
             )
     return states
 

@@ -9,7 +9,9 @@ from hpcsweep.slurm.partition_limits import AllocationRequest, Asked, parse_mem_
 from hpcsweep.sweep.hooks import Allocation
 
 # Launcher keys that are ours, not submitit's.
-_OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "max_array_size", "local_parallelism", "_target_"}
+_OWN_KEYS = {
+    "wait", "submitit_folder", "max_num_timeout", "max_array_size", "local_parallelism", "budget_gpu_hours", "_target_",
+}
 # Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
 # ``executor_parameters`` passes on itself.
 _SIZE_KEYS = {

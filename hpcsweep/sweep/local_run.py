@@ -10,6 +10,7 @@ trials with a checkpoint and starts no further one (``hpcsweep_hook.HpcsweepTria
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import tempfile
@@ -28,6 +29,7 @@ from hpcsweep.files.sweep_record import (
     read_sweep_record,
     write_sweep_record,
 )
+from hpcsweep.sweep.budget import announce_local_budget
 from hpcsweep.sweep.hooks import SweepTrial, hook_of
 from hpcsweep.sweep.local_slots import LocalPlan, plan_local_run, trial_gpu_count, visible_gpu_ids
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
@@ -89,10 +91,12 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     try:
         trials = check_trials(launcher, job_overrides, initial_job_idx, hook)
         plan = machine_plan(launcher.params, trials)
+        budget = announce_local_budget(launcher.config.hydra.launcher)
     except ValueError as err:
         exit_with_config_error(err, "no trial was run")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
-    write_sweep_record(local_sweep_record(sweep_dir, trials, previous_record(sweep_dir)))
+    record = local_sweep_record(sweep_dir, trials, previous_record(sweep_dir))
+    write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget))
     log.info("sweep dir: %s (%d trials, running locally, %d at a time)", sweep_dir, len(trials), plan.parallelism)
     with tempfile.TemporaryDirectory(prefix="hpcsweep-local-") as folder:
         context_file = write_sweep_context(Path(folder), launcher.hydra_context, launcher.config, launcher.task_function)

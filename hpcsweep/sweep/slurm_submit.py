@@ -45,6 +45,7 @@ from hpcsweep.sweep.allocation import (
     chunk,
     executor_parameters,
 )
+from hpcsweep.sweep.budget import announce_budget
 from hpcsweep.sweep.hooks import Placement, SweepTrial, hook_of
 from hpcsweep.sweep.snapshot import take_snapshot, with_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
@@ -182,6 +183,7 @@ def launch_on_slurm(
         check_time_limit(params)
         slurm_config = commands.show_config()
         check_against_cluster(trials, params, slurm_config)
+        budget = announce_budget(trials, params)
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
@@ -197,6 +199,7 @@ def launch_on_slurm(
             for t in trials
         ],
         arrays=arrays,
+        budget_gpu_hours=budget,
     )
     write_sweep_record(record)
     log.info("sweep dir: %s", sweep_dir)

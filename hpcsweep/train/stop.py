@@ -33,6 +33,10 @@ INTERRUPTED = "interrupted"
 """The stop came from a SIGINT: Ctrl-C in a terminal."""
 
 
+BUDGET = "budget"
+"""The sweep's GPU-hour budget is spent: stop with a checkpoint, and nothing requeues the trial."""
+
+
 EXIT_REQUEUE = 3
 """Exit code of a process that stopped after a checkpoint so that its trial is requeued."""
 

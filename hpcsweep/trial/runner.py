@@ -37,7 +37,7 @@ from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
 from hpcsweep.train import stop
 from hpcsweep.train.checkpoint import trial_already_done
-from hpcsweep.trial import preempt
+from hpcsweep.trial import budget_watch, preempt
 from hpcsweep.trial.identity import check_resume, differences_text
 from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env
 from hpcsweep.trial.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
@@ -310,6 +310,8 @@ def run_trial_on_this_node(
     if trial_already_done(trial_dir, previous):
         log.info("trial %s is already %s: not training it again", trial_dir, previous["status"])
         return previous
+    if budget_watch.skip_if_spent(trial, trial_dir, rdzv, env):
+        return read_metrics(trial_dir)
     trial_dir.mkdir(parents=True, exist_ok=True)
     write_trial_config(trial, trial_dir)
     rdzv = resolve_head_address(rdzv, env)
@@ -354,7 +356,7 @@ def run_trial_on_this_node(
         stop.STOP_REQUESTED.set(reason)
         stop.write_stop_file(stop_file, reason)
 
-    with stop.stop_signals_handled(on_stop):
+    with stop.stop_signals_handled(on_stop), budget_watch.watching(trial, trial_dir, rdzv, on_stop, env):
         if stop.STOP_REQUESTED.reason:  # signalled during start-up, before these handlers
             on_stop(stop.STOP_REQUESTED.reason)
         try:
@@ -372,7 +374,13 @@ def run_trial_on_this_node(
         metrics = read_metrics(trial_dir)
         outcome = preempt.classify_exit(result.exit_codes, metrics.get("status"))
         if outcome == "stopped":
-            after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
+            try:
+                after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
+            except preempt.TrialStopped as stopped:
+                # A budget stop ends this trial, not the command: the sweep goes on, and skips the rest.
+                if stopped.reason != stop.BUDGET:
+                    raise
+                return read_metrics(trial_dir)
     if outcome == "failed":
         # torchrun's summary names the failed ranks; the traceback is what rank 0 wrote.
         worker_error = metrics.get("error")

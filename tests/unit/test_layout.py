@@ -18,8 +18,8 @@ STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
 SHARED = ("config", "files", "slurm")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
-COMMANDS = ("__main__", "app", "report", "status", "topology")
-"""What users type: ``python -m hpcsweep[.report|.status|.topology]``; nothing imports them."""
+COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
+"""What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
 ALLOWED = {
     "config": {"config"},
     "files": {"config", "files"},
@@ -143,6 +143,7 @@ def test_every_package_says_what_it_owns_and_may_import():
     [
         ["hpcsweep.status"],
         ["hpcsweep.report"],
+        ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
         ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare"],
     ],

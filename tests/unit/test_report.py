@@ -28,7 +28,7 @@ SACCT = """\
 
 def test_parse_sacct():
     states = parse_sacct(SACCT)
-    assert states["57_0"] == JobState("57_0", "COMPLETED", 3600, 8, "gpu[01-02]")
+    assert states["57_0"] == JobState("57_0", "COMPLETED", 3600, 8, "gpu[01-02]", used_hours=8.0, units=8)
     assert states["57_0"].gpu_hours == 8.0
     assert states["57_1"].state == "CANCELLED" and states["57_1"].failed and states["57_1"].gpus == 4
     assert states["57_2"].gpu_hours == 0.0 and states["57_2"].active

@@ -140,3 +140,46 @@ def test_a_config_is_parsed_once_per_text_across_polls(tmp_path):
     (tmp_path / "config.yaml").write_text("data: {batch_size: 8, seq_len: 32}\ntrainer: {grad_accum: 2}\n")
     assert status.read_step_tokens(tmp_path, 1, parsed) == 8 * 32 * 2 and len(parsed) == 2
     assert status.read_step_tokens(tmp_path / "missing", 1, parsed) is None
+
+
+def test_budget_line_counts_every_attempt_and_flags_80_and_100_percent(tmp_path, capsys, fake_slurm):
+    import dataclasses
+
+    from hpcsweep.files.sweep_record import ArrayRecord, write_sweep_record
+
+    sweep_dir = tmp_path / "sweep"
+    record = make_sweep(sweep_dir, [(["model.lr=1e-4"], metrics("completed")),
+                                    (["model.lr=1e-3"], metrics("stopped", step=3, last_stop_reason="budget"))],
+                        launcher="slurm")
+    # Trial 1 was retried as array 52: its first attempt (41_1) still counts against the budget.
+    retried = record.trials[1].retried("52_0", "2026-01-01T02:00:00+00:00")
+    write_sweep_record(dataclasses.replace(record, trials=[record.trials[0], retried],
+                                           arrays=[*record.arrays, ArrayRecord("52", [1])], budget_gpu_hours=10.0))
+    fake_slurm.answer("sacct", "41_0|COMPLETED|3600|cpu=64,gres/gpu=4,node=1|node1\n"
+                               "41_1|COMPLETED|1800|cpu=64,gres/gpu=4,node=1|node2\n"
+                               "52_0|RUNNING|900|cpu=64,gres/gpu=8,node=1|node3\n")
+    assert status.main([str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "budget: 8 / 10 GPU-hours spent (80%)  80% OF BUDGET" in out
+    assert "attempt 2" in out.splitlines()[-1] and "attempt" not in out.splitlines()[-2]
+    assert fake_slurm.calls("sacct")[0].endswith("--jobs 41,52 --format JobID,State,ElapsedRaw,AllocTRES,NodeList")
+
+    fake_slurm.answer("sacct", "41_0|COMPLETED|3600|cpu=64,gres/gpu=4,node=1|node1\n"
+                               "41_1|COMPLETED|1800|cpu=64,gres/gpu=4,node=1|node2\n"
+                               "52_0|COMPLETED|3600|cpu=64,gres/gpu=8,node=1|node3\n")
+    assert status.main([str(sweep_dir), "--color=always"]) == 0
+    assert f"{status.RED}budget: 14 / 10 GPU-hours spent (140%)  BUDGET SPENT{status.RESET}" in capsys.readouterr().out
+
+
+def test_budget_stopped_and_skipped_trials_are_not_failures(tmp_path, capsys, fake_slurm):
+    sweep_dir = tmp_path / "sweep"
+    make_sweep(sweep_dir, [(["model.lr=1e-4"], metrics("stopped", step=3, last_stop_reason="budget")),
+                           (["model.lr=1e-3"], metrics("skipped_budget", step=0))], launcher="slurm")
+    fake_slurm.answer("sacct", "41_0|COMPLETED|60|cpu=64,gres/gpu=8,node=1|node1\n"
+                               "41_1|COMPLETED|1|cpu=64,gres/gpu=8,node=1|node2\n")
+    assert status.main([str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "2 trials, 1 stopped, 1 skipped_budget" in out and "(stopped by the budget)" in out
+    assert "budget: 0.136 GPU-hours spent (no budget)" in out
+    assert status.budget_text(0.136, 0.2, color=False, stopped=status.stopped_by_budget(
+        status.load_sweep(sweep_dir, with_scalars=False).rows)) == "budget: 0.136 / 0.2 GPU-hours spent (68%)  BUDGET SPENT"
