@@ -9,7 +9,7 @@ from hpcsweep.slurm.partition_limits import AllocationRequest, Asked, parse_mem_
 from hpcsweep.sweep.hooks import Allocation
 
 # Launcher keys that are ours, not submitit's.
-_OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "max_array_size", "_target_"}
+_OWN_KEYS = {"wait", "submitit_folder", "max_num_timeout", "max_array_size", "trials_per_task", "_target_"}
 # Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
 # ``executor_parameters`` passes on itself.
 _SIZE_KEYS = {
