@@ -31,11 +31,11 @@ def packed_sweep(sweep_dir, trial_metrics):
 
 
 def test_status_shows_each_packed_trial(tmp_path):
-    packed_sweep(tmp_path, [metrics("completed"), metrics("running", step=4), None, None])
+    packed_sweep(tmp_path, [metrics("running", step=4), None, None, None])
     jobs = {"41_0": JobState("41_0", "RUNNING", 3600, 8, "node1"), "41_1": JobState("41_1", "PENDING", reason="Priority")}
     rows = load_sweep(tmp_path, query=lambda ids: jobs, with_scalars=False).rows
-    assert [r.status for r in rows] == ["completed", "running", "pending", "pending"]
-    assert [r.reason for r in rows[2:]] == [PACKED_WAIT_REASON, "Priority"]
+    assert [r.status for r in rows] == ["running", "pending", "pending", "pending"]
+    assert [r.reason for r in rows[1:]] == [PACKED_WAIT_REASON, "Priority", "Priority"]
     # The task's 8 GPU-hours are not any one trial's.
     assert all(r.gpu_hours != 8.0 for r in rows)
     assert read_sweep_record(tmp_path).arrays == [ArrayRecord("41", [0, 1, 2, 3], 2)]
