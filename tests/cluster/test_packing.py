@@ -29,17 +29,17 @@ TRAINING = [o for o in STOPPABLE_TRIAL if not o.startswith(("hydra.", "trainer.l
 REQUEUE_START_DELAY_S = 3
 
 
-def unpacked_references(tmp_path: Path, env: dict[str, str]) -> tuple[threading.Thread, dict[str, str]]:
+def unpacked_references(tmp_path: Path, env: dict[str, str]) -> tuple[threading.Thread, dict[float, str]]:
     """Start one single run per learning rate, one after another, each in its own process."""
     local_env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-    hashes: dict[str, str] = {}
+    hashes: dict[float, str] = {}
 
     def run_all() -> None:
         for lr in LRS:
             run_dir = tmp_path / "reference" / lr
             subprocess.run([sys.executable, "-m", "hpcsweep", f"hydra.run.dir={run_dir}", *TRAINING, f"model.lr={lr}"],
                            cwd=tmp_path, env=local_env, capture_output=True, timeout=300, check=True)
-            hashes[lr] = read_json(run_dir / "metrics.json")["weights_sha256"]
+            hashes[float(lr)] = read_json(run_dir / "metrics.json")["weights_sha256"]
 
     thread = threading.Thread(target=run_all, name="unpacked-references")
     thread.start()
@@ -103,8 +103,8 @@ def test_eight_trials_packed_four_per_task_survive_a_stop_with_unpacked_weights(
     assert wait_until_ended(slurm_env, f"{array_id}_1", timeout=60) == "COMPLETED"
 
     references.join(timeout=240)
-    assert sorted(hashes) == sorted(LRS), "the unpacked reference runs did not all finish"
-    lr_of = [next(o.split("=")[1] for o in t["overrides"] if o.startswith("model.lr=")) for t in trials]
+    assert sorted(hashes) == [float(lr) for lr in LRS], "the unpacked reference runs did not all finish"
+    lr_of = [float(next(o.split("=")[1] for o in t["overrides"] if o.startswith("model.lr="))) for t in trials]
     assert [m["weights_sha256"] for m in ends] == [hashes[lr] for lr in lr_of]
 
     status = subprocess.run([sys.executable, "-m", "hpcsweep.status", str(sweep_dir)], env=slurm_env,
