@@ -16,7 +16,16 @@ import yaml
 from submitit.core.job_environment import JobEnvironment
 from submitit.core.utils import DelayedSubmission
 
-from .conftest import SMALL_TRIAL, TERMINAL_STATES, only_sweep_dir, read_json, run_hpcsweep, sacct_states, slurm, wait_for
+from .conftest import (
+    SMALL_TRIAL,
+    TERMINAL_STATES,
+    only_sweep_dir,
+    read_json,
+    run_hpcsweep,
+    sacct_states,
+    slurm,
+    wait_for,
+)
 
 TRIALS = 1000
 MAX_ARRAY_SIZE = 400

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
-from hydra.core.utils import setup_globals
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import setup_globals
 from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict

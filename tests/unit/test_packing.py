@@ -7,7 +7,11 @@ from dataclasses import replace
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 
-from hpcsweep.files.sweep_record import ArrayRecord, read_sweep_record, write_sweep_record
+from hpcsweep.files.sweep_record import (
+    ArrayRecord,
+    read_sweep_record,
+    write_sweep_record,
+)
 from hpcsweep.results.table import PACKED_WAIT_REASON, load_sweep
 from hpcsweep.slurm.job_states import JobState
 from hpcsweep.sweep.slurm_submit import trials_per_task
