@@ -5,7 +5,8 @@
 Both sides submit held jobs (``--hold``) that are cancelled at once, so nothing runs. The hpcsweep
 side is the whole command a user types, `python -m hpcsweep -m model.lr=...`: interpreter start,
 Hydra composition and validation of every trial, submitit pickles, sbatch, sweep.json. Sizes and
-sides alternate within one run, since this machine is noisy. The target: at most 2 s for 1,000
+sides alternate within one run, since this machine is noisy; the CPU time (user + system) of the
+hpcsweep command is printed too, as other load changes it little. The target: at most 2 s for 1,000
 trials, in at most ceil(N / MaxArraySize) sbatch calls (the arrays of each sweep are counted).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import statistics
 import subprocess
 import sys
@@ -22,9 +24,19 @@ import time
 from pathlib import Path
 
 
+CPU_S: dict[int, list[float]] = {}
+"""CPU seconds (user + system, children included) of each hpcsweep submission, by size: unlike the
+wall time, hardly changed by other load on the machine."""
+
+
+def child_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(argv: list[str], cwd: Path) -> tuple[float, str]:
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=900, check=False)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:6])} ... failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -47,11 +59,13 @@ def max_array_size() -> int:
 
 def submit_sweep(n: int, workdir: Path, arrays: dict[int, int]) -> float:
     lrs = ",".join(f"{1e-5 * (i + 1):.6g}" for i in range(n))
+    cpu_before = child_cpu_s()
     elapsed, _ = timed(
         [sys.executable, "-m", "hpcsweep", "-m", f"model.lr={lrs}", "hydra.launcher.cpus_per_task=1",
          "hydra.launcher.gpus_per_node=0", "+hydra.launcher.additional_parameters.hold=true"],
         workdir,
     )
+    CPU_S.setdefault(n, []).append(child_cpu_s() - cpu_before)
     (sweep_file,) = workdir.glob("multirun/*/*/sweep.json")
     job_ids = [a["array_job_id"] for a in json.loads(sweep_file.read_text())["arrays"]]
     arrays[n] = len(job_ids)
@@ -85,8 +99,8 @@ def main() -> None:
                 workdir.mkdir()
                 times.setdefault((n, "bare"), []).append(submit_bare(n, workdir))
                 times.setdefault((n, "hpcsweep"), []).append(submit_sweep(n, workdir, arrays))
-    print(f"{'trials':>7} {'bare sbatch --array (s)':>24} {'python -m hpcsweep -m (s)':>26} {'ratio':>7} "
-          f"{'sbatch calls':>13} {'target':>22}")
+    print(f"{'trials':>7} {'bare sbatch --array (s)':>24} {'python -m hpcsweep -m (s)':>26} {'CPU (s)':>8} "
+          f"{'ratio':>7} {'sbatch calls':>13} {'target':>22}")
     for n in args.sizes:
         bare = statistics.median(times[(n, "bare")])
         ours = statistics.median(times[(n, "hpcsweep")])
@@ -96,7 +110,8 @@ def main() -> None:
             target = f"<= {TARGET_S:g} s, {calls} call(s): {verdict}"
         else:
             target = f"(for <= {TARGET_TRIALS} trials)"
-        print(f"{n:>7} {bare:>24.2f} {ours:>26.2f} {ours / bare:>6.0f}x {arrays[n]:>13} {target:>22}")
+        cpu = statistics.median(CPU_S[n])
+        print(f"{n:>7} {bare:>24.2f} {ours:>26.2f} {cpu:>8.2f} {ours / bare:>6.0f}x {arrays[n]:>13} {target:>22}")
 
 
 if __name__ == "__main__":
