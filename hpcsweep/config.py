@@ -8,6 +8,7 @@ and what is allowed, so a bad sweep stops on the login node before anything is s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -69,13 +70,19 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
     raise TypeError(f"{key}: unsupported annotation {annotation!r}")
 
 
+@functools.cache
+def _schema(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    # Resolving the annotations costs more than checking a trial's values: a 1,000-trial sweep
+    # validates each group 1,000 times.
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+
+
 def build_group(cls: type, group: str, values: Mapping[str, Any]) -> Any:
     """Build dataclass ``cls`` for config group ``group`` from a plain mapping.
 
     Unknown keys and values of the wrong type raise ``ValueError`` naming ``group.key``.
     """
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints, fields = _schema(cls)
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(

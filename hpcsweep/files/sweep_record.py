@@ -4,7 +4,7 @@ Schema (version 1)::
 
     {"version": 1, "sweep_dir": str, "launcher": "slurm" | "local", "created_at": ISO-8601,
      "budget_gpu_hours": float | null,
-     "arrays": [{"array_job_id": str, "trials": [int, ...]}],
+     "arrays": [{"array_job_id": str, "trials": [int, ...], "trials_per_task": int}],
      "trials": [{"num": int, "overrides": [str], "trial_dir": str,
                  "job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601,
                  "attempts": [{"job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}]}
@@ -67,10 +67,15 @@ class TrialRecord:
 
 @dataclass(frozen=True)
 class ArrayRecord:
-    """One Slurm job array and the trial numbers its tasks run, in task order."""
+    """One Slurm job array and the trial numbers its tasks run, in task order.
+
+    Task ``i`` runs ``trials[i * trials_per_task : (i + 1) * trials_per_task]``, one after another
+    (a record without ``trials_per_task`` is of one trial per task).
+    """
 
     array_job_id: str
     trials: list[int]
+    trials_per_task: int = 1
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -143,6 +144,23 @@ def trial_status(metrics_status: str | None, job: JobState | None, on_slurm: boo
     if job is not None:
         return "failed"
     return "pending" if on_slurm or metrics_status is None else metrics_status
+
+
+PACKED_WAIT_REASON = "runs after the trials before it in its array task (trials_per_task)"
+
+
+def packed_trial_job(job: JobState | None, metrics_status: str | None) -> JobState | None:
+    """The Slurm state of a trial that shares its array task with others (``trials_per_task``).
+
+    The task's state is that of the trial it runs: while the task runs, one not started yet (no
+    ``metrics.json``) waits for those before it. The task's GPU hours are not one trial's: each trial's come from
+    its own ``metrics.json``.
+    """
+    if job is None:
+        return None
+    if metrics_status is None and job.active and not job.queued:
+        return replace(job, state="PENDING", reason=PACKED_WAIT_REASON, never_starts="", gpus=None)
+    return replace(job, gpus=None)
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:
@@ -296,10 +314,13 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
         trial_scalars = read_runs([run_event_files(trial_dir) for trial_dir in trial_dirs])
     else:
         trial_scalars = [{} for _ in trial_dirs]
+    tasks = Counter(trial.job_id for trial in record.trials if trial.job_id)
     rows, all_scalars = [], {}
     for trial, trial_dir, scalars in zip(record.trials, trial_dirs, trial_scalars):
         metrics = read_metrics(trial_dir / "metrics.json")
         job = jobs.get(trial.job_id) if trial.job_id else None
+        if trial.job_id and tasks[trial.job_id] > 1:
+            job = packed_trial_job(job, (metrics or {}).get("status"))
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
         error = (
             trial_error_text(trial_dir, sweep_dir, trial.job_id, (metrics or {}).get("error"))

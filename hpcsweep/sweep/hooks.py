@@ -84,6 +84,10 @@ class SweepTrial:
 class TrialHook:
     """The generic behaviour; an app subclasses it and overrides what it knows better."""
 
+    plain_values: bool = False
+    """True: ``check_trial`` takes the config as resolved plain values (a ``dict``), which the
+    launchers compose many times faster than a ``DictConfig`` (``hpcsweep.sweep.compose``)."""
+
     def check_trial(self, config: DictConfig, launcher: Mapping[str, Any]) -> CheckedTrial:
         """Validate one composed trial config (the app part, no ``hydra`` node) and size its allocation.
 

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from hydra.core.utils import JobReturn
-from omegaconf import DictConfig
 
 from hpcsweep.config import TrialConfig, resume_config_from_dict
 from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepTrial, TrialHook
@@ -76,7 +75,9 @@ def log_resume_state(trials: Sequence[SweepTrial]) -> None:
 class HpcsweepTrials(TrialHook):
     """hpcsweep's trial checks, sizes, local stop handling and array-task signal handling."""
 
-    def check_trial(self, config: DictConfig, launcher: Mapping[str, Any]) -> CheckedTrial:
+    plain_values = True
+
+    def check_trial(self, config: Mapping[str, Any], launcher: Mapping[str, Any]) -> CheckedTrial:
         """The trial schema (``hpcsweep.config``), then the allocation its config asks for.
 
         The app config kept for ``check_sweep`` is the pair ``(TrialConfig, ResumeConfig)``.

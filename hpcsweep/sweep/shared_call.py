@@ -1,9 +1,10 @@
 """The function each array task runs: a launcher pickled once per sweep, not once per trial.
 
-submitit pickles the submitted function with every trial. Hydra's submitit launcher submits
-itself, and it carries the whole master config, the config loader and Hydra's global state:
-tens of milliseconds of pickling per trial, most of a thousand-trial submission. Here the
-launcher is written once into the sweep's submitit folder and each trial pickles only its path.
+submitit pickles the submitted function with every array task. Hydra's submitit launcher
+submits itself, and it carries the whole master config, the config loader and Hydra's global
+state: tens of milliseconds of pickling per trial, most of a thousand-trial submission. Here the
+launcher is written once into the sweep's submitit folder and each task pickles only its path
+and its trials' overrides and numbers (one trial, or ``trials_per_task`` of them).
 """
 
 from __future__ import annotations
@@ -34,15 +35,20 @@ def load_shared_launcher(path: Path) -> tuple[Any, Any]:
         return pickle.load(handle)
 
 
+TaskTrials = Sequence[tuple[Sequence[str], int]]
+"""The trials of one array task, in order: each trial's overrides and Hydra job number."""
+
+
 @dataclass(frozen=True)
 class SharedLauncherCall:
-    """Runs trial ``job_num`` through the launcher stored at ``launcher_path``."""
+    """Runs an array task's trials through the launcher stored at ``launcher_path``."""
 
     launcher_path: str
 
-    def __call__(self, overrides: Sequence[str], job_num: int) -> Any:
+    def __call__(self, trials: TaskTrials) -> Any:
+        """The launcher's ``run_trials``: each trial's JobReturn by job number."""
         launcher, singleton_state = load_shared_launcher(Path(self.launcher_path))
-        return launcher(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}", singleton_state)
+        return launcher.run_trials(trials, singleton_state)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Resubmit the same call (submitit's hook for requeue after a timeout)."""

@@ -125,8 +125,19 @@ def _group_by_allocation(
     return list(groups.values())
 
 
+def trials_per_task(params: dict[str, Any]) -> int:
+    """``hydra.launcher.trials_per_task`` (absent: 1); ``ValueError`` unless a whole number >= 1."""
+    value = params.get("trials_per_task", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"hydra.launcher.trials_per_task={value!r} is not allowed: a whole number >= 1 "
+            "(trials one array task runs one after another)"
+        )
+    return value
+
+
 def _submit_array(
-    launcher: Any, call: SharedLauncherCall, parameters: dict[str, Any], trials: Sequence[SweepTrial]
+    launcher: Any, call: SharedLauncherCall, parameters: dict[str, Any], tasks: Sequence[Sequence[SweepTrial]]
 ) -> list[Any]:
     import submitit
 
@@ -136,7 +147,7 @@ def _submit_array(
         slurm_max_num_timeout=launcher.params["max_num_timeout"],
     )
     executor.update_parameters(**parameters)
-    return executor.map_array(call, [t.overrides for t in trials], [t.num for t in trials])
+    return executor.map_array(call, [[(t.overrides, t.num) for t in task] for task in tasks])
 
 
 def submit_trials(
@@ -144,9 +155,12 @@ def submit_trials(
 ) -> tuple[dict[int, Any], list[ArrayRecord]]:
     """Submit checked trials into ``sweep_dir`` as job arrays, one per allocation shape and size cap.
 
-    ``params`` are the launcher settings to submit with (a retry may change them); ``slurm_config``
-    is ``scontrol show config``'s text. Returns each trial's submitit job and the arrays, in order.
+    Each array task runs ``trials_per_task`` consecutive trials of one allocation shape (the last
+    task of a shape may run fewer). ``params`` are the launcher settings to submit with (a retry
+    may change them); ``slurm_config`` is ``scontrol show config``'s text. Returns each trial's
+    submitit job (trials packed into one task share it) and the arrays, in order.
     """
+    per_task = trials_per_task(params)
     max_array_size = parse_max_array_size(slurm_config)
     if params.get("max_array_size"):
         max_array_size = min(max_array_size, int(params["max_array_size"]))
@@ -160,11 +174,12 @@ def submit_trials(
     jobs_by_trial: dict[int, Any] = {}
     arrays: list[ArrayRecord] = []
     for parameters, group in _group_by_allocation(trials, params, parse_max_switch_wait(slurm_config)):
-        for piece in chunk(group, max_array_size):
-            jobs = _submit_array(launcher, call, parameters, piece)
-            for trial, job in zip(piece, jobs, strict=True):
-                jobs_by_trial[trial.num] = job
-            arrays.append(ArrayRecord(str(jobs[0].job_id).split("_")[0], [t.num for t in piece]))
+        for tasks in chunk(chunk(group, per_task), max_array_size):
+            jobs = _submit_array(launcher, call, parameters, tasks)
+            for task, job in zip(tasks, jobs, strict=True):
+                jobs_by_trial.update((trial.num, job) for trial in task)
+            arrays.append(ArrayRecord(str(jobs[0].job_id).split("_")[0], [t.num for task in tasks for t in task],
+                                      per_task))
     return jobs_by_trial, arrays
 
 
@@ -181,6 +196,7 @@ def launch_on_slurm(
         trials = check_trials(launcher, job_overrides, initial_job_idx, hook_of(launcher.task_function))
         check_option_values(params)
         check_time_limit(params)
+        trials_per_task(params)
         slurm_config = commands.show_config()
         check_against_cluster(trials, params, slurm_config)
         budget = announce_budget(trials, params)
@@ -223,16 +239,17 @@ def launch_on_slurm(
 def await_results(jobs_by_trial: dict[int, Any], trials: Sequence[SweepTrial]) -> list[JobReturn]:
     """Every trial's JobReturn, as the array task's ``run_job`` built it, once all have ended.
 
-    A task that failed, or ended without a result (cancelled, requeued too often), becomes a
-    FAILED JobReturn holding the error, so that every trial is waited for and Hydra's sweeper
-    reports the first failure, as it does with Hydra's own launchers.
+    A task that failed, or ended without a result (cancelled, requeued too often), gives each of
+    its trials a FAILED JobReturn holding the task's error (its trials' own ends are in their
+    ``metrics.json``), so that every trial is waited for and Hydra's sweeper reports the first
+    failure, as it does with Hydra's own launchers.
     """
     from submitit.core.utils import UncompletedJobError
 
     returns = []
     for trial in trials:
         try:
-            returns.append(jobs_by_trial[trial.num].results()[0])
+            returns.append(jobs_by_trial[trial.num].results()[0][trial.num])
         except UncompletedJobError as err:
             returns.append(
                 JobReturn(overrides=trial.overrides, working_dir=str(trial.trial_dir), status=JobStatus.FAILED,

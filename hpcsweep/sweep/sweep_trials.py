@@ -39,11 +39,12 @@ def check_trials(
     ``hook.check_trial`` refuses, or the error of ``hook.check_sweep``.
     """
     composer = SweepComposer(launcher.hydra_context.config_loader, launcher.config)
+    compose = composer.compose_values if hook.plain_values else composer.compose_app
     trials = []
     for offset, overrides in enumerate(job_overrides):
         num = initial_job_idx + offset
         try:
-            checked = hook.check_trial(composer.compose_app(overrides), launcher.params)
+            checked = hook.check_trial(compose(overrides), launcher.params)
         except ValueError as err:
             raise SweepConfigError(f"trial #{num} ({trial_label(overrides)}): {err}") from None
         trial_dir = composer.trial_dir(overrides, num)

@@ -53,8 +53,11 @@ class SlurmLauncherConf:
     max_num_timeout: int = 20
     # At most this many trials of one array run at once (--array=...%K).
     array_parallelism: int = 256
-    # Split sweeps into arrays of at most this many trials (null: the cluster's MaxArraySize).
+    # Split sweeps into arrays of at most this many tasks (null: the cluster's MaxArraySize).
     max_array_size: Optional[int] = None
+    # Trials one array task runs one after another in one process (imports and queue slot paid
+    # once); each keeps its own trial dir and resumes exactly. timeout_min is the whole task's.
+    trials_per_task: int = 1
     # Any other sbatch option, as {"option-name": value}; values never pass through a shell.
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     # Shell lines run in the batch script before srun (module loads, venv activation).

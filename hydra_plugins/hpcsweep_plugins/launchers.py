@@ -19,22 +19,45 @@ log = logging.getLogger(__name__)
 class SlurmLauncher(BaseSubmititLauncher):
     """Check every trial, then submit the sweep as Slurm job arrays through submitit.
 
-    Instances are pickled into each array task, where the inherited ``__call__`` runs the trial
-    inside the hook's ``task_context`` (with no hook: under submitit's requeue on USR2).
+    Instances are pickled once per sweep; each array task runs its trials (one, or
+    ``trials_per_task``) through ``run_trials``, inside the hook's ``task_context`` (with no hook:
+    under submitit's requeue on USR2).
     """
 
     _EXECUTOR = "slurm"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+    def __call__(
+        self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str, singleton_state: Any
+    ) -> JobReturn:
+        """One trial in this array task: Hydra's composition and ``run_job`` for job ``job_num``.
+
+        A trial's failure is its JobReturn's (FAILED); ``run_trials`` raises it once the task's
+        other trials have run.
+        """
+        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+    def run_trials(self, trials: Sequence[tuple[Sequence[str], int]], singleton_state: Any) -> dict[int, JobReturn]:
+        """An array task: its trials one after another in this process; each JobReturn by job number.
+
+        A trial that ended before (a requeued task runs its trials again) is skipped by the app's
+        runner; a stop signal checkpoints the trial in flight and requeues the task, which then goes
+        on from it. A failed trial does not stop the others; the first failure is raised at the end,
+        so that Slurm's accounting says FAILED.
+        """
         from hpcsweep.sweep.hooks import hook_of
 
+        returns: dict[int, JobReturn] = {}
+        # One context for the whole task, so a signal between two trials stops the next one.
         with hook_of(self.task_function).task_context(self.params):
-            result = super().__call__(*args, **kwargs)
-        # Hydra's run_job catches the trial's exception; raise it, so that the array task exits
-        # non-zero and Slurm accounting says FAILED instead of COMPLETED.
-        if result.status == JobStatus.FAILED:
-            raise result._return_value
-        return result
+            for overrides, job_num in trials:
+                returns[job_num] = self(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}",
+                                        singleton_state)
+        failed = [num for num, result in returns.items() if result.status == JobStatus.FAILED]
+        if failed:
+            if len(returns) > 1:
+                log.error("trial(s) %s of this task failed", ", ".join(f"#{num}" for num in failed))
+            raise returns[failed[0]]._return_value
+        return returns
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hpcsweep.sweep.slurm_submit import launch_on_slurm

@@ -183,9 +183,20 @@ def test_waiting_returns_every_trials_job_return_and_failed_ones_as_failed():
                           TrialHook())
     done = SimpleNamespace(status=JobStatus.COMPLETED)
     failed, cancelled = FailedJobError("boom"), UncompletedJobError("cancelled")
-    returns = await_results({0: FinishedJob(failed), 1: FinishedJob(done), 2: FinishedJob(cancelled)}, trials)
+    returns = await_results({0: FinishedJob(failed), 1: FinishedJob({1: done}), 2: FinishedJob(cancelled)}, trials)
     assert returns[1] is done
     assert [(r.status, r.overrides, r.working_dir, r._return_value) for r in (returns[0], returns[2])] == [
         (JobStatus.FAILED, ["db=mysql"], "/sweeps/s/0", failed),
         (JobStatus.FAILED, ["db=mysql", "server=nginx"], "/sweeps/s/2", cancelled),
     ]
+
+
+def test_waiting_returns_each_packed_trials_own_job_return():
+    trials = check_trials(foreign_launcher(), [["db=mysql"], ["db=postgres"], ["db=mysql", "server=nginx"]], 0,
+                          TrialHook())
+    first, second = SimpleNamespace(status=JobStatus.COMPLETED), SimpleNamespace(status=JobStatus.COMPLETED)
+    task = FinishedJob({0: first, 1: second})
+    failed = FailedJobError("boom")
+    returns = await_results({0: task, 1: task, 2: FinishedJob(failed)}, trials)
+    assert returns[0] is first and returns[1] is second
+    assert (returns[2].status, returns[2]._return_value) == (JobStatus.FAILED, failed)
