@@ -146,3 +146,12 @@ def squeue(job_ids: Sequence[str], fmt: str) -> str:
     return run_slurm(
         ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", fmt]
     )
+
+
+def exclude_nodes(job_id: str, nodes: Sequence[str]) -> None:
+    """``scontrol update JobId=JOB ExcNodeList=a,b``: the job never runs on these nodes again.
+
+    Slurm 22.05 accepts it for a pending job only (a running one is refused: "Job is no longer
+    pending execution"), so after ``requeue``; the list replaces the job's old one.
+    """
+    run_slurm(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])

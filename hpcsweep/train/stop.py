@@ -33,6 +33,10 @@ INTERRUPTED = "interrupted"
 """The stop came from a SIGINT: Ctrl-C in a terminal."""
 
 
+BUDGET = "budget"
+"""The sweep's GPU-hour budget is spent: stop with a checkpoint, and nothing requeues the trial."""
+
+
 EXIT_REQUEUE = 3
 """Exit code of a process that stopped after a checkpoint so that its trial is requeued."""
 
@@ -158,6 +162,16 @@ def stop_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_REASONS)
+
+
+def leave_on_terminate() -> None:
+    """From now on a SIGTERM ends this process at once (the default action), not as a stop request.
+
+    For a worker that has saved everything and is leaving: torchrun's agent SIGTERMs the workers
+    still running once one has exited, and a stop handler would keep a worker blocked in a
+    collective's teardown alive until the agent's SIGKILL, 30 s later.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def unblock_stop_signals() -> None:

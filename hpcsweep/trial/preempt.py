@@ -33,7 +33,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
-from hpcsweep.train.stop import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED, PREEMPTED
+from hpcsweep.train.stop import BUDGET, EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED, PREEMPTED
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,13 @@ def decide_after_stop(reason: str | None, requeues: int, cap: int | None, under_
 
     ``requeues`` counts the job's requeues so far (``SLURM_RESTART_COUNT``); the stop being
     handled would be one more. A SIGTERM means Slurm is already requeueing (preemption, node
-    down), so requeueing again would count twice. A Ctrl-C is the user's stop: never requeued.
+    down), so requeueing again would count twice. A Ctrl-C is the user's stop, and a spent GPU-hour
+    budget the sweep's: never requeued.
     """
     if reason == INTERRUPTED:
         return StopDecision("exit", "interrupted: checkpoint saved; run the same trial directory again to resume")
+    if reason == BUDGET:
+        return StopDecision("exit", "the sweep's GPU-hour budget is spent: checkpoint saved; retry the trial to resume")
     if not under_slurm:
         return StopDecision("exit", "checkpoint saved; run the same trial directory again to resume")
     if cap is not None and requeues >= cap:
