@@ -78,9 +78,7 @@ def run_trial(trial_dir: Path) -> int:
     setup_logging(trial_dir, rank)
     records = worker_records.worker_dir_from_env(os.environ)
     if records is not None:
-        worker_records.write_progress(
-            worker_records.progress_path(records, local_rank), rank=rank, node=node_name(os.environ), step=0
-        )
+        worker_records.write_progress(records, rank=rank, local_rank=local_rank, node=node_name(os.environ), step=0)
     cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
     previous = metrics_file.read_metrics(trial_dir / "metrics.json")
     if trial_already_done(trial_dir, previous):

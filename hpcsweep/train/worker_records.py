@@ -55,9 +55,12 @@ def worker_dir_from_env(env: Mapping[str, str]) -> Path | None:
     return Path(raw) if raw else None
 
 
-def write_progress(path: Path, *, rank: int, node: str, step: int) -> None:
+def write_progress(worker_dir: Path, *, rank: int, local_rank: int, node: str, step: int) -> None:
     """Record that ``step`` finished now (step 0: the worker started)."""
-    atomic_write_json(path, {"pid": os.getpid(), "rank": rank, "node": node, "step": step, "time": time.time()})
+    atomic_write_json(
+        progress_path(worker_dir, local_rank),
+        {"pid": os.getpid(), "rank": rank, "local_rank": local_rank, "node": node, "step": step, "time": time.time()},
+    )
 
 
 def read_progress(worker_dirs: list[Path]) -> list[dict[str, Any]]:
@@ -98,9 +101,8 @@ def progress_hooks(worker_dir: Path | None, *, rank: int, local_rank: int, node:
     """A step hook recording each finished step (none without a worker dir)."""
     if worker_dir is None:
         return []
-    path = progress_path(worker_dir, local_rank)
 
     def record_step(trainer: Any, step: int) -> None:
-        write_progress(path, rank=rank, node=node, step=step)
+        write_progress(worker_dir, rank=rank, local_rank=local_rank, node=node, step=step)
 
     return [record_step]

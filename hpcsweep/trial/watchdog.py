@@ -5,7 +5,8 @@ A hung collective blocks every rank of the trial, so every node's watchdog fires
 step of the others. Which rank hung is read from the progress of all nodes' workers (the trial dir
 is shared): the one with the fewest steps, since the others went on into the collective it never
 joined. Where every rank is at the same step (a collective that hung in the network), the lowest
-rank stands for the trial.
+rank stands for the trial. The node holding that rank acts first, so that the stacks on record
+are the hung rank's; the other nodes act only ``OTHERS_GRACE_S`` later, should it not.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # How long the workers get to write their stacks after the stacks signal.
 STACKS_WAIT_S = 5.0
+# How much longer the nodes without the hung rank wait: its node ends the trial well before.
+OTHERS_GRACE_S = 30.0
 
 
 def stalled_for(progress_times: Sequence[float], started_at: float, now: float) -> float:
@@ -71,28 +74,32 @@ class HangWatchdog:
         while not self._done.wait(interval):
             records = worker_records.read_progress([self.worker_dir])
             idle = stalled_for([r["time"] for r in records], self._started_at, time.time())
-            if idle >= self.timeout_s and not self._done.is_set():
-                self._fire(records, idle)
+            if idle < self.timeout_s or self._done.is_set():
+                continue
+            culprit = hung_rank(worker_records.read_progress(sorted(self.worker_dir.parent.glob("node*"))))
+            if culprit is None or culprit["node"] == self.node or idle >= self.timeout_s + OTHERS_GRACE_S:
+                self._fire(records, idle, culprit)
                 return
 
-    def _fire(self, records: list[dict[str, Any]], idle: float) -> None:
+    def _fire(self, records: list[dict[str, Any]], idle: float, culprit: dict[str, Any] | None) -> None:
         pids = [int(r["pid"]) for r in records]
         stacks = self._dump_stacks(pids)
-        everyone = worker_records.read_progress(sorted(self.worker_dir.parent.glob("node*")))
-        culprit = hung_rank(everyone)
         rank = None if culprit is None else int(culprit["rank"])
         node = self.node if culprit is None else str(culprit["node"])
+        shown = "\n".join(f"--- local rank {local} ---\n{text}" for local, text in sorted(stacks.items()))
         log.error(
             "no step finished for %.0f s (trainer.hang_timeout_min=%g): the trial hangs, rank %s on %s "
             "the furthest behind. Python stacks of this node's workers:\n%s",
-            idle, self.timeout_s / 60, rank, node, stacks,
+            idle, self.timeout_s / 60, rank, node, shown,
         )
-        self.failure = Failure(HANG, node, rank, None, stacks, time.time())
+        # On record: the hung rank's own stacks where this node holds it, else all of this node's.
+        own = stacks.get(culprit["local_rank"]) if culprit is not None and culprit["node"] == self.node else None
+        self.failure = Failure(HANG, node, rank, None, own or shown, time.time())
         for pid in pids:
             _signal(pid, signal.SIGKILL)
 
-    def _dump_stacks(self, pids: list[int]) -> str:
-        """Ask every worker for its stacks; return what they wrote (waits up to ``STACKS_WAIT_S``)."""
+    def _dump_stacks(self, pids: list[int]) -> dict[int, str]:
+        """Ask every worker for its stacks; return what each local rank wrote (waits up to ``STACKS_WAIT_S``)."""
         paths = sorted(self.worker_dir.glob("local*.stacks.txt"))
         before = {path: _size(path) for path in paths}
         for pid in pids:
@@ -102,11 +109,11 @@ class HangWatchdog:
             time.sleep(0.2)
         # faulthandler writes the stacks from its signal handler in one go; give the last one a moment.
         time.sleep(0.2)
-        parts = []
-        for path in paths:
-            text = path.read_text(errors="replace")[before[path]:]
-            parts.append(f"--- {path.name} ---\n{text.strip() or '(no stack written)'}")
-        return "\n".join(parts)
+        return {
+            int(path.name.removeprefix("local").split(".")[0]):
+                path.read_text(errors="replace")[before[path]:].strip() or "(no stack written)"
+            for path in paths
+        }
 
 
 def _size(path: Path) -> int:

@@ -34,7 +34,7 @@ from pathlib import Path
 from hpcsweep.train import worker_records
 d = Path(sys.argv[1])
 stream = worker_records.enable_stack_dumps(d, 0)
-worker_records.write_progress(worker_records.progress_path(d, 0), rank=1, node="nodeA", step=5)
+worker_records.write_progress(d, rank=1, local_rank=0, node="nodeA", step=5)
 def stuck_in_a_collective():
     threading.Event().wait()
 stuck_in_a_collective()
