@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-# The default model and data (configs/config.yaml); only the schedule is shortened (to the stops'
-# steps and 10 more) and checkpoints come from the stops alone.
+# The default model and data (configs/config.yaml); only the schedule is shortened (to what the
+# stops need and 10 steps more) and checkpoints come from the stops alone.
 TRIAL = [
     "trainer.ckpt_every=1000", "trainer.eval_every=1000", "trainer.log_every=1",
     "trainer.eval_batches=1", "trainer.warmup_steps=2",
@@ -95,7 +95,8 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps-between", type=int, default=3)
     args = parser.parse_args()
-    max_steps = args.stops * args.steps_between + 10
+    # Each round trains its steps, the one seen at the signal and the one in flight.
+    max_steps = args.stops * (args.steps_between + 2) + 10
     with tempfile.TemporaryDirectory(prefix="hpcsweep-preempt-") as tmp:
         trial_dir = Path(tmp) / "trial"
         print(f"{'signal':8} {'code':>4} {'seen':>5} {'saved':>5} {'lost':>4} {'reason':11} "

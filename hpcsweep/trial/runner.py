@@ -40,7 +40,7 @@ from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FI
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
-from hpcsweep.train import stop, worker_records
+from hpcsweep.train import fault, stop, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.trial import failures, preempt
 from hpcsweep.trial.failure_class import Failure
@@ -323,6 +323,7 @@ def run_trial_on_this_node(
     if slurm_job_env(env) is None and not env.get("MASTER_PORT"):
         env["MASTER_PORT"] = str(free_port())
     rdzv = rendezvous_from_env(env, trial.trainer.nproc_per_node)
+    fault.fault_from_env(env)  # a malformed HPCSWEEP_FAULT is refused before any worker starts
     check_trial_config(trial, trial_dir, force_resume, rdzv.node_rank)
     previous = read_metrics(trial_dir)
     if trial_already_done(trial_dir, previous):
