@@ -101,7 +101,9 @@ def fault_hooks(
         if step != fault.step or marker.exists():
             return
         marker.write_text(f"{fault.describe()}\n")
-        log.warning("%s=%s: injecting a %s on rank %d after step %d", FAULT_VAR, fault.describe(), fault.kind, rank, step)
+        log.warning(
+            "%s=%s: injecting a %s on rank %d after step %d", FAULT_VAR, fault.describe(), fault.kind, rank, step
+        )
         for handler in logging.getLogger().handlers:
             handler.flush()
         actions[fault.kind]()

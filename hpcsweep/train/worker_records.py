@@ -97,7 +97,9 @@ def write_error(worker_dir: Path | None, local_rank: int, text: str) -> None:
         error_path(worker_dir, local_rank).write_text(text)
 
 
-def progress_hooks(worker_dir: Path | None, *, rank: int, local_rank: int, node: str) -> list[Callable[[Any, int], None]]:
+def progress_hooks(
+    worker_dir: Path | None, *, rank: int, local_rank: int, node: str
+) -> list[Callable[[Any, int], None]]:
     """A step hook recording each finished step (none without a worker dir)."""
     if worker_dir is None:
         return []

@@ -117,7 +117,9 @@ def decide_after_failure(cause: Failure, retries: int, max_retries: int, under_s
     return FailureDecision("retry", f"{what}: retry {retries + 1} of {max_retries}, excluding {cause.node}")
 
 
-def failure_record(cause: Failure, others: Sequence[Failure], decision: FailureDecision, job: SlurmJobEnv | None) -> dict[str, Any]:
+def failure_record(
+    cause: Failure, others: Sequence[Failure], decision: FailureDecision, job: SlurmJobEnv | None
+) -> dict[str, Any]:
     """The metrics.json entry of one failed run of the trial."""
     return {
         "class": cause.kind,

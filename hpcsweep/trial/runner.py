@@ -34,7 +34,7 @@ import yaml
 from hpcsweep.config import TrialConfig, trial_config_to_dict
 from hpcsweep.files.atomic import atomic_write_json, atomic_write_text
 from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
-from hpcsweep.files.metrics_file import new_report, write_metrics
+from hpcsweep.files.metrics_file import write_metrics
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FILE
 from hpcsweep.slurm import commands
@@ -424,7 +424,8 @@ def node_failures(result: ProcessesResult, worker_dir: Path, node: str, metrics:
     worker_error = metrics.get("error")
     if isinstance(worker_error, list):  # rank 0's traceback lines
         worker_error = "\n".join(worker_error)
-    exits = result.exits or (failures.WorkerExit(0, 0, 1, result.error or "training reported status failed", time.time()),)
+    reported = result.error or "training reported status failed"
+    exits = result.exits or (failures.WorkerExit(0, 0, 1, reported, time.time()),)
     found = []
     for exit in exits:
         left = [

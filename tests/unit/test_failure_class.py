@@ -23,7 +23,9 @@ GLOO_TEXT = """Traceback (most recent call last):
   File "/venv/torch/distributed/distributed_c10d.py", line 2050, in all_reduce
     work.wait()
 RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4162"""
-NCCL_TIMEOUT = "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 1800000 ms"
+NCCL_TIMEOUT = (
+    "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 1800000 ms"
+)
 MODEL_ERROR = """Traceback (most recent call last):
   File "model.py", line 40, in forward
     x = self.proj(x)
@@ -108,7 +110,8 @@ def test_no_failures_have_no_root_cause():
 
 
 def test_summary_names_class_rank_node_and_signal():
-    assert failure(fc.SIGNAL, 3, 0.0, exit_code=-11).summary() == "signal failure of rank 3 on node2, exit -11 (SIGSEGV)"
+    crash = failure(fc.SIGNAL, 3, 0.0, exit_code=-11)
+    assert crash.summary() == "signal failure of rank 3 on node2, exit -11 (SIGSEGV)"
     assert Failure(fc.HANG, "node1", None, None, "", 0.0).summary() == "hang failure of node node1"
 
 
