@@ -29,7 +29,13 @@ from hpcsweep.files.trial_files import METRICS_FILE
 from hpcsweep.slurm.cluster_info import parse_fields
 from hpcsweep.slurm.env import SlurmJobEnv, expand_nodelist
 from hpcsweep.train import stop, worker_records
-from hpcsweep.trial.failure_class import Failure, classify_exit_code, root_cause, signal_name
+from hpcsweep.trial.failure_class import (
+    Failure,
+    classify_exit_code,
+    classify_slurm_state,
+    root_cause,
+    signal_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +148,48 @@ def excluded_after(show_job_text: str, node: str) -> list[str]:
     current = parse_fields(show_job_text.strip()).get("ExcNodeList", "(null)")
     names = [] if current in ("", "(null)") else expand_nodelist(current)
     return sorted({*names, node})
+
+
+SACCT_RUN_FIELDS = ("State", "NodeList")
+
+
+def slurm_ended_run(sacct_text: str, restart_count: int) -> Failure | None:
+    """The failure Slurm itself saw in the run before this one (``NODE_FAIL``, ``OUT_OF_MEMORY``), if any.
+
+    ``sacct_text`` is ``sacct --duplicates`` of this job with ``SACCT_RUN_FIELDS``, oldest run
+    first; Slurm requeues such a run itself (``--requeue``), and no runner lived to record it.
+    """
+    runs = [line.split("|") for line in sacct_text.splitlines() if line.count("|") == 1]
+    if restart_count < 1 or len(runs) < restart_count:
+        return None
+    state, nodelist = runs[restart_count - 1]
+    kind = classify_slurm_state(state)
+    if kind is None:
+        return None
+    return Failure(kind, nodelist, None, None, f"Slurm ended run {restart_count - 1} on {nodelist}: {state}", 0.0)
+
+
+def record_slurm_failure(trial_dir: Path, job: SlurmJobEnv) -> None:
+    """On a requeued job's start, add the last run's ``NODE_FAIL`` or ``OUT_OF_MEMORY`` to metrics.json."""
+    from hpcsweep.slurm import commands
+
+    metrics = read_metrics(trial_dir / METRICS_FILE)
+    if not metrics or job.restart_count < 1:
+        return
+    earlier = job.restart_count - 1
+    if any(f.get("job_id") == job.job_label and f.get("slurm_restart_count") == earlier
+           for f in metrics.get("failures") or ()):
+        return
+    try:
+        cause = slurm_ended_run(commands.sacct([job.job_label], SACCT_RUN_FIELDS), job.restart_count)
+    except commands.SlurmCommandError as err:
+        log.warning("cannot tell how run %d of job %s ended: %s", earlier, job.job_label, err)
+        return
+    if cause is None:
+        return
+    decision = FailureDecision("retry", f"{cause.summary()}: requeued by Slurm (--requeue)")
+    record = {**failure_record(cause, [], decision, job), "slurm_restart_count": earlier}
+    write_metrics(trial_dir / METRICS_FILE, {**metrics, "failures": [*(metrics.get("failures") or []), record]})
 
 
 # ----- one failed run ---------------------------------------------------------------------------

@@ -360,6 +360,8 @@ def run_trial_on_this_node(
         if rdzv.node_rank == 0:
             fail_trial(trial_dir, read_metrics(trial_dir), over_cap)
         raise TrialFailed(over_cap)
+    if job is not None and rdzv.node_rank == 0:
+        failures.record_slurm_failure(trial_dir, job)
 
     stop_file = stop.stop_file_for(trial_dir, rdzv.node_rank)
     stop_file.unlink(missing_ok=True)

@@ -154,3 +154,18 @@ def test_the_failed_node_joins_the_job_s_excluded_nodes():
     running = "JobId=12 ArrayJobId=11 JobName=x ReqNodeList=(null) ExcNodeList=node[3-4] NodeList=node1,node2"
     assert excluded_after(running, "node2") == ["node2", "node3", "node4"]
     assert excluded_after("JobId=12 ExcNodeList=(null) NodeList=node1", "node1") == ["node1"]
+
+
+def test_a_run_slurm_ended_for_a_node_failure_or_oom_is_found_on_the_next_start():
+    from hpcsweep.trial.failures import slurm_ended_run
+
+    runs = "NODE_FAIL|node[1-2]\nRUNNING|node[3-4]\n"
+    found = slurm_ended_run(runs, restart_count=1)
+    assert (found.kind, found.node, found.rank) == (fc.NODE_FAILURE, "node[1-2]", None)
+    assert "NODE_FAIL" in found.traceback
+    assert slurm_ended_run("OUT_OF_MEMORY|node1\nRUNNING|node2\n", 1).kind == fc.OOM_KILLED
+    # Requeued by the trial itself (a stop or a retry it recorded), preempted, or the first run: nothing.
+    assert slurm_ended_run("REQUEUED|node1\nRUNNING|node2\n", 1) is None
+    assert slurm_ended_run("PREEMPTED|node1\nRUNNING|node2\n", 1) is None
+    assert slurm_ended_run("RUNNING|node1\n", 0) is None
+    assert slurm_ended_run("", 2) is None
