@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-# The default model and data (configs/config.yaml); only the schedule is shortened and checkpoints
-# come from the stops alone.
+# The default model and data (configs/config.yaml); only the schedule is shortened (to what the
+# stops need and 10 steps more) and checkpoints come from the stops alone.
 TRIAL = [
-    "trainer.max_steps=30", "trainer.ckpt_every=1000", "trainer.eval_every=1000", "trainer.log_every=1",
+    "trainer.ckpt_every=1000", "trainer.eval_every=1000", "trainer.log_every=1",
     "trainer.eval_batches=1", "trainer.warmup_steps=2",
 ]
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
@@ -53,9 +53,10 @@ def last_logged_step(trial_dir: Path) -> int:
     return max(steps, default=0)
 
 
-def start_trial(trial_dir: Path, nproc: int) -> subprocess.Popen:
+def start_trial(trial_dir: Path, nproc: int, max_steps: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "hpcsweep", f"hydra.run.dir={trial_dir}", f"trainer.nproc_per_node={nproc}", *TRIAL],
+        [sys.executable, "-m", "hpcsweep", f"hydra.run.dir={trial_dir}", f"trainer.nproc_per_node={nproc}",
+         f"trainer.max_steps={max_steps}", *TRIAL],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 
@@ -72,8 +73,8 @@ def wait_for_step(trial_dir: Path, proc: subprocess.Popen, step: int, timeout: f
     raise RuntimeError(f"the trial did not reach step {step} within {timeout:g} s")
 
 
-def one_stop(trial_dir: Path, nproc: int, sig: signal.Signals, steps_between: int) -> dict:
-    proc = start_trial(trial_dir, nproc)
+def one_stop(trial_dir: Path, nproc: int, sig: signal.Signals, steps_between: int, max_steps: int) -> dict:
+    proc = start_trial(trial_dir, nproc, max_steps)
     seen = wait_for_step(trial_dir, proc, read_metrics(trial_dir).get("step", 0) + steps_between)
     sent = time.monotonic()
     proc.send_signal(sig)
@@ -94,17 +95,19 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps-between", type=int, default=3)
     args = parser.parse_args()
+    # Each round trains its steps, the one seen at the signal and the one in flight.
+    max_steps = args.stops * (args.steps_between + 2) + 10
     with tempfile.TemporaryDirectory(prefix="hpcsweep-preempt-") as tmp:
         trial_dir = Path(tmp) / "trial"
         print(f"{'signal':8} {'code':>4} {'seen':>5} {'saved':>5} {'lost':>4} {'reason':11} "
               f"{'runner s':>8} {'exit s':>7}")
         rows = []
         for i in range(args.stops):
-            row = one_stop(trial_dir, args.nproc, SIGNALS[i % len(SIGNALS)], args.steps_between)
+            row = one_stop(trial_dir, args.nproc, SIGNALS[i % len(SIGNALS)], args.steps_between, max_steps)
             rows.append(row)
             print(f"{row['signal']:8} {row['exit_code']:>4} {row['step_seen']:>5} {row['saved']:>5} {row['lost']:>4} "
                   f"{row['reason']!s:11} {row['stop_to_exit_s']!s:>8} {row['signal_to_exit_s']:>7}", flush=True)
-        final = start_trial(trial_dir, args.nproc)
+        final = start_trial(trial_dir, args.nproc, max_steps)
         final.wait(timeout=600)
         metrics = read_metrics(trial_dir)
         exits = sorted(r["signal_to_exit_s"] for r in rows)

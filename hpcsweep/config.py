@@ -269,6 +269,11 @@ class TrainerConfig:
     """Stop after this many evaluations without improvement (0 disables)."""
     early_stop_min_delta: float = 0.0
     """An improvement smaller than this does not count."""
+    hang_timeout_min: float = 15.0
+    """When no step finishes for this many minutes (an evaluation, a save or the start-up included),
+    the trial's stacks go to its log, its workers end, and it fails as a hang, which is retried on
+    other nodes (``hydra.launcher.max_retries``). Below ``nccl.pg_timeout_s`` (30 min), so a hung
+    collective ends here first. 0 disables; fractions are fine."""
 
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
@@ -298,6 +303,9 @@ class TrainerConfig:
         for name in ("eval_every", "eval_batches", "log_every"):
             value = getattr(self, name)
             _require(value >= 1, f"trainer.{name}", value, "an integer >= 1")
+        _require(
+            self.hang_timeout_min >= 0, "trainer.hang_timeout_min", self.hang_timeout_min, "minutes >= 0 (0 disables)"
+        )
 
 
 @dataclass(kw_only=True)

@@ -151,3 +151,12 @@ def squeue(job_ids: Sequence[str], fmt: str) -> str:
 def cancel_pending(job_ids: Sequence[str]) -> None:
     """``scancel --state=PENDING JOB...``: cancel the tasks of these arrays that have not started."""
     run_slurm(["scancel", "--state=PENDING", *job_ids])
+
+
+def exclude_nodes(job_id: str, nodes: Sequence[str]) -> None:
+    """``scontrol update JobId=JOB ExcNodeList=a,b``: the job never runs on these nodes again.
+
+    Slurm 22.05 accepts it for a pending job only (a running one is refused: "Job is no longer
+    pending execution"), so after ``requeue``; the list replaces the job's old one.
+    """
+    run_slurm(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])

@@ -10,8 +10,8 @@ from hpcsweep.sweep.hooks import Allocation
 
 # Launcher keys that are ours, not submitit's.
 _OWN_KEYS = {
-    "wait", "submitit_folder", "max_num_timeout", "max_array_size", "local_parallelism", "budget_gpu_hours",
-    "trials_per_task", "_target_",
+    "wait", "submitit_folder", "max_num_timeout", "max_retries", "max_array_size", "local_parallelism",
+    "budget_gpu_hours", "trials_per_task", "_target_",
 }
 # Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
 # ``executor_parameters`` passes on itself.
@@ -52,7 +52,7 @@ MAX_SIGNAL_DELAY_S = 65535
 
 
 def check_time_limit(params: Mapping[str, Any]) -> None:
-    """Reject a time limit, warning delay or requeue cap that would loop or never warn.
+    """Reject a time limit, warning delay, requeue cap or retry cap that would loop or never warn.
 
     A warning at or before the job's start would stop every run before it trained a step, and
     the trial would requeue until its cap.
@@ -71,6 +71,9 @@ def check_time_limit(params: Mapping[str, Any]) -> None:
         )
     if not whole(cap) or cap < 0:
         raise ValueError(f"hydra.launcher.max_num_timeout={cap!r} is not allowed: a whole number >= 0")
+    retries = params.get("max_retries", 0)
+    if not whole(retries) or retries < 0:
+        raise ValueError(f"hydra.launcher.max_retries={retries!r} is not allowed: a whole number >= 0")
 
 
 def gpus_asked(allocation: Allocation, params: Mapping[str, Any]) -> int:
@@ -136,6 +139,9 @@ def executor_parameters(
     if excluded:
         out["slurm_exclude"] = ",".join(sorted(excluded))
     out["slurm_additional_parameters"] = additional
+    # A worker that crashes ends the trial's every task at once, instead of leaving the other
+    # nodes in a collective until NCCL's timeout. Safe for stops: only node 0 exits non-zero then.
+    out["slurm_srun_args"] = ["--kill-on-bad-exit=1"]
     return out
 
 

@@ -164,6 +164,16 @@ def stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_REASONS)
 
 
+def leave_on_terminate() -> None:
+    """From now on a SIGTERM ends this process at once (the default action), not as a stop request.
+
+    For a worker that has saved everything and is leaving: torchrun's agent SIGTERMs the workers
+    still running once one has exited, and a stop handler would keep a worker blocked in a
+    collective's teardown alive until the agent's SIGKILL, 30 s later.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def unblock_stop_signals() -> None:
     """Let stop signals in (a pending one is delivered now); call once the handlers are installed."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_REASONS)

@@ -11,6 +11,10 @@ Stops: as a torchrun worker (``main``), USR2, SIGTERM and SIGINT (a terminal's C
 every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.trial.preempt``), and so does this node's stop file, which the runner writes when it is
 signalled. Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k,
 exactly as a preemption signal handler would, so tests exercise the real save-and-requeue path.
+``HPCSWEEP_FAULT`` injects a crash or a hang once per trial dir (``hpcsweep.train.fault``).
+
+For the runner's failure handling and hang watchdog, a worker leaves its progress, its Python
+stacks and its traceback in the node's worker dir (``hpcsweep.train.worker_records``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import os
 import sys
 import traceback
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +34,7 @@ import yaml
 
 from hpcsweep.config import TrainerConfig, TrialConfig, trial_config_from_dict
 from hpcsweep.files import metrics_file
-from hpcsweep.train import gpu_choices, stop
+from hpcsweep.train import fault, gpu_choices, stop, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
     GpusNotUsable,
@@ -37,6 +42,7 @@ from hpcsweep.train.distributed import (
     choose_device,
     destroy_distributed,
     init_distributed,
+    node_name,
     ranks_from_env,
 )
 from hpcsweep.train.trainer import (
@@ -50,7 +56,8 @@ from hpcsweep.train.trainer import (
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
-STOP_RECORD = ("last_stop_reason", "stop_to_exit_s")
+# What a resumed run keeps of the last one's metrics.json: how it stopped, and every failure so far.
+CARRIED = ("last_stop_reason", "stop_to_exit_s", "failures")
 
 
 def setup_logging(trial_dir: Path, rank: int) -> None:
@@ -68,8 +75,11 @@ def setup_logging(trial_dir: Path, rank: int) -> None:
 def run_trial(trial_dir: Path) -> int:
     """Train (or resume) the trial in ``trial_dir``; returns the process exit code."""
     trial_dir = Path(trial_dir)
-    rank = ranks_from_env(os.environ)[0]
+    rank, local_rank, _ = ranks_from_env(os.environ)
     setup_logging(trial_dir, rank)
+    records = worker_records.worker_dir_from_env(os.environ)
+    if records is not None:
+        worker_records.write_progress(records, rank=rank, local_rank=local_rank, node=node_name(os.environ), step=0)
     cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
     previous = metrics_file.read_metrics(trial_dir / "metrics.json")
     if trial_already_done(trial_dir, previous):
@@ -86,19 +96,29 @@ def run_trial(trial_dir: Path) -> int:
         return EXIT_FAILED
     trainer = None
     try:
-        hooks = [*stop_at_step_hooks(os.environ), *stop.stop_file_hooks(os.environ, STOP_REQUESTED)]
+        hooks = [
+            *stop_at_step_hooks(os.environ),
+            *stop.stop_file_hooks(os.environ, STOP_REQUESTED),
+            # The fault before the progress record: a hung rank's last step is one behind the others'.
+            *fault.fault_hooks(os.environ, trial_dir, rank),
+            *worker_records.progress_hooks(records, rank=rank, local_rank=local_rank, node=node_name(os.environ)),
+        ]
         trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts)
-        # Why and how fast the last run stopped stays on record after the resume.
-        trainer.report.update({k: previous[k] for k in STOP_RECORD if previous and k in previous})
+        # Why and how fast the last run stopped, and its failures, stay on record after the resume.
+        trainer.report.update({k: previous[k] for k in CARRIED if previous and k in previous})
         trainer.resume()
         code = trainer.fit()
         trainer.close()
         # torchrun kills the other workers as soon as one exits non-zero (EXIT_REQUEUE): leave
         # together, after rank 0 has written the checkpoint, metrics.json and TensorBoard events.
         barrier(world)
+        # Everything is saved: from here torchrun's SIGTERM (sent once a first worker has exited)
+        # must end this worker, not count as one more stop request that nothing acts on.
+        stop.leave_on_terminate()
         return code
     except Exception:
         log.exception("trial failed")
+        worker_records.write_error(records, local_rank, traceback.format_exc())
         if world.rank == 0:
             error = traceback.format_exc().splitlines()[-20:]
             write_failed(trial_dir, cfg, world.world_size, restarts, error, trainer.report if trainer else None)
@@ -140,13 +160,34 @@ def stop_at_step_hooks(env: Mapping[str, str]) -> list[StepHook]:
     return [request_stop]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hpcsweep.train TRIAL_DIR``; returns the exit code."""
+def main(argv: list[str] | None = None) -> typing.NoReturn:
+    """``python -m hpcsweep.train TRIAL_DIR``: train, then exit the process with the trial's exit code."""
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.train", description=__doc__.splitlines()[0])
     parser.add_argument("trial_dir", type=Path, help="directory holding config.yaml")
     args = parser.parse_args(argv)
-    with stop.stop_signals_handled(STOP_REQUESTED.set):
-        # The runner starts workers with the stop signals blocked: one that came during imports
-        # is delivered here, to the handler.
-        stop.unblock_stop_signals()
-        return run_trial(args.trial_dir)
+    records = worker_records.worker_dir_from_env(os.environ)
+    stacks = None if records is None else worker_records.enable_stack_dumps(records, ranks_from_env(os.environ)[1])
+    try:
+        with stop.stop_signals_handled(STOP_REQUESTED.set):
+            # The runner starts workers with the stop signals blocked: one that came during imports
+            # is delivered here, to the handler.
+            stop.unblock_stop_signals()
+            code = run_trial(args.trial_dir)
+    finally:
+        if stacks is not None:
+            worker_records.disable_stack_dumps(stacks)
+    leave_now(code)
+
+
+def leave_now(code: int) -> typing.NoReturn:
+    """Exit at once with ``code``, skipping the interpreter's teardown.
+
+    Everything is on disk by now (checkpoint, metrics.json, events, logs flushed below). The
+    teardown of a process holding torch and a process group took 3.5 s of C-level destructors on
+    this loaded 2-core machine (faulthandler: no Python frame), all of it inside a stop's way out
+    before Slurm's KillWait.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -25,6 +25,8 @@ FREE_KEYS: tuple[str, ...] = (
     "trainer.ckpt_every",
     "trainer.ckpt_every_min",
     "trainer.keep_top_k",
+    # When a stalled run is given up: never what a step computes.
+    "trainer.hang_timeout_min",
     # How bytes move between ranks and where the trial is placed, not what is computed: a
     # resumed trial may need another NCCL setting or other nodes (a requeue moves it anyway).
     "nccl.",

@@ -154,6 +154,21 @@ class TrialStopped(SystemExit):
         return self.message
 
 
+class NodeFinished(SystemExit):
+    """Leave a node other than node 0 after a checkpointed stop: exit 0, without a result.
+
+    A non-zero exit would make srun's ``--kill-on-bad-exit`` end node 0, which records the stop
+    and requeues the job.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def requeue_job(job_label: str) -> None:
     """``scontrol requeue`` the job (``ARRAYID_TASK`` for an array task); log, not raise, a refusal.
 

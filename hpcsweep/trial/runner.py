@@ -6,6 +6,10 @@ process; anything larger starts a torchrun elastic agent (c10d rendezvous) for
 (time limit, preemption, Ctrl-C) are handled here while the trial runs: see ``hpcsweep.trial.preempt``.
 A trial dir that holds a checkpoint resumes, only under the training config it was trained with
 (see ``hpcsweep.trial.identity``); a trial that has ended is not trained again.
+
+A failure of the workers on any node is recorded in metrics.json (class, node, rank, traceback)
+and, when it came from where the trial ran, retried on other nodes: see ``hpcsweep.trial.failures``.
+A trial whose steps stop for ``trainer.hang_timeout_min`` fails as a hang (``hpcsweep.trial.watchdog``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,12 +40,14 @@ from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FI
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
-from hpcsweep.train import stop
+from hpcsweep.train import fault, stop, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
-from hpcsweep.trial import budget_watch, preempt
+from hpcsweep.trial import budget_watch, failures, preempt
+from hpcsweep.trial.failure_class import Failure
 from hpcsweep.trial.identity import check_resume, differences_text
 from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env
 from hpcsweep.trial.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
+from hpcsweep.trial.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +182,13 @@ def read_metrics(trial_dir: Path) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class ProcessesResult:
-    """How this node's training processes ended: their exit codes, and the error text if any."""
+    """How this node's training processes ended: their exit codes, the error text if any, and
+    each failed worker's exit."""
 
     exit_codes: list[int]
     error: str = ""
+    exits: tuple[failures.WorkerExit, ...] = ()
+    hang: Failure | None = None
 
 
 def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) -> ProcessesResult:
@@ -216,7 +226,11 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) ->
                 outcome.append(ProcessesResult([0] * rdzv.nproc_per_node))
             except ChildFailedError as err:
                 codes = [failure.exitcode for failure in err.failures.values()]
-                outcome.append(ProcessesResult(codes, err.format_msg()))
+                exits = tuple(
+                    failures.WorkerExit(rank, f.local_rank, f.exitcode, f.message, float(f.timestamp))
+                    for rank, f in err.failures.items()
+                )
+                outcome.append(ProcessesResult(codes, err.format_msg(), exits))
                 log.info("trial workers exited with codes %s", codes)
             except BaseException as err:  # noqa: BLE001  (re-raised in the caller's thread)
                 outcome.append(err)
@@ -244,7 +258,10 @@ def run_in_process(trial_dir: Path) -> ProcessesResult:
     from hpcsweep.train.worker import run_trial
 
     code = run_trial(trial_dir)
-    return ProcessesResult([code], "" if code == 0 else f"training exited with code {code}")
+    if code == 0:
+        return ProcessesResult([code])
+    message = f"training exited with code {code}"
+    return ProcessesResult([code], message, (failures.WorkerExit(0, 0, code, message, time.time()),))
 
 
 def fail_trial(trial_dir: Path, metrics: dict[str, Any], error: str) -> None:
@@ -274,7 +291,8 @@ def after_stop(
         else preempt.TrialRequeued(decision.message)
     )
     if node_rank != 0:
-        raise leave
+        # Exit 0, so that srun's --kill-on-bad-exit leaves node 0 the time to record and requeue.
+        raise preempt.NodeFinished(decision.message)
     metrics.update(last_stop_reason=reason, stop_to_exit_s=took)
     if decision.action == "fail":
         fail_trial(trial_dir, metrics, decision.message)
@@ -305,6 +323,7 @@ def run_trial_on_this_node(
     if slurm_job_env(env) is None and not env.get("MASTER_PORT"):
         env["MASTER_PORT"] = str(free_port())
     rdzv = rendezvous_from_env(env, trial.trainer.nproc_per_node)
+    fault.fault_from_env(env)  # a malformed HPCSWEEP_FAULT is refused before any worker starts
     check_trial_config(trial, trial_dir, force_resume, rdzv.node_rank)
     previous = read_metrics(trial_dir)
     if trial_already_done(trial_dir, previous):
@@ -343,10 +362,17 @@ def run_trial_on_this_node(
         if rdzv.node_rank == 0:
             fail_trial(trial_dir, read_metrics(trial_dir), over_cap)
         raise TrialFailed(over_cap)
+    if job is not None and rdzv.node_rank == 0:
+        failures.record_slurm_failure(trial_dir, job)
 
     stop_file = stop.stop_file_for(trial_dir, rdzv.node_rank)
     stop_file.unlink(missing_ok=True)
     os.environ[stop.STOP_FILE_VAR] = str(stop_file)
+    worker_dir = worker_records.worker_dir_for(trial_dir, rdzv.node_rank)
+    shutil.rmtree(worker_dir, ignore_errors=True)
+    worker_dir.mkdir(parents=True)
+    os.environ[worker_records.WORKER_DIR_VAR] = str(worker_dir)
+    node = job.node_name if job and job.node_name else socket.gethostname()
     # The trainer clears STOP_REQUESTED once it has acted; ``signalled`` keeps the reason and time.
     signalled = stop.StopRequest()
 
@@ -364,7 +390,10 @@ def run_trial_on_this_node(
                 result = run_in_process(trial_dir)
             else:
                 threads = worker_threads(env, rdzv.nproc_per_node, len(os.sched_getaffinity(0)))
-                result = run_elastic_agent(rdzv, trial_dir, threads)
+                with HangWatchdog(worker_dir, trial.trainer.hang_timeout_min * 60, node) as watchdog:
+                    result = run_elastic_agent(rdzv, trial_dir, threads)
+                if watchdog.failure is not None:
+                    result = dataclasses.replace(result, hang=watchdog.failure)
         except stop.StopAborted:
             record_abort(trial_dir, rdzv.node_rank)
             raise
@@ -372,7 +401,7 @@ def run_trial_on_this_node(
             # A signal after the last step must not stop the next trial of this process.
             stop.STOP_REQUESTED.clear()
         metrics = read_metrics(trial_dir)
-        outcome = preempt.classify_exit(result.exit_codes, metrics.get("status"))
+        outcome = "failed" if result.hang else preempt.classify_exit(result.exit_codes, metrics.get("status"))
         if outcome == "stopped":
             try:
                 after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
@@ -382,11 +411,39 @@ def run_trial_on_this_node(
                     raise
                 return read_metrics(trial_dir)
     if outcome == "failed":
-        # torchrun's summary names the failed ranks; the traceback is what rank 0 wrote.
-        worker_error = metrics.get("error")
-        if isinstance(worker_error, list):
-            worker_error = "\n".join(worker_error)
-        details = "\n".join(part for part in (result.error, worker_error) if part) or "training reported status failed"
-        log.error("trial %s failed:\n%s", trial_dir, details)
-        raise TrialFailed(details)
+        if result.error:  # torchrun's summary: which ranks failed, how, and when
+            log.error("trial %s failed:\n%s", trial_dir, result.error)
+        found = node_failures(result, worker_dir, node, metrics)
+        decision = failures.settle_failure(
+            trial_dir, found, node_rank=rdzv.node_rank, nnodes=rdzv.nnodes,
+            attempt=f"{job.job_label}.{job.restart_count}" if job else f"local.{os.getpid()}", job=job,
+            max_retries=failures.max_retries_from_env(env),
+            report_defaults={"max_steps": trial.trainer.max_steps, "world_size": rdzv.nnodes * rdzv.nproc_per_node,
+                             "restarts": metrics.get("restarts", 0), "env": env},
+        )
+        if decision.action == "retry":
+            raise failures.TrialRetried(decision.message)
+        raise TrialFailed(decision.message)
     return metrics
+
+
+def node_failures(result: ProcessesResult, worker_dir: Path, node: str, metrics: dict[str, Any]) -> list[Failure]:
+    """This node's failures: the hang, else each failed worker with the traceback or stacks it left."""
+    if result.hang is not None:
+        return [result.hang]
+    worker_error = metrics.get("error")
+    if isinstance(worker_error, list):  # rank 0's traceback lines
+        worker_error = "\n".join(worker_error)
+    reported = result.error or "training reported status failed"
+    exits = result.exits or (failures.WorkerExit(0, 0, 1, reported, time.time()),)
+    found = []
+    for exit in exits:
+        left = [
+            path.read_text(errors="replace")
+            for path in (worker_records.error_path(worker_dir, exit.local_rank),
+                         worker_records.stacks_path(worker_dir, exit.local_rank))
+            if path.exists() and path.stat().st_size
+        ]
+        text = left[0] if left else (worker_error if exit.rank == 0 and worker_error else exit.message)
+        found.append(failures.worker_failure(exit, node, text))
+    return found

@@ -51,6 +51,9 @@ class SlurmLauncherConf:
     signal_delay_s: int = 120
     # Requeues allowed after a time limit or preemption before the trial counts as failed.
     max_num_timeout: int = 20
+    # Retries of a trial that failed because of where it ran (a node failure, an NCCL or gloo
+    # error, a worker killed by a signal or the OOM killer, a hang), each excluding the failed node.
+    max_retries: int = 2
     # At most this many trials of one array run at once (--array=...%K).
     array_parallelism: int = 256
     # Split sweeps into arrays of at most this many tasks (null: the cluster's MaxArraySize).

@@ -45,6 +45,12 @@ def test_nodes_come_from_the_trial_with_one_task_per_node():
     assert "slurm_qos" not in params and "wait" not in params and "slurm_max_num_timeout" not in params
 
 
+def test_a_bad_exit_on_any_node_ends_the_trial_and_max_retries_stays_ours():
+    params = executor_parameters(trial(nodes=2), {**LAUNCHER, "max_retries": 1})
+    assert params["slurm_srun_args"] == ["--kill-on-bad-exit=1"]
+    assert not any("max_retries" in key for key in params)
+
+
 def test_explicit_nproc_per_node_sets_the_gpus_asked_for():
     assert executor_parameters(trial(nproc_per_node=4), LAUNCHER)["gpus_per_node"] == 4
 
@@ -112,6 +118,8 @@ TIME_LIMIT = {"timeout_min": 1, "signal_delay_s": 5, "max_num_timeout": 0}
         ({"signal_delay_s": 0}, r"signal_delay_s=0 is not allowed"),
         ({"timeout_min": 2000, "signal_delay_s": 70000}, r"from 1 to 65535"),
         ({"max_num_timeout": -1}, r"hydra.launcher.max_num_timeout=-1 is not allowed: a whole number >= 0"),
+        ({"max_retries": -1}, r"hydra.launcher.max_retries=-1 is not allowed: a whole number >= 0"),
+        ({"max_retries": "2"}, r"hydra.launcher.max_retries='2' is not allowed"),
     ],
 )
 def test_time_limit_settings_that_would_loop_or_never_warn_are_rejected(change, message):

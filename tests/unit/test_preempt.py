@@ -11,11 +11,13 @@ import torch
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.train import stop
 from hpcsweep.train.stop import (
+    BUDGET,
     EXIT_INTERRUPTED,
     EXIT_REQUEUE,
     INTERRUPTED,
     PREEMPTED,
     TIME_LIMIT,
+    StopRequest,
 )
 from hpcsweep.trial import preempt, runner
 
@@ -91,6 +93,9 @@ def test_the_outcome_comes_from_exit_codes_and_status(codes, status, outcome):
         # Ctrl-C is the user's stop: never requeued, on Slurm (srun) or not, whatever the cap.
         (INTERRUPTED, 0, 20, True, "exit"),
         (INTERRUPTED, 5, 2, False, "exit"),
+        # A spent GPU-hour budget is the sweep's stop: never requeued either.
+        (BUDGET, 0, 20, True, "exit"),
+        (BUDGET, 3, 2, True, "exit"),
     ],
 )
 def test_what_follows_a_stop(reason, requeues, cap, under_slurm, action):
@@ -174,6 +179,28 @@ def test_requeued_passes_through_except_exception():
         except Exception:  # noqa: BLE001  (what Hydra's run_job and submitit's process_job catch)
             pytest.fail("TrialRequeued must not be an Exception")
     assert info.value.code == EXIT_REQUEUE
+
+
+def test_after_a_stop_other_nodes_exit_0_and_leave_the_record_and_requeue_to_node_0(tmp_path, monkeypatch):
+    # srun --kill-on-bad-exit would otherwise end node 0 before it has recorded the stop and requeued.
+    from hpcsweep.files.metrics_file import write_metrics
+    from hpcsweep.slurm.env import slurm_job_env
+
+    write_metrics(tmp_path / "metrics.json", {"status": "running", "step": 7})
+    before = (tmp_path / "metrics.json").read_text()
+    requeued = []
+    monkeypatch.setattr(preempt, "requeue_job", requeued.append)
+    job = slurm_job_env({"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2"})
+    signalled = StopRequest()
+    signalled.set(TIME_LIMIT)
+    with pytest.raises(preempt.NodeFinished) as info:
+        runner.after_stop(tmp_path, job, 1, 20, signalled)
+    assert info.value.code == 0
+    assert (tmp_path / "metrics.json").read_text() == before and requeued == []
+    with pytest.raises(preempt.TrialRequeued) as info:
+        runner.after_stop(tmp_path, job, 0, 20, signalled)
+    assert info.value.code == EXIT_REQUEUE and requeued == ["77"]
+    assert runner.read_metrics(tmp_path)["last_stop_reason"] == TIME_LIMIT
 
 
 def small_trial():

@@ -1,0 +1,59 @@
+"""One decision per failed run: every node reports, the root cause is chosen, one node records and retries."""
+
+from __future__ import annotations
+
+import json
+
+from hpcsweep.files.metrics_file import read_metrics
+from hpcsweep.slurm.env import slurm_job_env
+from hpcsweep.train import worker_records
+from hpcsweep.trial import failures
+from hpcsweep.trial.failure_class import COMMUNICATION, SIGNAL, Failure
+
+DEFAULTS = {"max_steps": 20, "world_size": 4, "restarts": 0, "env": {}}
+
+
+def job(restarts: int):
+    return slurm_job_env({"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "0",
+                          "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2", "SLURM_RESTART_COUNT": str(restarts)})
+
+
+def settle(trial_dir, node_rank, found, restarts=0, max_retries=1):
+    return failures.settle_failure(
+        trial_dir, found, node_rank=node_rank, nnodes=2, attempt=f"77_0.{restarts}", job=job(restarts),
+        max_retries=max_retries, report_defaults=DEFAULTS,
+    )
+
+
+def test_the_crashed_rank_is_recorded_once_and_retried_off_its_node(tmp_path, monkeypatch):
+    requeued = []
+    monkeypatch.setattr(failures, "requeue_excluding", lambda job, node: requeued.append((job.job_label, node)))
+    for rank in (0, 1):
+        worker_records.worker_dir_for(tmp_path, rank).mkdir(parents=True)
+    crash = Failure(SIGNAL, "node2", 3, -11, "Fatal Python error: Segmentation fault\n  File fault.py in _crash", 10.0)
+    broken = Failure(COMMUNICATION, "node1", 0, 1, "RuntimeError: Connection closed by peer", 9.0)
+
+    first = settle(tmp_path, 1, [crash])  # node 0 has not reported: waits REPORT_WAIT_S, then decides
+    assert first.action == "retry" and "retry 1 of 1, excluding node2" in first.message
+    assert requeued == [("77_0", "node2")]
+    (record,) = read_metrics(tmp_path / "metrics.json")["failures"]
+    assert (record["class"], record["node"], record["rank"], record["signal"], record["retried"]) == (
+        "signal", "node2", 3, "SIGSEGV", True)
+    assert "_crash" in record["traceback"] and record["job_id"] == "77_0"
+
+    # Node 0's own report comes late: it follows the decision, and nothing is recorded twice.
+    second = settle(tmp_path, 0, [broken])
+    assert second.action == "retry" and requeued == [("77_0", "node2")]
+    assert len(read_metrics(tmp_path / "metrics.json")["failures"]) == 1
+
+    # The retry crashes again: max_retries=1 is spent, the trial fails with the traceback in error.
+    for rank in (0, 1):
+        (worker_records.worker_dir_for(tmp_path, rank) / "failure.json").unlink()
+    worker_records.worker_dir_for(tmp_path, 0).joinpath("failure.json").write_text(
+        json.dumps([{"kind": COMMUNICATION, "node": "node3", "rank": 0, "exit_code": 1, "traceback": "", "at": 1.0}])
+    )
+    final = settle(tmp_path, 1, [crash], restarts=1)
+    assert final.action == "fail" and "max_retries=1" in final.message and "_crash" in final.message
+    metrics = read_metrics(tmp_path / "metrics.json")
+    assert metrics["status"] == "failed" and [f["retried"] for f in metrics["failures"]] == [True, False]
+    assert metrics["error"][0].startswith("signal failure of rank 3 on node2")
