@@ -72,4 +72,12 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     log.info("sweep dir: %s (%d trials, running locally)", sweep_dir, len(trials))
     basic = BasicLauncher()
     basic.setup(hydra_context=launcher.hydra_context, task_function=launcher.task_function, config=launcher.config)
-    return hook.run_locally(trials, lambda trial: basic.launch([trial.overrides], trial.num))
+    return hook.run_locally(trials, lambda trial: run_slot(launcher.config, basic, trial))
+
+
+def run_slot(config: Any, basic: BasicLauncher, trial: SweepTrial) -> Sequence[JobReturn]:
+    """Run one trial; a search's slot runs with the parameters its study chooses as it starts."""
+    from hpcsweep.search.trial_slot import search_slot
+
+    with search_slot(config, trial.overrides, trial.num) as slot:
+        return [slot.ran(job_return) for job_return in basic.launch([slot.overrides], trial.num)]

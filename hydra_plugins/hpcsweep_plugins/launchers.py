@@ -25,11 +25,13 @@ class SlurmLauncher(BaseSubmititLauncher):
 
     _EXECUTOR = "slurm"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+    def __call__(self, overrides: Sequence[str], job_dir_key: str, job_num: int, *args: Any) -> JobReturn:
+        from hpcsweep.search.trial_slot import search_slot
         from hpcsweep.sweep.hooks import hook_of
 
-        with hook_of(self.task_function).task_context(self.params):
-            result = super().__call__(*args, **kwargs)
+        # A search slot runs with the parameters its study chooses now (the overrides as they are otherwise).
+        with hook_of(self.task_function).task_context(self.params), search_slot(self.config, overrides, job_num) as slot:
+            result = slot.ran(super().__call__(slot.overrides, job_dir_key, job_num, *args))
         # Hydra's run_job catches the trial's exception; raise it, so that the array task exits
         # non-zero and Slurm accounting says FAILED instead of COMPLETED.
         if result.status == JobStatus.FAILED:
