@@ -22,7 +22,7 @@ from hydra.core.override_parser.types import (
     OverrideType,
     RangeSweep,
 )
-from hydra.errors import OverrideParseException
+from hydra.errors import HydraException
 
 KINDS = ("float", "int", "categorical")
 TAGS = ("log", "int")
@@ -152,10 +152,13 @@ def parse_space(arguments: Sequence[str]) -> SearchSpace:
 
     At least one override must be a sweep (something to search), and each key may appear once.
     """
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(arguments))
-    except OverrideParseException as err:
-        raise ValueError(str(err).splitlines()[0]) from None
+    parser = OverridesParser.create()
+    parsed = []
+    for line in arguments:
+        try:
+            parsed.append(parser.parse_override(line))
+        except HydraException as err:
+            raise ValueError(f"{line}: {str(err).splitlines()[0]}") from None
     dims: list[Dimension] = []
     fixed: list[str] = []
     seen: set[str] = set()
