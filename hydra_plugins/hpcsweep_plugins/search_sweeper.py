@@ -67,7 +67,7 @@ class SearchSweeper(Sweeper):
 
         create_study(files, settings)
         try:
-            returns = self.launcher.launch([list(space.fixed)] * settings.n_trials, initial_job_idx=0)
+            returns = self.launcher.launch(slot_overrides(sweep_dir, space, settings.n_trials), initial_job_idx=0)
         except BaseException as err:
             if new_search and is_refusal(err):
                 shutil.rmtree(files.root)
@@ -78,6 +78,15 @@ class SearchSweeper(Sweeper):
                  settings.n_trials, settings.sampler, settings.pruner, settings.direction, settings.objective,
                  files.journal)
         return returns
+
+
+def slot_overrides(sweep_dir: Path, space: Any, n_trials: int) -> list[list[str]]:
+    """Each slot's overrides: the fixed ones, or in a sweep dir run again the parameters a slot chose
+    (so that the launcher's checks compare a trial dir with the config it trained)."""
+    from hpcsweep.search.settings import read_choices
+
+    choices = read_choices(sweep_dir)
+    return [list(choices[num].overrides) if num in choices else list(space.fixed) for num in range(n_trials)]
 
 
 def merge_choices(sweep_dir: Path) -> None:
@@ -108,10 +117,10 @@ def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> None:
     hook = hook_of(launcher.task_function)
     launcher_params = getattr(launcher, "params", {})
     for trial in check_trials(space):
-        shown = f"{trial.key}={trial.value!r}"
+        # The checks' own messages name the key and the value that is not allowed.
         try:
             hook.check_trial(composer.compose_app(trial.overrides), launcher_params)
         except HydraException as err:
-            raise ValueError(f"search space: {shown}: {str(err).splitlines()[0]}") from None
+            raise ValueError(f"search space: {str(err).splitlines()[0]}") from None
         except ValueError as err:
-            raise ValueError(f"search space: {shown}: {err}") from None
+            raise ValueError(f"search space: {err}") from None
