@@ -150,7 +150,7 @@ def dimension_of(override: Override) -> Dimension:
 def parse_space(arguments: Sequence[str]) -> SearchSpace:
     """The space of a search sweep's command-line overrides; ``ValueError`` naming the key on a bad one.
 
-    At least one override must be a sweep (something to search), and each key may appear once.
+    At least one override must be a sweep (something to search), and a searched key appears once.
     """
     parser = OverridesParser.create()
     parsed = []
@@ -161,16 +161,17 @@ def parse_space(arguments: Sequence[str]) -> SearchSpace:
             raise ValueError(f"{line}: {str(err).splitlines()[0]}") from None
     dims: list[Dimension] = []
     fixed: list[str] = []
-    seen: set[str] = set()
     for override in parsed:
-        key = override.key_or_group
-        if key in seen:
-            raise ValueError(f"{key} is given twice: one value or one sweep per key")
-        seen.add(key)
         if override.is_sweep_override():
             dims.append(dimension_of(override))
         else:
+            # A plain value given twice is Hydra's business (the last one wins), as in a grid.
             fixed.append(override.input_line)
+    plain = {o.key_or_group for o in parsed if not o.is_sweep_override()}
+    searched = [d.key for d in dims]
+    for key in searched:
+        if searched.count(key) > 1 or key in plain:
+            raise ValueError(f"{key} is given twice: a searched key takes one sweep and no other value")
     if not dims:
         raise ValueError("hydra/sweeper=search needs a space: at least one key=choice(...), range(...) or interval(...)")
     return SearchSpace(tuple(dims), tuple(fixed))

@@ -49,11 +49,11 @@ class SearchSlot:
 
     def ran(self, job_return: Any) -> Any:
         """Note the trial's Hydra ``JobReturn`` (its dir and return value); returns it unchanged."""
-        self.working_dir = getattr(job_return, "working_dir", None)
-        try:
-            self.return_value = job_return.return_value
-        except Exception:  # noqa: BLE001  (a failed job's return_value re-raises its error; the dir says enough)
-            self.return_value = None
+        from hydra.core.utils import JobStatus
+
+        self.working_dir = job_return.working_dir
+        # A failed job's return_value re-raises its error; its metrics.json says how it ended.
+        self.return_value = job_return.return_value if job_return.status == JobStatus.COMPLETED else None
         self.ended = True
         return job_return
 

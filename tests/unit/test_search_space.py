@@ -31,6 +31,11 @@ def test_each_sweep_form_becomes_a_dimension_and_plain_values_stay_fixed():
     )
 
 
+def test_a_plain_value_given_twice_passes_through_as_hydra_takes_it():
+    space = parse_space(["trainer.max_steps=8", "trainer.max_steps=20", "model.lr=interval(1e-4, 1e-2)"])
+    assert space.fixed == ("trainer.max_steps=8", "trainer.max_steps=20")
+
+
 def test_a_float_range_is_the_list_of_its_values():
     (dim,) = parse_space(["model.dropout=range(0.0, 0.3, 0.1)"]).dimensions
     assert dim.kind == "categorical" and dim.choices == pytest.approx((0.0, 0.1, 0.2))
@@ -80,6 +85,7 @@ def test_the_space_round_trips_through_json_and_knows_its_values():
         (["model=glob(*)"], "model=glob(...) is not allowed in a search"),
         (["model.lr=choice(1, 1)"], "model.lr=choice(1, 1) is not allowed: a value appears twice"),
         (["model.lr=1,2", "model.lr=3,4"], "model.lr is given twice"),
+        (["model.lr=1e-3", "model.lr=interval(1e-4, 1e-2)"], "model.lr is given twice"),
         (["model.lr=1e-3"], "needs a space: at least one key=choice(...), range(...) or interval(...)"),
         (["model.lr=interval(1,"], "model.lr=interval(1,"),
     ],
