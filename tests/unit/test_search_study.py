@@ -1,0 +1,108 @@
+"""The study in its journal: distinct trials for slots asking at once, the heartbeat that fails a killed
+trial, the resume of a slot on its own study trial, and the pruning reporter's one value per step."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from hpcsweep.search import trial_slot
+from hpcsweep.search.pruning import PruningReporter
+from hpcsweep.search.settings import SearchFiles, SearchPlan, SearchSettings, read_choice, write_plan
+from hpcsweep.search.space import parse_space
+from hpcsweep.search.study import HEARTBEAT_ATTR, NUM_ATTR, create_study, load_study
+
+
+@pytest.fixture
+def search(tmp_path):
+    settings = SearchSettings(n_trials=8, seed=0, pruner="median", n_startup_trials=1, heartbeat_interval_s=1,
+                              grace_period_s=2)
+    plan = SearchPlan(settings, parse_space(["model.lr=tag(log, interval(1e-4, 1e-1))", "trainer.max_steps=8"]))
+    files = SearchFiles(tmp_path)
+    write_plan(files, plan)
+    create_study(files, settings)
+    return files, plan
+
+
+def test_slots_asking_at_once_get_distinct_trials_and_record_their_choice(search):
+    files, plan = search
+    choices = {}
+
+    def ask(num):
+        choices[num] = trial_slot.choose(files, plan, num)[1]
+
+    threads = [threading.Thread(target=ask, args=(num,)) for num in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    study = load_study(files, plan.settings)
+    assert sorted(c.study_trial for c in choices.values()) == list(range(8))
+    assert len({c.params["model.lr"] for c in choices.values()}) == 8, "seeded per slot: no two draw alike"
+    for num, choice in choices.items():
+        assert study.trials[choice.study_trial].user_attrs[NUM_ATTR] == num
+        assert read_choice(files, num) == choice
+        assert choice.overrides == ["trainer.max_steps=8", f"model.lr={choice.params['model.lr']}"]
+
+
+def test_a_slot_that_starts_again_resumes_its_study_trial(search):
+    files, plan = search
+    _, first = trial_slot.choose(files, plan, 3)
+    _, again = trial_slot.choose(files, plan, 3)
+    assert again == first
+    assert len(load_study(files, plan.settings).trials) == 1
+
+
+def test_a_trial_without_heartbeat_is_failed_and_its_slot_resumes_on_a_replacement(search):
+    files, plan = search
+    study, choice = trial_slot.choose(files, plan, 0)
+    reporter = PruningReporter(files.trial(0))
+    reporter.report(2, {"best_val_loss": 5.0})
+    reporter.report(2, {"best_val_loss": 9.0})  # a resumed trial's step comes again: kept once
+    trial_id = study.trials[0]._trial_id
+    study._storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time() - 60)
+
+    _, other = trial_slot.choose(files, plan, 1)  # the next slot to start fails the stale trial
+    assert load_study(files, plan.settings).trials[0].state == TrialState.FAIL
+
+    _, resumed = trial_slot.choose(files, plan, 0)
+    trials = load_study(files, plan.settings).trials
+    replacement = trials[resumed.study_trial]
+    assert resumed.study_trial not in (choice.study_trial, other.study_trial)
+    assert replacement.state == TrialState.RUNNING
+    assert replacement.params == choice.params and replacement.user_attrs[NUM_ATTR] == 0
+    assert replacement.intermediate_values == {2: 5.0}
+    assert resumed.overrides == choice.overrides and read_choice(files, 0) == resumed
+    running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs[NUM_ATTR] == 0]
+    assert len(running) == 1, "one live study trial per slot"
+
+
+def test_the_reporter_lets_the_pruner_stop_a_trial_worse_than_the_median(search):
+    files, plan = search
+    study, good = trial_slot.choose(files, plan, 0)
+    good_reporter = PruningReporter(files.trial(0))
+    for step, value in ((2, 5.0), (4, 4.0)):
+        good_reporter.report(step, {"best_val_loss": value})
+    trial_slot.tell_ended(study, good, "completed", 4.0)
+    _, bad = trial_slot.choose(files, plan, 1)
+    reporter = PruningReporter(files.trial(1))
+    reporter.report(2, {"best_val_loss": 4.5})
+    assert not reporter.should_prune()
+    reporter.report(4, {"best_val_loss": 6.0})
+    assert reporter.should_prune()
+    reporter.report(6, {"val_loss": 1.0})  # no objective in these metrics: nothing reported
+    assert load_study(files, plan.settings).trials[bad.study_trial].intermediate_values == {2: 4.5, 4: 6.0}
+
+
+def test_the_journal_opens_with_plain_optuna(search):
+    files, plan = search
+    trial_slot.choose(files, plan, 0)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(files.journal)))
+    (trial,) = optuna.load_study(study_name="search", storage=storage).trials
+    assert trial.user_attrs == {NUM_ATTR: 0}
+    assert json.loads(files.settings.read_text())["study_name"] == "search"
