@@ -81,6 +81,15 @@ def test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes(tmp_path):
             assert trial.value == metrics["best_val_loss"]
     assert study.best_value == min(t.value for t in study.trials if t.state.name == "COMPLETE")
 
+    # TensorBoard (HParams included) shows where each pruned trial stopped.
+    from hpcsweep.results.table import load_sweep
+
+    loaded = load_sweep(sweep_dir)
+    pruned = [row for row in loaded.rows if row.status == "pruned"]
+    assert pruned
+    for row in pruned:
+        assert loaded.scalars[row.num]["hparams/pruned_at_step"].values == [row.step]
+
     report = subprocess.run([sys.executable, "-m", "hpcsweep.report", str(sweep_dir)],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
