@@ -103,9 +103,13 @@ def intermediate_steps(journal: Path, trial_id: int) -> list[int]:
     return steps
 
 
+LONGER = ["trainer.max_steps=200", "trainer.eval_every=50"]
+"""Long enough (~10 s on one thread) for the stop to land mid-run, after the first report."""
+
+
 def test_a_search_trial_stopped_by_usr2_resumes_as_the_same_study_trial(tmp_path, slurm_env, reference):
-    result = run_hpcsweep([*SEARCH, SPACE[0], *STOPPABLE_TRIAL, "hydra.sweeper.n_trials=1"], tmp_path, slurm_env,
-                          timeout=120)
+    result = run_hpcsweep([*SEARCH, SPACE[0], *STOPPABLE_TRIAL, *LONGER, "hydra.sweeper.n_trials=1"], tmp_path,
+                          slurm_env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     sweep_dir = only_sweep_dir(tmp_path)
     (trial,) = read_json(sweep_dir / "sweep.json")["trials"]
@@ -113,8 +117,9 @@ def test_a_search_trial_stopped_by_usr2_resumes_as_the_same_study_trial(tmp_path
     wait_for(lambda: (sweep_dir / "search" / "trials" / "0.json").exists(), timeout=120, what="the trial's parameters")
     choice = read_json(sweep_dir / "search" / "trials" / "0.json")
     (lr,) = [o for o in choice["overrides"] if o.startswith("model.lr=")]
-    expected = reference(1, lr)
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
+    expected = reference(1, *LONGER, lr)
+    # After the first report, so that the resumed trial could report a step twice.
+    wait_for(lambda: step_of(trial_dir) > 50, timeout=240, what="the trial to pass step 50")
     slurm(slurm_env, "scancel", "--signal=USR2", trial["job_id"])
 
     metrics = wait_until_final(slurm_env, trial["job_id"], trial_dir)
@@ -127,6 +132,6 @@ def test_a_search_trial_stopped_by_usr2_resumes_as_the_same_study_trial(tmp_path
     assert study_trial.params == choice["params"]
     assert study_trial.value == metrics["best_val_loss"]
     steps = intermediate_steps(sweep_dir / "search" / "study.journal", study_trial._trial_id)
-    assert sorted(steps) == sorted(set(steps)) == [10, 20]
+    assert sorted(steps) == sorted(set(steps)) == [50, 100, 150, 200]
     config = yaml.safe_load((trial_dir / "config.yaml").read_text())
     assert config["model"]["lr"] == choice["params"]["model.lr"]
