@@ -106,3 +106,26 @@ def test_the_journal_opens_with_plain_optuna(search):
     (trial,) = optuna.load_study(study_name="search", storage=storage).trials
     assert trial.user_attrs == {NUM_ATTR: 0}
     assert json.loads(files.settings.read_text())["study_name"] == "search"
+
+
+def test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune(search, tmp_path):
+    from hpcsweep.train.checkpoint import trial_already_done
+
+    from .test_trainer_ddp import make_trial, torchrun
+    from .trial_dirs import read_metrics
+
+    files, plan = search
+    study, good = trial_slot.choose(files, plan, 0)
+    good_reporter = PruningReporter(files.trial(0))
+    for step in (5, 10):
+        good_reporter.report(step, {"best_val_loss": 0.01})
+    trial_slot.tell_ended(study, good, "completed", 0.01)
+    trial_slot.choose(files, plan, 1)
+    trial = make_trial(tmp_path / "trial")
+
+    assert torchrun(trial, HPCSWEEP_SEARCH_TRIAL=str(files.trial(1))) == 0, (trial / "torchrun.err").read_text()[-3000:]
+    metrics = read_metrics(trial)
+    assert (metrics["status"], metrics["step"]) == ("pruned", 5)
+    assert trial_already_done(trial, metrics)
+    assert "step 5: pruned" in (trial / "logs" / "rank1.log").read_text()
+    assert list(load_study(files, plan.settings).trials[1].intermediate_values) == [5]
