@@ -13,6 +13,7 @@ stays a plain journal: ``optuna.load_study`` and ``optuna-dashboard`` open it as
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -99,11 +100,12 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
 def build_sampler(settings: SearchSettings, num: int) -> optuna.samplers.BaseSampler:
     """The sampler of array task ``num``.
 
-    With a seed, each task's sampler is seeded ``seed + num``: tasks released in the same second
-    would otherwise draw the same random start-up points. QMC indexes its sequence by the study's
-    trial number instead, so every task shares the seed.
+    With a seed, each task's sampler gets its own seed, derived from ``(seed, num)``: tasks released
+    in the same second would otherwise draw the same random start-up points (and ``seed + num``
+    would make seeds 0 and 1 share all but one task's draws). QMC indexes its sequence by the
+    study's trial number instead, so every task shares the seed.
     """
-    seed = None if settings.seed is None else settings.seed + num
+    seed = None if settings.seed is None else task_seed(settings.seed, num)
     if settings.sampler == "tpe":
         # constant_liar: trials still running count as bad guesses, so parallel tasks spread out.
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=settings.n_startup_trials)
@@ -112,6 +114,11 @@ def build_sampler(settings: SearchSettings, num: int) -> optuna.samplers.BaseSam
     if settings.sampler == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=settings.n_startup_trials)
     return optuna.samplers.QMCSampler(seed=settings.seed, scramble=True)
+
+
+def task_seed(seed: int, num: int) -> int:
+    """A 32-bit seed for task ``num`` of a search seeded ``seed`` (string seeding hashes it with SHA-512)."""
+    return random.Random(f"{seed}:{num}").getrandbits(32)
 
 
 SAMPLER_PACKAGES = {"cmaes": "cmaes", "qmc": "scipy"}

@@ -111,7 +111,7 @@ class SearchSweeperConf:
     objective: str = "best_val_loss"
     # minimize or maximize the objective.
     direction: str = "minimize"
-    # Seed of the sampler (task N samples with seed + N); null: not reproducible.
+    # Seed of the sampler (task N's is derived from seed and N); null: not reproducible.
     seed: Optional[int] = None
     # tpe and cmaes: trials sampled at random before the model; median: trials before it prunes.
     n_startup_trials: int = 5
