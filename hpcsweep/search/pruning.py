@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpcsweep.search.settings import SETTINGS_FILE, parse_choice, parse_plan
+from hpcsweep.search.settings import SearchFiles, parse_choice, parse_plan
 from hpcsweep.search.trial_slot import SEARCH_TRIAL_VAR
 
 PRUNED_STEP_TAG = "hparams/pruned_at_step"
@@ -24,21 +24,21 @@ class PruningReporter:
     """Reports one study trial's objective and asks its pruner (call from the logging rank only)."""
 
     def __init__(self, choice_path: Path) -> None:
+        # The choice lives in SWEEP_DIR/search/trials/, beside search.json's folder.
+        self.files = SearchFiles(choice_path.parents[2])
         self.choice = parse_choice(choice_path.read_text())
-        self.plan = parse_plan((choice_path.parent.parent / SETTINGS_FILE).read_text())
-        self.files_root = choice_path.parent.parent
+        self.plan = parse_plan(self.files.settings.read_text())
         self._study_and_id: tuple[Any, int] | None = None
 
     def _study(self) -> Any:
         if self._study_and_id is None:
             import optuna
 
-            from hpcsweep.search.settings import SearchFiles
             from hpcsweep.search.study import STUDY_NAME, build_pruner, open_storage
 
             study = optuna.load_study(
                 study_name=STUDY_NAME,
-                storage=open_storage(SearchFiles(self.files_root.parent), self.plan.settings),
+                storage=open_storage(self.files, self.plan.settings),
                 # Never asked to sample here; the cheapest sampler keeps Trial() from fitting TPE.
                 sampler=optuna.samplers.RandomSampler(),
                 pruner=build_pruner(self.plan.settings),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +81,11 @@ class SearchFiles:
     """Where a search sweep keeps its study, its settings and each trial's chosen parameters."""
 
     sweep_dir: Path
-    root: Path = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(self.sweep_dir) / SEARCH_DIR)
+    @property
+    def root(self) -> Path:
+        """``SWEEP_DIR/search``."""
+        return Path(self.sweep_dir) / SEARCH_DIR
 
     @property
     def journal(self) -> Path:
@@ -93,6 +94,7 @@ class SearchFiles:
 
     @property
     def settings(self) -> Path:
+        """``search.json``: the settings and the space."""
         return self.root / SETTINGS_FILE
 
     def trial(self, num: int) -> Path:
@@ -108,6 +110,7 @@ class SearchPlan:
     space: SearchSpace
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form :func:`parse_plan` reads."""
         return {"settings": asdict(self.settings), "space": self.space.to_dict(), "study_name": STUDY_NAME}
 
 
@@ -140,6 +143,7 @@ class TrialChoice:
     overrides: list[str]
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form :func:`parse_choice` reads."""
         return asdict(self)
 
 
@@ -157,6 +161,7 @@ def read_choice(files: SearchFiles, num: int) -> TrialChoice | None:
 
 
 def write_choice(files: SearchFiles, choice: TrialChoice) -> None:
+    """Record a trial's choice atomically (other nodes and the report read it)."""
     atomic_write_json(files.trial(choice.num), choice.to_dict())
 
 
