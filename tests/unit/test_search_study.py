@@ -129,3 +129,39 @@ def test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune(search, t
     assert trial_already_done(trial, metrics)
     assert "step 5: pruned" in (trial / "logs" / "rank1.log").read_text()
     assert list(load_study(files, plan.settings).trials[1].intermediate_values) == [5]
+
+
+def test_the_history_panel_marks_pruned_trials_and_draws_the_best_so_far(search):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hpcsweep.results.search_report import best_trial_text, plot_history, summarize_study
+
+    files, plan = search
+    study, first = trial_slot.choose(files, plan, 0)
+    trial_slot.tell_ended(study, first, "completed", 3.0)
+    _, second = trial_slot.choose(files, plan, 1)
+    PruningReporter(files.trial(1)).report(2, {"best_val_loss": 7.0})
+    trial_slot.tell_ended(study, second, "pruned", None)
+    _, third = trial_slot.choose(files, plan, 2)
+    trial_slot.tell_ended(study, third, "completed", 2.0)
+    summary = summarize_study(load_study(files, plan.settings).trials, "best_val_loss", "minimize",
+                              {c.num: c for c in (first, second, third)})
+    assert [(t.num, t.state, t.value, t.last_step) for t in summary.trials] == [
+        (0, "COMPLETE", 3.0, None), (1, "PRUNED", 7.0, 2), (2, "COMPLETE", 2.0, None)]
+    assert summary.best.num == 2
+    text = best_trial_text(summary)
+    assert "search: 3 study trials (2 complete, 1 pruned); minimize best_val_loss" in text
+    assert f"best: #2 (study trial {third.study_trial}) best_val_loss=2" in text
+    assert f"rerun it as one trial: python -m hpcsweep trainer.max_steps=8 model.lr={third.params['model.lr']}" in text
+
+    fig, ax = plt.subplots()
+    plot_history(ax, summary)
+    completed, pruned = ax.collections
+    assert completed.get_offsets().tolist() == [[0, 3.0], [2, 2.0]]
+    assert pruned.get_offsets().tolist() == [[1, 7.0]]
+    (best_line,) = ax.lines
+    assert list(best_line.get_ydata()) == [3.0, 2.0]
+    plt.close(fig)

@@ -90,9 +90,11 @@ def test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes(tmp_path):
     for row in pruned:
         assert loaded.scalars[row.num]["hparams/pruned_at_step"].values == [row.step]
 
-    report = subprocess.run([sys.executable, "-m", "hpcsweep.report", str(sweep_dir)],
+    plot = tmp_path / "report.png"
+    report = subprocess.run([sys.executable, "-m", "hpcsweep.report", str(sweep_dir), "--plot", str(plot)],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
+    assert plot.stat().st_size > 0
     best = study.best_trial
     assert f"best: #{best.user_attrs['hpcsweep_num']} (study trial {best.number})" in report.stdout
     assert "rerun it as one trial: python -m hpcsweep " in report.stdout
