@@ -44,25 +44,27 @@ class SearchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Sequence[JobReturn]:
-        from hpcsweep.search.settings import SearchFiles, SearchPlan, settings_from_mapping, write_plan
+        from hpcsweep.search.settings import SearchFiles, SearchPlan, read_plan, settings_from_mapping, write_plan
         from hpcsweep.search.space import parse_space
         from hpcsweep.sweep.sweep_trials import exit_with_config_error
 
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        files = SearchFiles(sweep_dir)
         params = [f"{key}={value}" for key, value in (self.conf.get("params") or {}).items()]
         try:
             settings = settings_from_mapping(self.conf)
             space = parse_space([*params, *arguments])
             check_space(self, settings, space)
+            plan = SearchPlan(settings, space)
+            check_same_search(read_plan(files), plan)
         except ValueError as err:
             exit_with_config_error(err, "nothing was submitted")
         created = missing_dirs(sweep_dir)
-        files = SearchFiles(sweep_dir)
         new_search = not files.root.exists()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / MULTIRUN_FILE)
-        write_plan(files, SearchPlan(settings, space))
+        write_plan(files, plan)
         from hpcsweep.search.study import create_study
 
         create_study(files, settings)
@@ -78,6 +80,20 @@ class SearchSweeper(Sweeper):
                  settings.n_trials, settings.sampler, settings.pruner, settings.direction, settings.objective,
                  files.journal)
         return returns
+
+
+def check_same_search(before: Any, plan: Any) -> None:
+    """``ValueError`` when a sweep dir run again holds a search of another space or other settings.
+
+    Its study's trials were drawn from that space: resuming them under another would mix two searches.
+    """
+    if before is None or before == plan:
+        return
+    changed = [k for k in ("settings", "space") if getattr(before, k) != getattr(plan, k)]
+    raise ValueError(
+        f"hydra.sweep.dir holds a search with other {' and '.join(changed)}: run it again with the same "
+        "space and hydra.sweeper settings, or search in a new sweep dir"
+    )
 
 
 def slot_overrides(sweep_dir: Path, space: Any, n_trials: int) -> list[list[str]]:

@@ -107,3 +107,8 @@ def test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes(tmp_path):
     assert [(t.number, t.state, t.params) for t in load_study(sweep_dir).trials] == [
         (t.number, t.state, t.params) for t in study.trials
     ]
+    changed = run([*SEARCH, "model.lr=tag(log, interval(1e-4, 1e-2))", space[1], *settings, *TINY,
+                   f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    assert changed.returncode == 2
+    assert "hydra.sweep.dir holds a search with other space" in changed.stdout + changed.stderr
+    assert len(load_study(sweep_dir).trials) == 4
