@@ -44,9 +44,10 @@ def register_plugins() -> None:
         LocalLauncher,
         SlurmLauncher,
     )
+    from hydra_plugins.hpcsweep_plugins.search_sweeper import SearchSweeper
     from hydra_plugins.hpcsweep_plugins.sweeper import GridSweeper
 
-    for plugin in (AutoLauncher, LocalLauncher, SlurmLauncher, GridSweeper):
+    for plugin in (AutoLauncher, LocalLauncher, SlurmLauncher, GridSweeper, SearchSweeper):
         plugins.register(plugin)
 
 

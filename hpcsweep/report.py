@@ -5,19 +5,22 @@ each with the line that says why. ``mean tok/s`` is the throughput over the whol
 attempt of a resumed trial included, from the trial's TensorBoard events. ``--csv``,
 ``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the
 metric against each swept parameter plus the validation-loss curves of the best trials. Works on
-a sweep that is still running.
+a sweep that is still running. A search sweep (``hydra/sweeper=search``) adds its best trial, the
+command that reruns it as one trial, and (``--plot``) the optimisation history.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
 
 CSV_FIELDS = (
@@ -129,13 +132,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = sort_rows(sweep.rows, args.metric, args.descending)
     keys = swept_keys(rows)
     sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys))
+    search = load_search_summary(args.sweep_dir)
+    if search is not None:
+        sys.stdout.write(best_trial_text(search))
     if args.csv:
         every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
         args.csv.write_text(render_csv(rows, every_key))
     if args.plot:
         from hpcsweep.results.plot import plot_sweep  # matplotlib is slow to import
 
-        plot_sweep(rows, sweep.scalars, keys, args.metric, args.top, args.plot)
+        history = [functools.partial(plot_history, summary=search)] if search is not None else []
+        plot_sweep(rows, sweep.scalars, keys, args.metric, args.top, args.plot, history)
     return 0
 
 

@@ -17,7 +17,10 @@ current attempt's; ``arrays`` lists every array ever submitted, retries included
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.trial_files import TRIAL_FILES
 
 SWEEP_FILE = "sweep.json"
+LOCK_FILE = ".sweep.json.lock"
 SCHEMA_VERSION = 1
 
 
@@ -135,3 +139,33 @@ def missing_sweep_message(sweep_dir: str | Path) -> str | None:
 def read_sweep_record(sweep_dir: str | Path) -> SweepRecord:
     """Read ``SWEEP_DIR/sweep.json``."""
     return parse_sweep_record((Path(sweep_dir) / SWEEP_FILE).read_text())
+
+
+@contextmanager
+def sweep_record_locked(sweep_dir: str | Path) -> Iterator[None]:
+    """Hold the sweep's lock on ``sweep.json`` updates (array tasks of a search update it at once)."""
+    with open(Path(sweep_dir) / LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def with_trial_overrides(record: SweepRecord, overrides: Mapping[int, Sequence[str]]) -> SweepRecord:
+    """``record`` with the overrides of the trials in ``overrides`` (number -> overrides) replaced."""
+    trials = [replace(t, overrides=list(overrides[t.num])) if t.num in overrides else t for t in record.trials]
+    return replace(record, trials=trials)
+
+
+def record_trial_overrides(sweep_dir: str | Path, overrides: Mapping[int, Sequence[str]]) -> bool:
+    """Write the overrides a search chose for some trials into ``sweep.json``, under the sweep's lock.
+
+    False (and nothing written) while the sweep has no ``sweep.json`` yet: the sweeper merges
+    every choice made so far once the submission has written it.
+    """
+    with sweep_record_locked(sweep_dir):
+        if not (Path(sweep_dir) / SWEEP_FILE).exists():
+            return False
+        write_sweep_record(with_trial_overrides(read_sweep_record(sweep_dir), overrides))
+        return True

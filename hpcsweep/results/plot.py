@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +40,17 @@ def sweep_figure(
     keys: Sequence[str],
     metric: str,
     top: int,
+    extra_panels: Sequence[Callable[[Any], None]] = (),
 ) -> Any:
     """The matplotlib figure: one panel per swept key, then the val-loss curves of the ``top``
-    first rows that have one (the title says how many that is)."""
+    first rows that have one (the title says how many that is), then one panel per ``extra_panels``
+    function (each draws on the axes it is given: a search's optimisation history)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = len(keys) + 1
+    panels = len(keys) + 1 + len(extra_panels)
     fig, axes = plt.subplots(1, panels, figsize=(4.5 * panels, 4), squeeze=False)
     measured = [row for row in rows if getattr(row, metric) is not None and row.status != "failed"]
     for ax, key in zip(axes[0], keys):
@@ -66,7 +68,9 @@ def sweep_figure(
         ax.set_xlabel(key)
         ax.set_ylabel(metric)
         ax.grid(True, alpha=0.3)
-    curves = axes[0][-1]
+    curves = axes[0][len(keys)]
+    for ax, draw in zip(axes[0][len(keys) + 1:], extra_panels):
+        draw(ax)
     with_curves: list[tuple[TrialRow, ScalarSeries]] = []
     for row in rows:
         series = scalars.get(row.num, {}).get("val/loss")
@@ -92,10 +96,11 @@ def plot_sweep(
     metric: str,
     top: int,
     path: Path,
+    extra_panels: Sequence[Callable[[Any], None]] = (),
 ) -> None:
     """Write :func:`sweep_figure` as a PNG."""
     import matplotlib.pyplot as plt
 
-    fig = sweep_figure(rows, scalars, keys, metric, top)
+    fig = sweep_figure(rows, scalars, keys, metric, top, extra_panels)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -37,9 +37,9 @@ from hpcsweep.slurm.usage import Usage
 if TYPE_CHECKING:
     from hpcsweep.results.event_reader import ScalarSeries
 
-FINAL_STATUSES = ("completed", "stopped_early", "failed", "cancelled", "stopped", "skipped_budget")
+FINAL_STATUSES = ("completed", "stopped_early", "pruned", "failed", "cancelled", "stopped", "skipped_budget")
 """Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
-FINISHED_STATUSES = ("completed", "stopped_early")
+FINISHED_STATUSES = ("completed", "stopped_early", "pruned")
 """Statuses the trainer writes when a trial is done, whatever Slurm says afterwards."""
 OVERRIDES_FILE = ".hydra/overrides.yaml"
 METRICS = (
@@ -59,7 +59,7 @@ class TrialRow:
     num: int
     overrides: dict[str, str]
     status: str
-    """``completed``, ``stopped_early``, ``failed``, ``cancelled``, ``stopped``, ``running`` or ``pending``."""
+    """``completed``, ``stopped_early``, ``pruned``, ``failed``, ``cancelled``, ``stopped``, ``running`` or ``pending``."""
     job_id: str | None = None
     slurm_state: str | None = None
     step: int | None = None

@@ -152,6 +152,7 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     from hydra._internal.core_plugins.basic_launcher import BasicLauncher
     from hydra.core.singleton import Singleton
 
+    from hpcsweep.search.trial_slot import search_slot
     from hpcsweep.sweep.resume_hint import CommandStopped
     from hpcsweep.train import stop
 
@@ -163,7 +164,10 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     num = int(spec["num"])
     try:
         let_held_stop_signals_in()
-        (job_return,) = launcher.launch([list(spec["overrides"])], num)
+        # A search's slot runs with the parameters its study chooses now (the overrides as they are otherwise).
+        with search_slot(config, list(spec["overrides"]), num) as slot:
+            (job_return,) = launcher.launch([slot.overrides], num)
+            slot.ran(job_return)
     except _StopBeforeStart as refused:
         return NotStarted(refused.reason)
     except CommandStopped as stopped:

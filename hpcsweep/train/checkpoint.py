@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "step", "status")
 """What a checkpoint file of the old one-file format must hold."""
-DONE_STATUSES = ("completed", "stopped_early")
+DONE_STATUSES = ("completed", "stopped_early", "pruned")
 """The statuses of a trial that has ended for good: running its trial dir again trains nothing."""
 TRAINER_FILE, WEIGHTS_DIR, RESUME_DIR = "trainer.pt", "model", "resume"
 TEMP_PREFIX = ".tmp-"

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hpcsweep.config import TrialConfig
 from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.results import hparams
+from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.train import data, gpu_choices, metrics, model, optim
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message, signal_delay_from_env
@@ -110,6 +111,8 @@ class Trainer:
         self.step_seconds = 0.0
         self.first_save_logged = False
         self.val_loss: float | None = None
+        # A search trial reports each evaluation to its study, which may prune it.
+        self.pruning = pruning_reporter(os.environ)
         self.report = metrics_file.new_report(
             max_steps=tcfg.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
         )
@@ -242,6 +245,8 @@ class Trainer:
             if self.step % tcfg.eval_every == 0 or self.step == tcfg.max_steps:
                 if self.log_eval(self.evaluate()):
                     return self.finish("stopped_early")
+                if self.pruned():
+                    return self.finish("pruned")
             if self.step == tcfg.max_steps:
                 break
             stop = any_rank(self.world, self.stop_event.is_set())
@@ -286,6 +291,22 @@ class Trainer:
         self.write_report()
         log.info("step %d val_loss %.4f", self.step, val_loss)
         return stop
+
+    def pruned(self) -> bool:
+        """In a search trial: rank 0 reports the objective and asks the pruner; every rank follows.
+
+        Never at the last step: the trial has completed by then.
+        """
+        if self.pruning is None:
+            return False
+        if self.is_writer:
+            self.pruning.report(self.step, self.report)
+        last = self.step == self.cfg.trainer.max_steps
+        prune = any_rank(self.world, self.is_writer and not last and self.pruning.should_prune())
+        if prune:
+            self.logger.log({PRUNED_STEP_TAG: float(self.step)}, self.step)
+            log.info("step %d: pruned by the search's pruner", self.step)
+        return prune
 
     def finish(self, status: str) -> int:
         """Save the final checkpoint and report the final weights (hashed on the one rank that reports)."""

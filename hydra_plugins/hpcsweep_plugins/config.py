@@ -109,8 +109,50 @@ class GridSweeperConf:
     params: Optional[dict[str, str]] = None
 
 
+@dataclass
+class SearchSweeperConf:
+    """Adaptive search with Optuna (``hydra/sweeper=search``): one array of ``n_trials`` slots, no driver.
+
+    The space is written in Hydra's sweep syntax on the command line (or in ``params``):
+    ``choice(...)``, ``range(...)``, ``interval(...)``, ``tag(log, ...)``, ``tag(int, interval(...))``.
+    The study is an Optuna journal in ``SWEEP_DIR/search/study.journal`` (study name ``search``).
+    """
+
+    _target_: str = "hydra_plugins.hpcsweep_plugins.search_sweeper.SearchSweeper"
+    # Trials in the search: the array's size.
+    n_trials: int = 16
+    # tpe (Bayesian, the default), random, cmaes (needs the package cmaes), qmc (needs scipy).
+    sampler: str = "tpe"
+    # none, median, sha (successive halving) or hyperband: stops bad trials at an evaluation.
+    pruner: str = "none"
+    # The metrics.json key the study optimises (reported at each evaluation for pruning).
+    objective: str = "best_val_loss"
+    # minimize or maximize the objective.
+    direction: str = "minimize"
+    # Seed of the sampler (task N's is derived from seed and N); null: not reproducible.
+    seed: Optional[int] = None
+    # tpe and cmaes: trials sampled at random before the model; median: trials before it prunes.
+    n_startup_trials: int = 5
+    # median: steps of a trial before it may be pruned.
+    n_warmup_steps: int = 0
+    # sha and hyperband: the first rung, in steps (null: sha estimates it, hyperband uses 1).
+    min_resource: Optional[int] = None
+    # hyperband: the last rung, in steps (null: the steps of the first completed trial).
+    max_resource: Optional[int] = None
+    # sha and hyperband: 1/reduction_factor of the trials go on at each rung.
+    reduction_factor: int = 3
+    # How often a running trial records its heartbeat in the study.
+    heartbeat_interval_s: int = 30
+    # A RUNNING trial without a heartbeat for this long (killed, node lost) is failed by the next
+    # trial that starts; longer than a requeued trial waits in the queue, or it resumes as a new study trial.
+    grace_period_s: int = 300
+    # More of the space, as {key: sweep}, besides the command line's.
+    params: Optional[dict[str, str]] = None
+
+
 _store = ConfigStore.instance()
 _store.store(group="hydra/launcher", name="hpcsweep_slurm", node=SlurmLauncherConf, provider="hpcsweep")
 _store.store(group="hydra/launcher", name="hpcsweep_local", node=LocalLauncherConf, provider="hpcsweep")
 _store.store(group="hydra/launcher", name="hpcsweep_auto", node=AutoLauncherConf, provider="hpcsweep")
 _store.store(group="hydra/sweeper", name="hpcsweep_grid", node=GridSweeperConf, provider="hpcsweep")
+_store.store(group="hydra/sweeper", name="search", node=SearchSweeperConf, provider="hpcsweep")

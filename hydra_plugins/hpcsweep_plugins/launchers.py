@@ -31,10 +31,14 @@ class SlurmLauncher(BaseSubmititLauncher):
     ) -> JobReturn:
         """One trial in this array task: Hydra's composition and ``run_job`` for job ``job_num``.
 
-        A trial's failure is its JobReturn's (FAILED); ``run_trials`` raises it once the task's
-        other trials have run.
+        A search's slot runs with the parameters its study chooses now (the overrides as they are
+        otherwise). A trial's failure is its JobReturn's (FAILED); ``run_trials`` raises it once the
+        task's other trials have run.
         """
-        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        from hpcsweep.search.trial_slot import search_slot
+
+        with search_slot(self.config, sweep_overrides, job_num) as slot:
+            return slot.ran(super().__call__(slot.overrides, job_dir_key, job_num, job_id, singleton_state))
 
     def run_trials(self, trials: Sequence[tuple[Sequence[str], int]], singleton_state: Any) -> dict[int, JobReturn]:
         """An array task: its trials one after another in this process; each JobReturn by job number.

@@ -16,7 +16,7 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm")
+SHARED = ("config", "files", "slurm", "search")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
 """What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
@@ -24,6 +24,7 @@ ALLOWED = {
     "config": {"config"},
     "files": {"config", "files"},
     "slurm": {"config", "slurm"},
+    "search": {"config", "files", "slurm", "search"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
 }
 
@@ -133,7 +134,7 @@ def test_the_checks_catch_a_back_edge_and_a_cycle():
 
 
 def test_every_package_says_what_it_owns_and_may_import():
-    for package in (*STAGES, "files", "slurm"):
+    for package in (*STAGES, "files", "slurm", "search"):
         doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
         assert doc and "import" in doc, package
 
@@ -146,6 +147,7 @@ def test_every_package_says_what_it_owns_and_may_import():
         ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
         ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare"],
+        ["hydra_plugins.hpcsweep_plugins.search_sweeper", "hpcsweep.search.study", "hpcsweep.search.trial_slot"],
     ],
 )
 def test_login_node_code_imports_no_torch(modules):

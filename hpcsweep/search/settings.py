@@ -1,0 +1,174 @@
+"""A search sweep's settings and where its files live in SWEEP_DIR.
+
+The sweeper validates ``hydra.sweeper.*`` into ``SearchSettings`` and writes them with the space
+into ``SWEEP_DIR/search/search.json``; every array task and every worker that reports to the
+study reads them back from there, so all agree on one study, sampler and pruner.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from hpcsweep.files.atomic import atomic_write_json
+from hpcsweep.search.space import SearchSpace, space_from_dict
+
+SEARCH_DIR = "search"
+SETTINGS_FILE = "search.json"
+JOURNAL_FILE = "study.journal"
+TRIALS_DIR = "trials"
+STUDY_NAME = "search"
+SAMPLERS = ("tpe", "random", "cmaes", "qmc")
+PRUNERS = ("none", "median", "sha", "hyperband")
+DIRECTIONS = ("minimize", "maximize")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSettings:
+    """The validated ``hydra.sweeper`` settings of a search (see ``SearchSweeperConf`` for each key)."""
+
+    n_trials: int = 16
+    sampler: str = "tpe"
+    pruner: str = "none"
+    objective: str = "best_val_loss"
+    direction: str = "minimize"
+    seed: int | None = None
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    min_resource: int | None = None
+    max_resource: int | None = None
+    reduction_factor: int = 3
+    heartbeat_interval_s: int = 30
+    grace_period_s: int = 300
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("direction", DIRECTIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"hydra.sweeper.{name}={getattr(self, name)!r} is not allowed: one of {', '.join(allowed)}"
+                )
+        for name, least in (("n_trials", 1), ("n_startup_trials", 0), ("n_warmup_steps", 0),
+                            ("reduction_factor", 2), ("heartbeat_interval_s", 1), ("grace_period_s", 1)):
+            _whole(name, getattr(self, name), least)
+        for name in ("min_resource", "max_resource", "seed"):
+            if getattr(self, name) is not None:
+                _whole(name, getattr(self, name), 0 if name == "seed" else 1)
+        if self.grace_period_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"hydra.sweeper.grace_period_s={self.grace_period_s} is not allowed: "
+                f"more than heartbeat_interval_s={self.heartbeat_interval_s}"
+            )
+        if not self.objective:
+            raise ValueError("hydra.sweeper.objective='' is not allowed: a metrics.json key such as best_val_loss")
+
+
+def _whole(name: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"hydra.sweeper.{name}={value!r} is not allowed: a whole number >= {least}")
+
+
+def settings_from_mapping(raw: Mapping[str, Any]) -> SearchSettings:
+    """``SearchSettings`` from ``hydra.sweeper``'s keys (others, such as ``_target_``, are ignored)."""
+    names = {f.name for f in fields(SearchSettings)}
+    return SearchSettings(**{k: v for k, v in raw.items() if k in names})
+
+
+@dataclass(frozen=True)
+class SearchFiles:
+    """Where a search sweep keeps its study, its settings and each trial's chosen parameters."""
+
+    sweep_dir: Path
+
+    @property
+    def root(self) -> Path:
+        """``SWEEP_DIR/search``."""
+        return Path(self.sweep_dir) / SEARCH_DIR
+
+    @property
+    def journal(self) -> Path:
+        """The Optuna journal: ``optuna.load_study(study_name="search", storage=JournalStorage(JournalFileBackend(path)))``."""
+        return self.root / JOURNAL_FILE
+
+    @property
+    def settings(self) -> Path:
+        """``search.json``: the settings and the space."""
+        return self.root / SETTINGS_FILE
+
+    def trial(self, num: int) -> Path:
+        """Trial ``num``'s record: its study trial number and parameters, once chosen."""
+        return self.root / TRIALS_DIR / f"{num}.json"
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What ``search.json`` holds: the settings and the space."""
+
+    settings: SearchSettings
+    space: SearchSpace
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form :func:`parse_plan` reads."""
+        return {"settings": asdict(self.settings), "space": self.space.to_dict(), "study_name": STUDY_NAME}
+
+
+def write_plan(files: SearchFiles, plan: SearchPlan) -> None:
+    """Write ``search.json`` atomically."""
+    atomic_write_json(files.settings, plan.to_dict())
+
+
+def parse_plan(text: str) -> SearchPlan:
+    """The plan in the text of ``search.json``."""
+    raw = json.loads(text)
+    return SearchPlan(SearchSettings(**raw["settings"]), space_from_dict(raw["space"]))
+
+
+def read_plan(files: SearchFiles) -> SearchPlan | None:
+    """The sweep's plan, or None when the sweep is not a search."""
+    try:
+        return parse_plan(files.settings.read_text())
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class TrialChoice:
+    """One array task's study trial: its number in the study and the parameters it runs with."""
+
+    num: int
+    study_trial: int
+    params: dict[str, Any]
+    overrides: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form :func:`parse_choice` reads."""
+        return asdict(self)
+
+
+def parse_choice(text: str) -> TrialChoice:
+    """A ``trials/<num>.json`` record."""
+    return TrialChoice(**json.loads(text))
+
+
+def read_choice(files: SearchFiles, num: int) -> TrialChoice | None:
+    """Trial ``num``'s recorded choice, or None before it was made."""
+    try:
+        return parse_choice(files.trial(num).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def write_choice(files: SearchFiles, choice: TrialChoice) -> None:
+    """Record a trial's choice atomically (other nodes and the report read it)."""
+    atomic_write_json(files.trial(choice.num), choice.to_dict())
+
+
+def read_choices(sweep_dir: Path) -> dict[int, TrialChoice]:
+    """Every recorded choice of a sweep (none for a grid sweep), by trial number."""
+    found = {}
+    for path in (Path(sweep_dir) / SEARCH_DIR / TRIALS_DIR).glob("*.json"):
+        choice = parse_choice(path.read_text())
+        found[choice.num] = choice
+    return found

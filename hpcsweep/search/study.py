@@ -1,0 +1,189 @@
+"""The Optuna study of a search sweep: a journal file in SWEEP_DIR, its sampler, pruner and heartbeat.
+
+``JournalFileBackend`` appends every operation to one file under its lock (a symlink created
+atomically, so it holds on NFS and Lustre too), and every process replays the file: array tasks
+and workers on any node share one history with no database server and no driver process.
+
+Optuna's heartbeat (``record_heartbeat``, ``fail_stale_trials``) is only built into its RDB storage;
+``HeartbeatJournalStorage`` adds it to the journal: a running trial's task records a heartbeat as
+a trial system attribute, and a trial whose last heartbeat is older than the grace period (its
+task was SIGKILLed, or its node lost) is failed by the next task that asks for a trial. The file
+stays a plain journal: ``optuna.load_study`` and ``optuna-dashboard`` open it as usual.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.storages import JournalStorage
+# Optuna exports no public name for the heartbeat interface that fail_stale_trials checks for.
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from hpcsweep.search.settings import STUDY_NAME, SearchFiles, SearchSettings
+from hpcsweep.search.space import Dimension, SearchSpace
+
+HEARTBEAT_ATTR = "hpcsweep:heartbeat"
+"""The trial system attribute holding the time (``time.time()``) of its last heartbeat."""
+NUM_ATTR = "hpcsweep_num"
+"""The user attribute naming the sweep's trial (Hydra's job number, the array task) a study trial runs."""
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
+    """A journal storage with Optuna's heartbeat: stale running trials can be failed."""
+
+    def __init__(self, backend: JournalFileBackend, heartbeat_interval_s: int, grace_period_s: int) -> None:
+        super().__init__(backend)
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._grace_period_s = grace_period_s
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.time()
+        return [
+            trial._trial_id
+            for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+            if now - last_heartbeat(trial) > self._grace_period_s
+        ]
+
+    def get_heartbeat_interval(self) -> int | None:
+        return self._heartbeat_interval_s
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+        return None
+
+
+def last_heartbeat(trial: FrozenTrial) -> float:
+    """When ``trial`` last showed it was alive: its last heartbeat, else its start."""
+    beat = trial.system_attrs.get(HEARTBEAT_ATTR)
+    if isinstance(beat, (int, float)):
+        return float(beat)
+    return trial.datetime_start.timestamp() if trial.datetime_start else 0.0
+
+
+def open_storage(files: SearchFiles, settings: SearchSettings) -> HeartbeatJournalStorage:
+    """The study's storage (the journal file is created on first write)."""
+    files.root.mkdir(parents=True, exist_ok=True)
+    backend = JournalFileBackend(str(files.journal))
+    return HeartbeatJournalStorage(backend, settings.heartbeat_interval_s, settings.grace_period_s)
+
+
+def distribution(dim: Dimension) -> BaseDistribution:
+    """The Optuna distribution of one dimension."""
+    if dim.kind == "float":
+        return FloatDistribution(dim.low, dim.high, log=dim.log)
+    if dim.kind == "int":
+        return IntDistribution(dim.low, dim.high, log=dim.log, step=dim.step or 1)
+    return CategoricalDistribution(dim.choices)
+
+
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+    """The space as the fixed distributions ``study.ask`` takes."""
+    return {dim.key: distribution(dim) for dim in space.dimensions}
+
+
+def build_sampler(settings: SearchSettings, num: int) -> optuna.samplers.BaseSampler:
+    """The sampler of array task ``num``.
+
+    With a seed, each task's sampler gets its own seed, derived from ``(seed, num)``: tasks released
+    in the same second would otherwise draw the same random start-up points (and ``seed + num``
+    would make seeds 0 and 1 share all but one task's draws). QMC indexes its sequence by the
+    study's trial number instead, so every task shares the seed.
+    """
+    seed = None if settings.seed is None else task_seed(settings.seed, num)
+    if settings.sampler == "tpe":
+        # constant_liar: trials still running count as bad guesses, so parallel tasks spread out.
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=settings.n_startup_trials)
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if settings.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=settings.n_startup_trials)
+    return optuna.samplers.QMCSampler(seed=settings.seed, scramble=True)
+
+
+def task_seed(seed: int, num: int) -> int:
+    """A 32-bit seed for task ``num`` of a search seeded ``seed`` (string seeding hashes it with SHA-512)."""
+    return random.Random(f"{seed}:{num}").getrandbits(32)
+
+
+SAMPLER_PACKAGES = {"cmaes": "cmaes", "qmc": "scipy"}
+"""Samplers that need a package Optuna does not install."""
+
+
+def check_sampler_available(settings: SearchSettings) -> None:
+    """``ValueError`` when the sampler needs a package this environment lacks (before anything is submitted)."""
+    import importlib.util
+
+    package = SAMPLER_PACKAGES.get(settings.sampler)
+    if package and importlib.util.find_spec(package) is None:
+        raise ValueError(
+            f"hydra.sweeper.sampler={settings.sampler} is not allowed here: it needs the package {package} "
+            f"(pip install {package}); tpe and random need nothing more"
+        )
+
+
+def build_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
+    """The pruner; every process builds the same one from the same settings."""
+    if settings.pruner == "median":
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=settings.n_startup_trials, n_warmup_steps=settings.n_warmup_steps
+        )
+    if settings.pruner == "sha":
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=settings.min_resource or "auto", reduction_factor=settings.reduction_factor
+        )
+    if settings.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=settings.min_resource or 1,
+            max_resource=settings.max_resource or "auto",
+            reduction_factor=settings.reduction_factor,
+        )
+    return optuna.pruners.NopPruner()
+
+
+def create_study(files: SearchFiles, settings: SearchSettings) -> optuna.Study:
+    """Create the study in the journal, or open it when a rerun of the sweep dir finds it there."""
+    return optuna.create_study(
+        storage=open_storage(files, settings),
+        study_name=STUDY_NAME,
+        direction=settings.direction,
+        load_if_exists=True,
+    )
+
+
+def load_study(files: SearchFiles, settings: SearchSettings, num: int = 0) -> optuna.Study:
+    """The study, with array task ``num``'s sampler and the sweep's pruner."""
+    return optuna.load_study(
+        study_name=STUDY_NAME,
+        storage=open_storage(files, settings),
+        sampler=build_sampler(settings, num),
+        pruner=build_pruner(settings),
+    )
+
+
+def trials_of(study: optuna.Study, num: int) -> list[FrozenTrial]:
+    """The study trials that ran sweep trial ``num``, oldest first."""
+    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(NUM_ATTR) == num]
+
+
+def objective_value(metrics: dict[str, Any] | None, objective: str) -> float | None:
+    """The objective in a trial's metrics.json, or None when it has none (or not a number)."""
+    value = (metrics or {}).get(objective)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)

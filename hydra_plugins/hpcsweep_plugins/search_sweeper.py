@@ -1,0 +1,142 @@
+"""The search sweeper (``hydra/sweeper=search``): adaptive search with Optuna, as one job array, with no driver.
+
+It validates the space and every end of it, creates the study (an Optuna journal in
+``SWEEP_DIR/search/``), and hands the launcher ``n_trials`` slots carrying the fixed overrides
+only: on Slurm one array throttled by ``array_parallelism``, and the command returns. Each slot
+asks the study for its parameters when it starts (``hpcsweep.search.trial_slot``), so later trials
+learn from earlier ones; the local launcher runs the slots one after another the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn
+from hydra.errors import HydraException
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from hydra_plugins.hpcsweep_plugins.sweeper import MULTIRUN_FILE, is_refusal, missing_dirs, undo_sweep_dir
+
+log = logging.getLogger(__name__)
+
+
+class SearchSweeper(Sweeper):
+    """Adaptive search over a space in Hydra's sweep syntax; settings in ``SearchSweeperConf``."""
+
+    def __init__(self, **conf: Any) -> None:
+        self.conf = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in conf.items()}
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher: Any = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> Sequence[JobReturn]:
+        from hpcsweep.search.settings import SearchFiles, SearchPlan, read_plan, settings_from_mapping, write_plan
+        from hpcsweep.search.space import parse_space
+        from hpcsweep.sweep.sweep_trials import exit_with_config_error
+
+        assert self.config is not None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        files = SearchFiles(sweep_dir)
+        params = [f"{key}={value}" for key, value in (self.conf.get("params") or {}).items()]
+        try:
+            settings = settings_from_mapping(self.conf)
+            space = parse_space([*params, *arguments])
+            check_space(self, settings, space)
+            plan = SearchPlan(settings, space)
+            check_same_search(read_plan(files), plan)
+        except ValueError as err:
+            exit_with_config_error(err, "nothing was submitted")
+        created = missing_dirs(sweep_dir)
+        new_search = not files.root.exists()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / MULTIRUN_FILE)
+        write_plan(files, plan)
+        from hpcsweep.search.study import create_study
+
+        create_study(files, settings)
+        try:
+            returns = self.launcher.launch(slot_overrides(sweep_dir, space, settings.n_trials), initial_job_idx=0)
+        except BaseException as err:
+            if new_search and is_refusal(err):
+                shutil.rmtree(files.root)
+            undo_sweep_dir(sweep_dir, created, None, is_refusal(err))
+            raise
+        merge_choices(sweep_dir)
+        log.info("search: %d trials, sampler %s, pruner %s, %s %s; study %s (study_name=search)",
+                 settings.n_trials, settings.sampler, settings.pruner, settings.direction, settings.objective,
+                 files.journal)
+        return returns
+
+
+def check_same_search(before: Any, plan: Any) -> None:
+    """``ValueError`` when a sweep dir run again holds a search of another space or other settings.
+
+    Its study's trials were drawn from that space: resuming them under another would mix two searches.
+    """
+    if before is None or before == plan:
+        return
+    changed = [k for k in ("settings", "space") if getattr(before, k) != getattr(plan, k)]
+    raise ValueError(
+        f"hydra.sweep.dir holds a search with other {' and '.join(changed)}: run it again with the same "
+        "space and hydra.sweeper settings, or search in a new sweep dir"
+    )
+
+
+def slot_overrides(sweep_dir: Path, space: Any, n_trials: int) -> list[list[str]]:
+    """Each slot's overrides: the fixed ones, or in a sweep dir run again the parameters a slot chose
+    (so that the launcher's checks compare a trial dir with the config it trained)."""
+    from hpcsweep.search.settings import read_choices
+
+    choices = read_choices(sweep_dir)
+    return [list(choices[num].overrides) if num in choices else list(space.fixed) for num in range(n_trials)]
+
+
+def merge_choices(sweep_dir: Path) -> None:
+    """Write the parameters trials chose before ``sweep.json`` existed into it."""
+    from hpcsweep.files.sweep_record import record_trial_overrides
+    from hpcsweep.search.settings import read_choices
+
+    choices = read_choices(sweep_dir)
+    if choices:
+        record_trial_overrides(sweep_dir, {num: choice.overrides for num, choice in choices.items()})
+
+
+def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> None:
+    """Compose and check a trial at every end of every dimension, as the launcher checks trials.
+
+    ``ValueError`` naming the key and the value: an unknown key, or a value the key does not allow
+    at either end of an interval (or for any choice), stops the sweep before anything is submitted.
+    """
+    from hpcsweep.search.space import check_trials
+    from hpcsweep.search.study import check_sampler_available
+    from hpcsweep.sweep.compose import SweepComposer
+    from hpcsweep.sweep.hooks import hook_of
+
+    check_sampler_available(settings)
+    launcher = sweeper.launcher
+    assert sweeper.hydra_context is not None and sweeper.config is not None
+    composer = SweepComposer(sweeper.hydra_context.config_loader, sweeper.config)
+    hook = hook_of(launcher.task_function)
+    launcher_params = getattr(launcher, "params", {})
+    for trial in check_trials(space):
+        # The checks' own messages name the key and the value that is not allowed.
+        try:
+            hook.check_trial(composer.compose_app(trial.overrides), launcher_params)
+        except HydraException as err:
+            raise ValueError(f"search space: {str(err).splitlines()[0]}") from None
+        except ValueError as err:
+            raise ValueError(f"search space: {err}") from None
