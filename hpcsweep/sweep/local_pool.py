@@ -10,10 +10,8 @@ further trial starts, and once the running ones have ended the sweep ends with
 from __future__ import annotations
 
 import logging
-import signal
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,18 +98,6 @@ class _StopForwarder:
                 running.process.process.send_signal(signum)
 
 
-@contextmanager
-def _forwarding(forwarder: _StopForwarder) -> Iterator[None]:
-    from hpcsweep.train.stop import SIGNAL_REASONS
-
-    previous = {sig: signal.signal(sig, forwarder) for sig in SIGNAL_REASONS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 class _LocalRun:
     """One local run's state: the trials waiting in order, those running, how the others ended, what is free."""
 
@@ -183,8 +169,10 @@ def run_local_trials(trials: Sequence[SweepTrial], plan: LocalPlan, context_file
     Raises ``LocalSweepStopped`` once the running trials have ended when a stop signal came or a
     trial stopped.
     """
+    from hpcsweep.train.stop import stop_signals_routed_to
+
     run = _LocalRun(trials, plan, context_file)
-    with _forwarding(run.forwarder):
+    with stop_signals_routed_to(run.forwarder):
         run.start_ready()
         while run.forwarder.running:
             time.sleep(POLL_S)

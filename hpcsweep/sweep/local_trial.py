@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -139,12 +138,8 @@ def let_held_stop_signals_in() -> None:
     def refuse(signum: int, frame: Any) -> None:
         raise _StopBeforeStart(stop.stop_reason(signum))
 
-    previous = {sig: signal.signal(sig, refuse) for sig in stop.SIGNAL_REASONS}
-    try:
+    with stop.stop_signals_routed_to(refuse):
         stop.unblock_stop_signals()  # a held signal is handled in this call
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:

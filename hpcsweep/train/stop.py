@@ -141,6 +141,16 @@ def stop_signals_handled(on_stop: Callable[[str], None]) -> Iterator[None]:
                 raise StopAborted()
         on_stop(reason)
 
+    with stop_signals_routed_to(handler):
+        yield
+
+
+@contextlib.contextmanager
+def stop_signals_routed_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Every stop signal (``SIGNAL_REASONS``) calls ``handler`` inside the block; the old handlers come back after.
+
+    Must run in the main thread.
+    """
     previous = {sig: signal.signal(sig, handler) for sig in SIGNAL_REASONS}
     try:
         yield
