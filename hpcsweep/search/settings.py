@@ -8,8 +8,8 @@ study reads them back from there, so all agree on one study, sampler and pruner.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,11 @@ class SearchSettings:
         for name in ("min_resource", "max_resource", "seed"):
             if getattr(self, name) is not None:
                 _whole(name, getattr(self, name), 0 if name == "seed" else 1)
+        if self.min_resource is not None and self.max_resource is not None and self.min_resource > self.max_resource:
+            raise ValueError(
+                f"hydra.sweeper.min_resource={self.min_resource} is not allowed: "
+                f"at most max_resource={self.max_resource}"
+            )
         if self.grace_period_s <= self.heartbeat_interval_s:
             raise ValueError(
                 f"hydra.sweeper.grace_period_s={self.grace_period_s} is not allowed: "
@@ -68,6 +73,26 @@ class SearchSettings:
 def _whole(name: str, value: Any, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"hydra.sweeper.{name}={value!r} is not allowed: a whole number >= {least}")
+
+
+def with_trial_steps(settings: SearchSettings, steps: Sequence[tuple[int, int]]) -> SearchSettings:
+    """``settings`` with the pruner's unset rungs taken from the trials' ``(first, last)`` objective steps.
+
+    Left to Optuna, Hyperband's last rung and successive halving's first are estimated from the
+    first trial to finish, and nothing is pruned before one has: in an array that starts
+    ``array_parallelism`` trials at once, the whole first wave would run to the end. Hyperband's
+    first rung stays at Optuna's 1: a trial's first evaluation then passes the low rungs of every
+    bracket at once, which prunes sooner than starting them at the first evaluation.
+    """
+    if not steps:
+        return settings
+    first = min(step for step, _ in steps)
+    last = max(step for _, step in steps)
+    if settings.pruner == "hyperband" and settings.max_resource is None:
+        return replace(settings, max_resource=max(last, settings.min_resource or 1))
+    if settings.pruner == "sha" and settings.min_resource is None:
+        return replace(settings, min_resource=first)
+    return settings
 
 
 def settings_from_mapping(raw: Mapping[str, Any]) -> SearchSettings:

@@ -99,6 +99,14 @@ class TrialHook:
     def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
         """Validate the sweep as a whole once every trial passed ``check_trial``; ``ValueError``."""
 
+    def objective_steps(self, trial: CheckedTrial) -> tuple[int, int] | None:
+        """``(first, last)``: the first step at which the trial reports its objective, and its last step.
+
+        A search's successive-halving and Hyperband pruners take their rungs from it; None (unknown)
+        leaves them to Optuna's estimates, which need a finished trial before anything is pruned.
+        """
+        return None
+
     def run_locally(
         self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn]]
     ) -> list[JobReturn]:

@@ -91,6 +91,11 @@ class HpcsweepTrials(TrialHook):
         """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``)."""
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
 
+    def objective_steps(self, trial: CheckedTrial) -> tuple[int, int]:
+        """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``."""
+        trainer = trial.app_config[0].trainer
+        return min(trainer.eval_every, trainer.max_steps), trainer.max_steps
+
     def run_locally(
         self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn]]
     ) -> list[JobReturn]:

@@ -44,7 +44,14 @@ class SearchSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Sequence[JobReturn]:
-        from hpcsweep.search.settings import SearchFiles, SearchPlan, read_plan, settings_from_mapping, write_plan
+        from hpcsweep.search.settings import (
+            SearchFiles,
+            SearchPlan,
+            read_plan,
+            settings_from_mapping,
+            with_trial_steps,
+            write_plan,
+        )
         from hpcsweep.search.space import parse_space
         from hpcsweep.sweep.sweep_trials import exit_with_config_error
 
@@ -53,11 +60,11 @@ class SearchSweeper(Sweeper):
         files = SearchFiles(sweep_dir)
         params = [f"{key}={value}" for key, value in (self.conf.get("params") or {}).items()]
         try:
-            settings = settings_from_mapping(self.conf)
+            asked = settings_from_mapping(self.conf)
             space = parse_space([*params, *arguments])
-            check_space(self, settings, space)
-            plan = SearchPlan(settings, space)
-            check_same_search(read_plan(files), plan)
+            settings = with_trial_steps(asked, check_space(self, asked, space))
+            plan = same_search(read_plan(files), SearchPlan(asked, space), SearchPlan(settings, space))
+            settings = plan.settings
         except ValueError as err:
             exit_with_config_error(err, "nothing was submitted")
         created = missing_dirs(sweep_dir)
@@ -77,9 +84,32 @@ class SearchSweeper(Sweeper):
             raise
         merge_choices(sweep_dir)
         log.info("search: %d trials, sampler %s, pruner %s, %s %s; study %s (study_name=search)",
-                 settings.n_trials, settings.sampler, settings.pruner, settings.direction, settings.objective,
-                 files.journal)
+                 settings.n_trials, settings.sampler, pruner_summary(settings), settings.direction,
+                 settings.objective, files.journal)
         return returns
+
+
+def pruner_summary(settings: Any) -> str:
+    """The pruner and its rungs, for the submit's log line."""
+    if settings.pruner in ("sha", "hyperband"):
+        rungs = f"from step {settings.min_resource or 1}"
+        if settings.pruner == "hyperband":
+            rungs += f" to {settings.max_resource or 'the first finished trial'}"
+        return f"{settings.pruner} (rungs {rungs}, reduction factor {settings.reduction_factor})"
+    return settings.pruner
+
+
+def same_search(before: Any, asked: Any, plan: Any) -> Any:
+    """The plan to search with: ``plan`` for a new search, the recorded one when a sweep dir is run again.
+
+    A search recorded before its pruner's rungs were filled in from the trial config matches as it
+    was asked (``asked``) and keeps its rungs. ``ValueError`` when the sweep dir holds a search of
+    another space or other settings.
+    """
+    if before is not None and before == asked:
+        return before
+    check_same_search(before, plan)
+    return plan
 
 
 def check_same_search(before: Any, plan: Any) -> None:
@@ -115,11 +145,12 @@ def merge_choices(sweep_dir: Path) -> None:
         record_trial_overrides(sweep_dir, {num: choice.overrides for num, choice in choices.items()})
 
 
-def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> None:
+def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> list[tuple[int, int]]:
     """Compose and check a trial at every end of every dimension, as the launcher checks trials.
 
     ``ValueError`` naming the key and the value: an unknown key, or a value the key does not allow
     at either end of an interval (or for any choice), stops the sweep before anything is submitted.
+    Returns the ``(first, last)`` objective steps of the checked trials that the app knows them of.
     """
     from hpcsweep.search.space import check_trials
     from hpcsweep.search.study import check_sampler_available
@@ -132,11 +163,16 @@ def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> None:
     composer = SweepComposer(sweeper.hydra_context.config_loader, sweeper.config)
     hook = hook_of(launcher.task_function)
     launcher_params = getattr(launcher, "params", {})
+    steps = []
     for trial in check_trials(space):
         # The checks' own messages name the key and the value that is not allowed.
         try:
-            hook.check_trial(composer.compose_app(trial.overrides), launcher_params)
+            checked = hook.check_trial(composer.compose_app(trial.overrides), launcher_params)
         except HydraException as err:
             raise ValueError(f"search space: {str(err).splitlines()[0]}") from None
         except ValueError as err:
             raise ValueError(f"search space: {err}") from None
+        found = hook.objective_steps(checked)
+        if found is not None:
+            steps.append(found)
+    return steps

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcsweep.search.settings import SearchSettings, parse_plan, SearchPlan, settings_from_mapping
+from hpcsweep.search.settings import SearchSettings, parse_plan, SearchPlan, settings_from_mapping, with_trial_steps
 from hpcsweep.search.space import Dimension, SearchSpace, check_trials, parse_space, space_from_dict
 
 
@@ -108,6 +108,7 @@ def test_a_bad_space_is_refused_naming_the_key(overrides, message):
         ({"min_resource": 0}, "hydra.sweeper.min_resource=0 is not allowed"),
         ({"heartbeat_interval_s": 60, "grace_period_s": 30}, "hydra.sweeper.grace_period_s=30 is not allowed"),
         ({"objective": ""}, "hydra.sweeper.objective='' is not allowed"),
+        ({"min_resource": 50, "max_resource": 20}, "hydra.sweeper.min_resource=50 is not allowed: at most max_resource=20"),
     ],
 )
 def test_bad_sweeper_settings_are_refused_naming_the_key(raw, message):
@@ -119,3 +120,32 @@ def test_bad_sweeper_settings_are_refused_naming_the_key(raw, message):
 def test_sweeper_settings_ignore_hydra_keys():
     assert settings_from_mapping({"_target_": "x", "params": None, "n_trials": 4}) == SearchSettings(n_trials=4)
     assert SearchSpace((), ()).overrides({}) == []
+
+
+def test_unset_pruner_rungs_come_from_the_trials_objective_steps():
+    steps = [(25, 200), (10, 300)]
+    assert with_trial_steps(SearchSettings(pruner="hyperband"), steps).max_resource == 300
+    assert with_trial_steps(SearchSettings(pruner="hyperband"), steps).min_resource is None
+    assert with_trial_steps(SearchSettings(pruner="sha"), steps).min_resource == 10
+    assert with_trial_steps(SearchSettings(pruner="sha"), steps).max_resource is None
+    given = SearchSettings(pruner="hyperband", min_resource=5, max_resource=100)
+    assert with_trial_steps(given, steps) == given
+    for untouched in (SearchSettings(pruner="median"), SearchSettings(pruner="none")):
+        assert with_trial_steps(untouched, steps) == untouched
+    assert with_trial_steps(SearchSettings(pruner="hyperband"), []) == SearchSettings(pruner="hyperband")
+    # A first rung past every trial's end would leave Hyperband no room: the last rung follows it.
+    assert with_trial_steps(SearchSettings(pruner="hyperband", min_resource=400), steps).max_resource == 400
+
+
+def test_hpcsweep_trials_report_their_objective_from_the_first_evaluation_to_the_last_step():
+    from hpcsweep.config import trial_config_from_dict
+    from hpcsweep.sweep.hooks import Allocation, CheckedTrial, TrialHook
+    from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
+
+    def checked(**trainer):
+        return CheckedTrial(Allocation(), (trial_config_from_dict({"trainer": trainer}), None))
+
+    assert HpcsweepTrials().objective_steps(checked()) == (25, 200)
+    assert HpcsweepTrials().objective_steps(checked(eval_every=10, max_steps=300)) == (10, 300)
+    assert HpcsweepTrials().objective_steps(checked(eval_every=500, max_steps=300)) == (300, 300)
+    assert TrialHook().objective_steps(checked()) is None
