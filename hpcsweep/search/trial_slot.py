@@ -215,7 +215,8 @@ def trial_metrics(slot: SearchSlot) -> dict[str, Any] | None:
 
 
 def tell_from_results(study: Any, plan: SearchPlan, choice: TrialChoice, slot: SearchSlot) -> None:
-    """Tell the study how the trial ended; a trial that only stopped (to be resumed) is left RUNNING."""
+    """Tell the study how the trial ended; a trial that only stopped (to be resumed) is left RUNNING,
+    and one the budget skipped is FAIL."""
     from hpcsweep.search.study import objective_value
 
     metrics = trial_metrics(slot)
@@ -235,6 +236,10 @@ def tell_from_results(study: Any, plan: SearchPlan, choice: TrialChoice, slot: S
             tell_ended(study, choice, "completed", value)
     elif status in ("pruned", "failed"):
         tell_ended(study, choice, status, None)
+    elif status == "skipped_budget":
+        # It trained nothing: a RUNNING trial would count as a pending guess until its heartbeat went
+        # stale. A retry with more budget resumes the slot on a new study trial with these parameters.
+        tell_ended(study, choice, "failed", None)
 
 
 def tell_ended(study: Any, choice: TrialChoice, status: str, value: float | None) -> None:

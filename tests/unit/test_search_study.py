@@ -50,6 +50,23 @@ def test_slots_asking_at_once_get_distinct_trials_and_record_their_choice(search
         assert choice.overrides == ["trainer.max_steps=8", f"model.lr={choice.params['model.lr']}"]
 
 
+@pytest.mark.parametrize(("metrics", "state"), [
+    ({"status": "completed", "best_val_loss": 0.5}, TrialState.COMPLETE),
+    ({"status": "pruned"}, TrialState.PRUNED),
+    ({"status": "failed"}, TrialState.FAIL),
+    ({"status": "skipped_budget"}, TrialState.FAIL),
+    ({"status": "stopped"}, TrialState.RUNNING),
+])
+def test_the_study_is_told_how_a_trial_ended(search, tmp_path, metrics, state):
+    files, plan = search
+    study, choice = trial_slot.choose(files, plan, 0)
+    trial_dir = tmp_path / "0"
+    trial_dir.mkdir()
+    (trial_dir / "metrics.json").write_text(json.dumps(metrics))
+    trial_slot.tell_from_results(study, plan, choice, trial_slot.SearchSlot([], str(trial_dir), None, True))
+    assert load_study(files, plan.settings).trials[choice.study_trial].state == state
+
+
 def test_a_slot_that_starts_again_resumes_its_study_trial(search):
     files, plan = search
     _, first = trial_slot.choose(files, plan, 3)
