@@ -96,13 +96,17 @@ def where_column(row: TrialRow, color: bool) -> str:
     return row.nodes or "-"
 
 
+STATUS_WIDTH = max(len(status) for status in (*FINAL_STATUSES, "running", "pending"))
+"""The status column fits the longest status, so the columns after it line up on every line."""
+
+
 def status_line(row: TrialRow, params: str, eta: float | None, color: bool = False) -> str:
     """One trial's line, plus why when it failed or can never start; ``params`` comes padded."""
     state = row.slurm_state or row.status
     loss = row.train_loss if row.train_loss is not None else row.val_loss
     steps = f"{row.step if row.step is not None else '-'}/{row.max_steps or '-'}"
     line = (
-        f"#{row.num:<3} {params}  {row.status:<13} {state:<11} {progress_bar(row.step, row.max_steps)} "
+        f"#{row.num:<3} {params}  {row.status:<{STATUS_WIDTH}} {state:<11} {progress_bar(row.step, row.max_steps)} "
         f"{steps:>11}  eta {format_duration(eta):>7}  loss {'-' if loss is None else f'{loss:.4f}'}  "
         f"restarts {row.restarts if row.restarts is not None else '-'}  {where_column(row, color)}"
     )

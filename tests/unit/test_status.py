@@ -71,7 +71,7 @@ def test_pending_reason_shown_and_one_squeue_only_while_queued(tmp_path, capsys,
     fake_slurm.answer("squeue", "41_0|RUNNING|node1|None\n41_1|PENDING||Priority\n")
     assert status.main([str(sweep_dir)]) == 0
     out = capsys.readouterr().out
-    assert "pending       PENDING" in out and "(Priority)" in out and "never starts" not in out
+    assert "pending        PENDING" in out and "(Priority)" in out and "never starts" not in out
     assert len(fake_slurm.calls("sacct")) == 1 and fake_slurm.calls("scontrol") == []
     assert fake_slurm.calls("squeue") == ["--noheader --array --jobs 41 --format %i|%T|%N|%r"]
 
@@ -180,6 +180,8 @@ def test_budget_stopped_and_skipped_trials_are_not_failures(tmp_path, capsys, fa
     assert status.main([str(sweep_dir)]) == 0
     out = capsys.readouterr().out
     assert "2 trials, 1 stopped, 1 skipped_budget" in out and "(stopped by the budget)" in out
+    trial_lines = [line for line in out.splitlines() if line.startswith("#")]
+    assert len({line.index("COMPLETED") for line in trial_lines}) == 1, "the state column lines up"
     assert "budget: 0.136 GPU-hours spent (no budget)" in out
     assert status.budget_text(0.136, 0.2, color=False, stopped=status.stopped_by_budget(
         status.load_sweep(sweep_dir, with_scalars=False).rows)) == "budget: 0.136 / 0.2 GPU-hours spent (68%)  BUDGET SPENT"
