@@ -98,7 +98,8 @@ def start_trial(
     """Start Hydra job ``num`` with ``overrides`` in a new process on ``cpus``, with ``env`` on top of ours.
 
     The process gets a session of its own: a Ctrl-C reaches it once, from the sweep, which passes
-    on every stop signal. Call with the stop signals blocked (``stop.stop_signals_blocked``): the
+    on every stop signal; if the sweep dies without passing one on (SIGKILL), the trial process
+    is sent SIGTERM (``stop_with_the_sweep``). Call with the stop signals blocked (``stop.stop_signals_blocked``): the
     process inherits the mask and holds a signal until it knows what to do with it.
     """
     folder = context_file.parent
@@ -111,6 +112,7 @@ def start_trial(
         "cpus": list(cpus),
         "sys_path": sys.path,
         "outcome_file": str(outcome_file),
+        "sweep_pid": os.getpid(),
     })
     process = subprocess.Popen(
         [sys.executable, "-m", "hpcsweep.sweep.local_trial", str(spec_file)],
@@ -186,9 +188,36 @@ def outcome_bytes(outcome: TrialOutcome) -> bytes:
         return cloudpickle.dumps(Returned(job_return))
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal the kernel sends this process when the thread that started it ends."""
+
+
+def stop_with_the_sweep(sweep_pid: int) -> None:
+    """Have the kernel send this process SIGTERM once the sweep process is gone (Linux).
+
+    A trial process is in a session of its own, so a sweep killed outright (SIGKILL, an OOM kill)
+    would leave it training with nobody to collect it; SIGTERM stops it as a Slurm stop does, with
+    a checkpoint. The sweep starts trials from its main thread, which lives as long as the sweep.
+    Elsewhere than Linux nothing is set.
+    """
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    # The sweep may have died before the request took effect: this process has another parent then.
+    if os.getppid() != sweep_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: Sequence[str]) -> int:
     """The trial process: its CPUs, the sweep's import path, the trial, then its outcome file."""
     spec = json.loads(Path(argv[0]).read_text())
+    stop_with_the_sweep(int(spec["sweep_pid"]))
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])
     sys.path[:] = spec["sys_path"]

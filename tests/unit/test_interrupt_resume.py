@@ -92,6 +92,41 @@ def test_ctrl_c_stops_the_sweep_with_a_checkpoint_and_the_printed_command_resume
     assert metrics(sweep_dir / "0")["restarts"] == 1 and metrics(sweep_dir / "1")["restarts"] == 0
 
 
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_sweep_killed_outright_takes_its_running_trial_down_with_a_checkpoint(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcsweep", *SWEEP], cwd=tmp_path, env=env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    trial_dir = None
+    try:
+        wait_for(lambda: list(tmp_path.glob("multirun/*/*/0/checkpoints/step00000010-*.pt")), proc,
+                 "checkpoint of trial 0 at step 10")
+        (trial_dir,) = [p.parent.parent for p in tmp_path.glob("multirun/*/*/0/checkpoints")]
+        (rank,) = metrics(trial_dir)["ranks"]
+        assert pid_alive(rank["pid"])
+        proc.kill()  # SIGKILL: the sweep passes nothing on
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 120
+        while pid_alive(rank["pid"]) or metrics(trial_dir)["status"] == "running":
+            assert time.monotonic() < deadline, "the trial process outlived its sweep by 120 s"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stopped = metrics(trial_dir)
+    assert stopped["status"] == "stopped", stopped
+    assert 10 <= stopped["step"] < 100
+    assert list((trial_dir / "checkpoints").glob(f"step{stopped['step']:08d}-*.pt")), "stopped with a checkpoint"
+
+
 def test_resuming_with_another_lr_is_refused_unless_forced(tmp_path):
     first = hpcsweep(["model.lr=1e-4", *TINY, "hydra.run.dir=trial"], tmp_path, HPCSWEEP_TEST_STOP_AT_STEP="2")
     assert first.returncode == 3, first.stdout + first.stderr
