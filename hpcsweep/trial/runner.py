@@ -15,7 +15,6 @@ A trial whose steps stop for ``trainer.hang_timeout_min`` fails as a hang (``hpc
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import platform
@@ -34,6 +33,7 @@ import yaml
 from hpcsweep.config import TrialConfig, trial_config_to_dict
 from hpcsweep.files.atomic import atomic_write_json, atomic_write_text
 from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
+from hpcsweep.files import metrics_file
 from hpcsweep.files.metrics_file import write_metrics
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FILE
@@ -175,9 +175,9 @@ def check_trial_config(trial: TrialConfig, trial_dir: Path, force: bool, node_ra
 
 
 def read_metrics(trial_dir: Path) -> dict[str, Any]:
-    """The trial's ``metrics.json``, or ``{}`` before the first write."""
-    path = trial_dir / METRICS_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    """The trial's ``metrics.json``; ``{}`` before the first write, or if it cannot be read (the
+    exit codes alone then say how the trial ended)."""
+    return metrics_file.read_metrics(trial_dir / METRICS_FILE) or {}
 
 
 @dataclasses.dataclass(frozen=True)
