@@ -52,7 +52,7 @@ def test_a_16_trial_hyperband_search_is_one_throttled_array_sharing_one_study(tm
     started = time.monotonic()
     result = run_hpcsweep(
         [*SEARCH, *SPACE, *small, "trainer.eval_every=2", "hydra.sweeper.n_trials=16",
-         "hydra.sweeper.pruner=hyperband", "hydra.sweeper.max_resource=8", "hydra.launcher.array_parallelism=4"],
+         "hydra.sweeper.pruner=hyperband", "hydra.launcher.array_parallelism=4"],
         tmp_path, slurm_env, timeout=120,
     )
     submit_s = time.monotonic() - started
@@ -64,6 +64,8 @@ def test_a_16_trial_hyperband_search_is_one_throttled_array_sharing_one_study(tm
     assert array["trials"] == list(range(16))
     script = next(sweep_dir.glob(".submitit/*/*_submission.sh")).read_text()
     assert "#SBATCH --array=0-15%4" in script
+    # Hyperband's last rung is the trials' trainer.max_steps, so the first wave can be pruned too.
+    assert read_json(sweep_dir / "search" / "search.json")["settings"]["max_resource"] == 8
 
     wait_for(lambda: array_ended(slurm_env, array["array_job_id"], 16), timeout=400, what="the 16 search trials")
     study = load_study(sweep_dir)
@@ -135,3 +137,34 @@ def test_a_search_trial_stopped_by_usr2_resumes_as_the_same_study_trial(tmp_path
     assert sorted(steps) == sorted(set(steps)) == [50, 100, 150]
     config = yaml.safe_load((trial_dir / "config.yaml").read_text())
     assert config["model"]["lr"] == choice["params"]["model.lr"]
+
+
+def test_a_two_node_search_trial_runs_its_chosen_parameters_and_is_pruned_on_both_nodes(tmp_path, slurm_env):
+    # Seed 0 draws lr 3e-3 for trial 0 and 1e-6 for trial 1 (asserted below): trial 1 stays far
+    # behind trial 0 at its first evaluation, where the median pruner stops it.
+    settings = ["hydra.sweeper.sampler=random", "hydra.sweeper.pruner=median", "hydra.sweeper.n_startup_trials=1",
+                "hydra.sweeper.n_trials=2", "hydra.launcher.array_parallelism=1"]
+    shape = ["trainer.nodes=2", "trainer.nproc_per_node=1", "hydra.launcher.cpus_per_task=1"]
+    result = run_hpcsweep([*SEARCH, "model.lr=choice(3e-3, 1e-6)", *settings, *STOPPABLE_TRIAL, *shape],
+                          tmp_path, slurm_env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep_dir = only_sweep_dir(tmp_path)
+    (array,) = read_json(sweep_dir / "sweep.json")["arrays"]
+    wait_for(lambda: array_ended(slurm_env, array["array_job_id"], 2), timeout=300, what="the two search trials")
+    states = {k: v.split()[0] for k, v in sacct_states(slurm_env, array["array_job_id"]).items() if "_" in k}
+    assert set(states.values()) == {"COMPLETED"}, states
+
+    by_num = {t.user_attrs["hpcsweep_num"]: t for t in load_study(sweep_dir).trials}
+    assert [by_num[n].params["model.lr"] for n in (0, 1)] == [3e-3, 1e-6]
+    journal = sweep_dir / "search" / "study.journal"
+    done, pruned = read_json(sweep_dir / "0" / "metrics.json"), read_json(sweep_dir / "1" / "metrics.json")
+    for metrics in (done, pruned):
+        assert len(set(metrics["nodes"])) == 2 and len(metrics["ranks"]) == 2, metrics["nodes"]
+    # Both nodes trained the chosen parameters: node 1 read them from search/trials/0.json.
+    assert yaml.safe_load((sweep_dir / "0" / "config.yaml").read_text())["model"]["lr"] == 3e-3
+    assert by_num[0].state.name == "COMPLETE" and by_num[0].value == done["best_val_loss"]
+    # Only rank 0 reports: one value per evaluation.
+    assert intermediate_steps(journal, by_num[0]._trial_id) == [10, 20]
+    # Pruned at its first evaluation, and both nodes stopped there: their jobs completed, nothing hung.
+    assert by_num[1].state.name == "PRUNED" and intermediate_steps(journal, by_num[1]._trial_id) == [10]
+    assert (pruned["status"], pruned["step"]) == ("pruned", 10)
