@@ -109,7 +109,7 @@ def test_a_sweep_killed_outright_takes_its_running_trial_down_with_a_checkpoint(
     try:
         wait_for(lambda: list(tmp_path.glob("multirun/*/*/0/checkpoints/step00000010-*.pt")), proc,
                  "checkpoint of trial 0 at step 10")
-        (trial_dir,) = [p.parent.parent for p in tmp_path.glob("multirun/*/*/0/checkpoints")]
+        (trial_dir,) = [p.parent for p in tmp_path.glob("multirun/*/*/0/checkpoints")]
         (rank,) = metrics(trial_dir)["ranks"]
         assert pid_alive(rank["pid"])
         proc.kill()  # SIGKILL: the sweep passes nothing on
