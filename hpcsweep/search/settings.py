@@ -56,7 +56,8 @@ class SearchSettings:
         for name in ("min_resource", "max_resource", "seed"):
             if getattr(self, name) is not None:
                 _whole(name, getattr(self, name), 0 if name == "seed" else 1)
-        if self.min_resource is not None and self.max_resource is not None and self.min_resource > self.max_resource:
+        if (self.pruner == "hyperband" and self.min_resource is not None and self.max_resource is not None
+                and self.min_resource > self.max_resource):
             raise ValueError(
                 f"hydra.sweeper.min_resource={self.min_resource} is not allowed: "
                 f"at most max_resource={self.max_resource}"

@@ -99,8 +99,9 @@ def start_trial(
 
     The process gets a session of its own: a Ctrl-C reaches it once, from the sweep, which passes
     on every stop signal; if the sweep dies without passing one on (SIGKILL), the trial process
-    is sent SIGTERM (``stop_with_the_sweep``). Call with the stop signals blocked (``stop.stop_signals_blocked``): the
-    process inherits the mask and holds a signal until it knows what to do with it.
+    is sent SIGTERM (``stop_with_the_sweep``). Call with the stop signals blocked
+    (``stop.stop_signals_blocked``): the process inherits the mask and holds a signal until it
+    knows what to do with it.
     """
     folder = context_file.parent
     spec_file, outcome_file = folder / f"trial-{num}.json", folder / f"trial-{num}.outcome"

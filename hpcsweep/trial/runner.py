@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_to_dict
+from hpcsweep.files import metrics_file
 from hpcsweep.files.atomic import atomic_write_json, atomic_write_text
 from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
-from hpcsweep.files import metrics_file
 from hpcsweep.files.metrics_file import write_metrics
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FILE

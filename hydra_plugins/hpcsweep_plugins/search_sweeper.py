@@ -91,12 +91,13 @@ class SearchSweeper(Sweeper):
 
 def pruner_summary(settings: Any) -> str:
     """The pruner and its rungs, for the submit's log line."""
-    if settings.pruner in ("sha", "hyperband"):
-        rungs = f"from step {settings.min_resource or 1}"
-        if settings.pruner == "hyperband":
-            rungs += f" to {settings.max_resource or 'the first finished trial'}"
-        return f"{settings.pruner} (rungs {rungs}, reduction factor {settings.reduction_factor})"
-    return settings.pruner
+    if settings.pruner == "hyperband":
+        rungs = f"from step {settings.min_resource or 1} to {settings.max_resource or 'the first finished trial'}"
+    elif settings.pruner == "sha":
+        rungs = f"from step {settings.min_resource or 'estimated from the first finished trial'}"
+    else:
+        return settings.pruner
+    return f"{settings.pruner} (rungs {rungs}, reduction factor {settings.reduction_factor})"
 
 
 def same_search(before: Any, asked: Any, plan: Any) -> Any:

@@ -108,7 +108,8 @@ def test_a_bad_space_is_refused_naming_the_key(overrides, message):
         ({"min_resource": 0}, "hydra.sweeper.min_resource=0 is not allowed"),
         ({"heartbeat_interval_s": 60, "grace_period_s": 30}, "hydra.sweeper.grace_period_s=30 is not allowed"),
         ({"objective": ""}, "hydra.sweeper.objective='' is not allowed"),
-        ({"min_resource": 50, "max_resource": 20}, "hydra.sweeper.min_resource=50 is not allowed: at most max_resource=20"),
+        ({"pruner": "hyperband", "min_resource": 50, "max_resource": 20},
+         "hydra.sweeper.min_resource=50 is not allowed: at most max_resource=20"),
     ],
 )
 def test_bad_sweeper_settings_are_refused_naming_the_key(raw, message):
@@ -133,6 +134,8 @@ def test_unset_pruner_rungs_come_from_the_trials_objective_steps():
     for untouched in (SearchSettings(pruner="median"), SearchSettings(pruner="none")):
         assert with_trial_steps(untouched, steps) == untouched
     assert with_trial_steps(SearchSettings(pruner="hyperband"), []) == SearchSettings(pruner="hyperband")
+    # SHA has no last rung: a max_resource given with it is not compared with the derived first rung.
+    assert with_trial_steps(SearchSettings(pruner="sha", max_resource=5), steps).min_resource == 10
     # A first rung past every trial's end would leave Hyperband no room: the last rung follows it.
     assert with_trial_steps(SearchSettings(pruner="hyperband", min_resource=400), steps).max_resource == 400
 
