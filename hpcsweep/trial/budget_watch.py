@@ -15,6 +15,7 @@ directory above its own. Then:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpcsweep.config import TrialConfig
+from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import SWEEP_FILE, SweepRecord, read_sweep_record
 from hpcsweep.files.trial_files import METRICS_FILE
@@ -138,13 +140,23 @@ def skip_if_spent(trial: TrialConfig, trial_dir: Path, rdzv: Rendezvous, env: Ma
 
     Spent as the running trials' watches judge it, looking as far ahead: a trial they would stop at
     once does not start. A local trial adds its own GPUs to the rate; an array task is running
-    already, so accounting counts it.
+    already, so accounting counts it. Node 0 decides for a multi-node trial and the other nodes
+    follow (``START_DECISION_FILE``): nodes judging apart could split at the moment the budget runs
+    out, one skipping while another waits at the rendezvous for it.
     """
     found = find_sweep(trial_dir)
-    if found is None:
+    if found is None or found[1].budget_gpu_hours is None:
         return False
-    starting = local_units(trial, rdzv) if found[1].launcher != "slurm" else 0
-    if not budget_spent(*found, horizon=horizon_s(poll_interval(env)), starting_units=starting):
+    attempt = f"{rdzv.rdzv_id}.{env.get('SLURM_RESTART_COUNT', '0')}"
+    decided = None if rdzv.node_rank == 0 else read_start_decision(trial_dir, attempt, DECISION_WAIT_S)
+    if decided is not None:
+        spent = decided
+    else:
+        starting = local_units(trial, rdzv) if found[1].launcher != "slurm" else 0
+        spent = budget_spent(*found, horizon=horizon_s(poll_interval(env)), starting_units=starting)
+    if rdzv.node_rank == 0 and rdzv.nnodes > 1:
+        write_start_decision(trial_dir, attempt, spent)
+    if not spent:
         return False
     if rdzv.node_rank == 0:
         previous = read_metrics(trial_dir / METRICS_FILE)
@@ -154,6 +166,35 @@ def skip_if_spent(trial: TrialConfig, trial_dir: Path, rdzv: Rendezvous, env: Ma
         cancel_pending_tasks(found[1])
     log.warning("trial %s not started: the sweep's GPU-hour budget is spent", trial_dir)
     return True
+
+
+START_DECISION_FILE = "budget_start.json"
+"""Node 0's word to the other nodes of a multi-node trial: whether this attempt starts or is skipped."""
+DECISION_WAIT_S = 300.0
+"""How long the other nodes wait for node 0's word before they judge the budget themselves."""
+
+
+def write_start_decision(trial_dir: Path, attempt: str, skip: bool) -> None:
+    """Record node 0's decision for ``attempt`` (the job label and its restart count)."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(trial_dir / START_DECISION_FILE, {"attempt": attempt, "skip": skip})
+
+
+def read_start_decision(trial_dir: Path, attempt: str, timeout_s: float) -> bool | None:
+    """Node 0's decision for ``attempt`` (True: skip), waiting up to ``timeout_s``; None if none came."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            record = json.loads((trial_dir / START_DECISION_FILE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            record = {}
+        if record.get("attempt") == attempt:
+            return bool(record["skip"])
+        if time.monotonic() >= deadline:
+            log.warning("budget: node 0 of %s said nothing within %.0f s; judging the budget here",
+                        trial_dir, timeout_s)
+            return None
+        time.sleep(0.2)
 
 
 @contextmanager

@@ -134,6 +134,37 @@ def test_a_trial_that_starts_after_the_budget_is_spent_is_skipped(tmp_path):
     assert metrics["status"] == "skipped_budget" and metrics["step"] == 0 and metrics["max_steps"] == 8
 
 
+def two_nodes(node_rank):
+    return Rendezvous("127.0.0.1", 29500, nnodes=2, node_rank=node_rank, nproc_per_node=1, rdzv_id="7_1")
+
+
+def test_the_nodes_of_a_multi_node_trial_follow_node_0s_decision(tmp_path, monkeypatch):
+    _local_sweep(tmp_path, budget=1.0, spent_seconds=1800.0)
+    judged = []
+
+    def budget_spent(*args, **kwargs):
+        # The budget runs out between node 0's look and any later one.
+        judged.append(threading.current_thread().name)
+        return len(judged) == 1
+
+    monkeypatch.setattr(budget_watch, "budget_spent", budget_spent)
+    skipped = {}
+    node1 = threading.Thread(target=lambda: skipped.update(
+        node1=budget_watch.skip_if_spent(TRIAL, tmp_path / "1", two_nodes(1), env={"SLURM_RESTART_COUNT": "2"})),
+        name="node1")
+    node1.start()
+    time.sleep(0.3)  # node 1 is waiting for node 0's word by now
+    skipped["node0"] = budget_watch.skip_if_spent(TRIAL, tmp_path / "1", two_nodes(0), env={"SLURM_RESTART_COUNT": "2"})
+    node1.join(timeout=30)
+    assert skipped == {"node0": True, "node1": True}
+    assert judged == ["MainThread"], "node 1 did not judge the budget itself"
+
+    # Another attempt (a requeue) does not read this one's decision: node 1 waits, then judges itself.
+    monkeypatch.setattr(budget_watch, "DECISION_WAIT_S", 0.5)
+    assert not budget_watch.skip_if_spent(TRIAL, tmp_path / "1", two_nodes(1), env={"SLURM_RESTART_COUNT": "3"})
+    assert judged == ["MainThread", "MainThread"]
+
+
 def test_a_trial_starts_while_budget_is_left_or_outside_a_sweep(tmp_path):
     _local_sweep(tmp_path, budget=1.0, spent_seconds=1800.0)
     assert not budget_watch.skip_if_spent(TRIAL, tmp_path / "1", NODE0, env={})
