@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import warnings
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from typing import Any
 from hpcsweep.files.metrics_file import read_metrics
 from hpcsweep.files.sweep_record import record_trial_overrides
 from hpcsweep.files.trial_files import METRICS_FILE
+from hpcsweep.files.wait import wait_for
 from hpcsweep.search.settings import SearchFiles, SearchPlan, TrialChoice, read_choice, read_plan, write_choice
 
 log = logging.getLogger(__name__)
@@ -173,14 +173,10 @@ def resume_choice(files: SearchFiles, study: Any, choice: TrialChoice) -> TrialC
 
 def wait_for_choice(files: SearchFiles, num: int, timeout_s: float = CHOICE_WAIT_S) -> TrialChoice:
     """Trial ``num``'s choice, once the first node has recorded it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        choice = read_choice(files, num)
-        if choice is not None:
-            return choice
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{files.trial(num)}: the first node chose no parameters within {timeout_s:g} s")
-        time.sleep(0.5)
+    choice = wait_for(lambda: read_choice(files, num), timeout_s, interval_s=0.5)
+    if choice is None:
+        raise RuntimeError(f"{files.trial(num)}: the first node chose no parameters within {timeout_s:g} s")
+    return choice
 
 
 @contextmanager

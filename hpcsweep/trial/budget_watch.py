@@ -29,6 +29,7 @@ from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import SWEEP_FILE, SweepRecord, read_sweep_record
 from hpcsweep.files.trial_files import METRICS_FILE
 from hpcsweep.files.usage_file import USAGE_FILE, start_run, touch_run
+from hpcsweep.files.wait import wait_for
 from hpcsweep.results.budget import budget_reached, query_sweep_usage
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.usage import Usage
@@ -182,19 +183,17 @@ def write_start_decision(trial_dir: Path, attempt: str, skip: bool) -> None:
 
 def read_start_decision(trial_dir: Path, attempt: str, timeout_s: float) -> bool | None:
     """Node 0's decision for ``attempt`` (True: skip), waiting up to ``timeout_s``; None if none came."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def decision() -> bool | None:
         try:
             record = json.loads((trial_dir / START_DECISION_FILE).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
-            record = {}
-        if record.get("attempt") == attempt:
-            return bool(record["skip"])
-        if time.monotonic() >= deadline:
-            log.warning("budget: node 0 of %s said nothing within %.0f s; judging the budget here",
-                        trial_dir, timeout_s)
             return None
-        time.sleep(0.2)
+        return bool(record["skip"]) if record.get("attempt") == attempt else None
+
+    skip = wait_for(decision, timeout_s)
+    if skip is None:
+        log.warning("budget: node 0 of %s said nothing within %.0f s; judging the budget here", trial_dir, timeout_s)
+    return skip
 
 
 @contextmanager

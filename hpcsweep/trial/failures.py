@@ -17,7 +17,6 @@ import dataclasses
 import json
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.files.trial_files import METRICS_FILE
+from hpcsweep.files.wait import wait_for
 from hpcsweep.slurm.cluster_info import parse_fields
 from hpcsweep.slurm.env import SlurmJobEnv, expand_nodelist
 from hpcsweep.train import stop, worker_records
@@ -210,15 +210,6 @@ def read_reports(workers_dir: Path) -> list[Failure]:
     return found
 
 
-def _wait(predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def _claim(path: Path) -> bool:
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -269,12 +260,12 @@ def settle_failure(
         worker_records.worker_dir_for(trial_dir, node_rank) / "failure.json",
         [dataclasses.asdict(f) for f in failures],
     )
-    _wait(lambda: len(list(workers_dir.glob("node*/failure.json"))) >= nnodes, REPORT_WAIT_S)
+    wait_for(lambda: len(list(workers_dir.glob("node*/failure.json"))) >= nnodes or None, REPORT_WAIT_S)
     reports = read_reports(workers_dir)
     cause = root_cause(reports or failures)
     decided = workers_dir / f"decision-{attempt}.json"
     if not _claim(workers_dir / f"claim-{attempt}"):
-        _wait(decided.exists, DECISION_WAIT_S)
+        wait_for(lambda: decided.exists() or None, DECISION_WAIT_S)
         action = json.loads(decided.read_text())["action"] if decided.exists() else "fail"
         return FailureDecision(action, f"{cause.summary()}: handled by another node of the trial")
     metrics = read_metrics(trial_dir / METRICS_FILE) or new_report(**report_defaults)
