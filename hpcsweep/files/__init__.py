@@ -1,4 +1,4 @@
 """The files the stages hand each other: atomic writes, ``sweep.json``, ``metrics.json`` and the trial's TensorBoard run.
 
-Shared by every stage, so it imports nothing of hpcsweep but ``hpcsweep.config``; no torch.
+Shared by every stage. May import only ``config``; never a stage or a command module, and no torch.
 """

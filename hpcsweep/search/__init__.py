@@ -2,6 +2,6 @@
 choice of parameters, and the trainer's pruning reports.
 
 Shared by the stages that take part in a search (the sweeper's checks, each array task, each
-worker's rank 0), so it imports nothing of hpcsweep but ``config``, ``files``, ``slurm`` and itself;
+worker's rank 0). May import only ``config``, ``files`` and ``slurm``; never a stage or a command module.
 ``optuna`` is imported only where a search runs, and no torch.
 """

@@ -1,5 +1,5 @@
 """The sweep on the login node: compose and validate every trial, check it against the cluster, submit, write sweep.json.
 
-May import ``hpcsweep.config``, ``hpcsweep.files``, ``hpcsweep.slurm`` and the later stages it hands work to
-(``trial``, ``train``) lazily; never ``results`` and never a command module.
+May import only the shared packages, ``trial``, ``train`` and ``results``; never a command module, and no torch
+(it runs on the login node).
 """

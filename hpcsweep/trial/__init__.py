@@ -1,5 +1,4 @@
 """One trial on one node: rendezvous, NCCL environment, stop signals and requeue, then the workers.
 
-May import ``hpcsweep.config``, ``hpcsweep.files``, ``hpcsweep.slurm`` and ``hpcsweep.train``; never ``sweep``,
-``results`` or a command module.
+May import only the shared packages, ``train`` and ``results``; never ``sweep`` or a command module.
 """

@@ -133,10 +133,54 @@ def test_the_checks_catch_a_back_edge_and_a_cycle():
     assert cycles(graph) == [["hpcsweep.a", "hpcsweep.b", "hpcsweep.a"]]
 
 
-def test_every_package_says_what_it_owns_and_may_import():
-    for package in (*STAGES, "files", "slurm", "search"):
-        doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
-        assert doc and "import" in doc, package
+def listed(names: list[str], conjunction: str = "and") -> str:
+    """``a``, ``b`` and ``c``: parts of the layout quoted, other words as they are."""
+    quoted = [f"``{name}``" if name in ALLOWED else name for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} {conjunction} {quoted[-1]}"
+
+
+def import_rule(part: str) -> str:
+    """What ``part``'s docstring must say it may import, generated from ALLOWED (the source of truth).
+
+    Stages name the shared packages as a group, so a new shared package changes no stage's sentence.
+    """
+    allowed = [p for p in (*SHARED, *STAGES) if p in ALLOWED[part] and p != part]
+    never = [p for p in STAGES if p not in ALLOWED[part]]
+    if part in STAGES:
+        allowed = ["the shared packages", *[p for p in allowed if p in STAGES]]
+        never_clause = listed([*never, "a command module"], "or")
+    else:
+        never_clause = "a stage or a command module"
+    return f"May import only {listed(allowed)}; never {never_clause}"
+
+
+def packages() -> list[str]:
+    return sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+
+
+def test_every_package_is_in_the_layout_table():
+    assert set(packages()) <= set(ALLOWED), f"add {sorted(set(packages()) - set(ALLOWED))} to SHARED or STAGES"
+
+
+def test_each_package_docstring_states_the_import_rule_of_the_table():
+    wrong = []
+    for package in packages():
+        doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or ""
+        if import_rule(package) not in " ".join(doc.split()):
+            wrong.append(f"hpcsweep/{package}/__init__.py must say: {import_rule(package)}.")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_import_rule_names_what_the_table_allows_and_forbids():
+    assert import_rule("sweep") == (
+        "May import only the shared packages, ``trial``, ``train`` and ``results``; never a command module")
+    assert import_rule("trial") == (
+        "May import only the shared packages, ``train`` and ``results``; never ``sweep`` or a command module")
+    assert import_rule("results") == (
+        "May import only the shared packages; never ``sweep``, ``trial``, ``train`` or a command module")
+    assert import_rule("files") == "May import only ``config``; never a stage or a command module"
+    assert import_rule("search") == (
+        "May import only ``config``, ``files`` and ``slurm``; never a stage or a command module")
 
 
 @pytest.mark.parametrize(
