@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# The one test command: installs what a fresh machine lacks (`slurm-cluster up` installs the
-# Debian packages as root), starts the local Slurm cluster,
-# runs the unit and cluster tests, always stops the cluster, and exits with pytest's status.
-#   scripts/test.sh [pytest args]
+# The one test command. It installs what a fresh machine lacks, runs the tests, and exits with
+# pytest's status.
+#   scripts/test.sh [pytest args]          every test, unit and cluster (what CI runs: .ci/run): starts
+#                                          the local Slurm cluster (`slurm-cluster up` installs the Debian
+#                                          packages as root) and always stops it
+#   scripts/test.sh --fast [pytest args]   the unit tests not marked slow, in a few minutes; installs and
+#                                          starts no Slurm
+# pytest args come after the tests to run, e.g. `scripts/test.sh --fast -k budget` or `scripts/test.sh -x`.
+# Markers (setup.cfg): `cluster` marks every test under tests/cluster, `slow` the unit tests that take
+# more than about 5 s (listed in tests/conftest.py); `-m "not slow"` or `-m slow` selects by them.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 python=${PYTHON:-python3}
+
+fast=false
+pytest_args=()
+for arg in "$@"; do
+    if [ "$arg" = "--fast" ]; then fast=true; else pytest_args+=("$arg"); fi
+done
 
 # A CPU build of torch when none is importable: plain `pip install torch` may pull a multi-GB CUDA build.
 if ! "$python" -c "import torch" >/dev/null 2>&1; then
@@ -14,13 +26,17 @@ if ! "$python" -c "import torch" >/dev/null 2>&1; then
 fi
 "$python" -m pip install --quiet -e ".[test]"
 
+if "$fast"; then
+    exec "$python" -m pytest -q -p no:cacheprovider tests/unit -m "not slow" "${pytest_args[@]}"
+fi
+
 cleanup() { "$repo/scripts/slurm-cluster" down || true; }
 trap cleanup EXIT
 "$repo/scripts/slurm-cluster" up
 eval "$("$repo/scripts/slurm-cluster" env)"
 
 set +e
-"$python" -m pytest -q -p no:cacheprovider tests/unit tests/cluster "$@"
+"$python" -m pytest -q -p no:cacheprovider tests/unit tests/cluster "${pytest_args[@]}"
 status=$?
 set -e
 exit "$status"

@@ -1,0 +1,61 @@
+"""Test tiers, as markers (registered in setup.cfg), so no test file has to carry them:
+
+- ``cluster``: every test under ``tests/cluster``, which runs against the local Slurm cluster;
+- ``slow``: the unit tests listed below, each over about 5 s on an idle 2-core machine (measured
+  with ``--durations``): real trials in fresh processes, torchrun, pip installs.
+
+``scripts/test.sh --fast`` runs ``tests/unit -m "not slow"``. A listed name that no longer exists
+fails ``tests/unit/test_tiers.py``.
+"""
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+CLUSTER_TESTS = TESTS / "cluster"
+UNIT_TESTS = TESTS / "unit"
+
+SLOW_MODULES = {
+    "test_foreign_app.py",  # a venv with the foreign app installed, then local sweeps of it
+    "test_sharded_checkpoint.py",  # torchrun runs of two ranks
+    "test_trainer_ddp.py",  # torchrun runs of two ranks
+}
+"""Unit test modules whose every test is slow (most share a module fixture that trains)."""
+SLOW_TESTS = {
+    "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
+    "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
+    "test_interrupt_resume.py": {
+        "test_ctrl_c_stops_the_sweep_with_a_checkpoint_and_the_printed_command_resumes_it",
+        "test_resuming_with_another_lr_is_refused_unless_forced",
+        "test_a_sweep_killed_outright_takes_its_running_trial_down_with_a_checkpoint",
+    },
+    "test_local_parallel.py": {
+        "test_two_trials_run_at_once_each_in_its_own_process_with_the_weights_of_one_at_a_time",
+        "test_another_apps_job_returns_come_back_in_trial_order_from_two_at_once",
+    },
+    "test_local_sweep.py": {
+        "test_local_sweep_runs_every_trial_and_writes_sweep_json",
+        "test_single_run_with_bad_value_exits_with_the_key",
+    },
+    "test_packaging.py": {"test_plain_install_runs_cfg_job_from_another_folder"},
+    "test_search_study.py": {"test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune"},
+    "test_search_sweeper.py": {"test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes"},
+    "test_trainer_learning.py": {"test_val_loss_falls_far_below_the_unigram_entropy"},
+    "test_worker_failure.py": {"test_failing_workers_fail_the_trial_with_their_traceback"},
+}
+"""Slow tests by unit test module, by function name (every parameter set of a parametrized test)."""
+
+
+def is_slow(path: Path, function_name: str) -> bool:
+    if path.parent != UNIT_TESTS:
+        return False
+    return path.name in SLOW_MODULES or function_name in SLOW_TESTS.get(path.name, ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(CLUSTER_TESTS):
+            item.add_marker(pytest.mark.cluster)
+        elif is_slow(item.path, getattr(item, "originalname", item.name)):
+            item.add_marker(pytest.mark.slow)
