@@ -30,7 +30,9 @@ from .conftest import (
 )
 
 TRIAL = [o for o in SMALL_TRIAL if not o.startswith(("trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every",
-                                                    "trainer.log_every"))] + ["trainer.log_every=10", "topology.mode=off"]
+                                                    "trainer.log_every"))] + [
+    "trainer.log_every=10", "topology.mode=off",
+]
 TOKENS_PER_STEP = 4 * 32
 """``data.batch_size`` x ``data.seq_len`` of SMALL_TRIAL."""
 GPUS = 8

@@ -34,7 +34,8 @@ AWAITING_DELETION = {
 
 
 def python_sources() -> list[Path]:
-    scripts = [p for p in (REPO / "scripts").iterdir() if p.is_file() and p.read_text().startswith("#!/usr/bin/env python")]
+    scripts = [p for p in (REPO / "scripts").iterdir()
+               if p.is_file() and p.read_text().startswith("#!/usr/bin/env python")]
     return [*(REPO / "hpcsweep").rglob("*.py"), *(REPO / "hydra_plugins").rglob("*.py"),
             *(REPO / "benchmarks").rglob("*.py"), *(REPO / "configs").rglob("*.py"), *scripts]
 
