@@ -92,7 +92,10 @@ def dead_functions() -> set[str]:
 
 
 def test_every_public_function_has_a_caller_outside_the_tests():
-    assert dead_functions() == AWAITING_DELETION
+    dead = dead_functions()
+    assert dead == AWAITING_DELETION, (
+        f"dead (delete them with their tests): {sorted(dead - AWAITING_DELETION)}; "
+        f"deleted (take them out of AWAITING_DELETION): {sorted(AWAITING_DELETION - dead)}")
 
 
 def test_a_docstring_or_an_assignment_is_no_caller():
