@@ -381,6 +381,44 @@ class TrialConfig:
     nccl: NcclConfig
     topology: TopologyConfig
 
+    def __post_init__(self) -> None:
+        _require(
+            self.data.seq_len <= self.model.max_position_embeddings,
+            "data.seq_len",
+            self.data.seq_len,
+            f"at most model.max_position_embeddings={self.model.max_position_embeddings}",
+        )
+        if self.data.kind == "synthetic":
+            check_corpus_fits(
+                self.data,
+                self.model.vocab_size,
+                num_tokens=self.data.synthetic_tokens,
+                corpus_vocab_size=self.model.vocab_size,
+                source=f"the synthetic corpus (data.synthetic_tokens={self.data.synthetic_tokens})",
+            )
+
+
+def check_corpus_fits(
+    data: DataConfig, model_vocab_size: int, *, num_tokens: int, corpus_vocab_size: int, source: str
+) -> None:
+    """Raise ``ValueError`` when a corpus of ``num_tokens`` ids below ``corpus_vocab_size`` cannot
+    train a model of ``model_vocab_size`` on sequences of ``data.seq_len`` (``source`` names it)."""
+    _require(
+        corpus_vocab_size <= model_vocab_size,
+        "model.vocab_size",
+        model_vocab_size,
+        f"{source} needs at least {corpus_vocab_size} (its vocabulary)",
+    )
+    val_start = int(num_tokens * (1 - data.val_fraction))
+    shortest_split = min(val_start, num_tokens - val_start)
+    _require(
+        data.seq_len + 1 < shortest_split,
+        "data.seq_len",
+        data.seq_len,
+        f"at most {shortest_split - 2}: {source} holds {num_tokens} tokens, and its smaller split "
+        f"(data.val_fraction={data.val_fraction}) {shortest_split}",
+    )
+
 
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
