@@ -52,11 +52,12 @@ def check_override_keys(args: Sequence[str]) -> None:
     ``args`` are the command's arguments; flags and unparsable overrides are left to Hydra, and so
     are ``+key=``, ``++key=`` and ``~key`` (appending and deleting are deliberate).
     """
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    parsed_args, _ = get_args_parser().parse_known_args(list(args))
+    from hpcsweep.sweep.hydra_private import parse_command_line
+
+    parsed_args = parse_command_line(args)
     if parsed_args.shell_completion:
         return  # the "overrides" are completion queries
     parser = OverridesParser.create()
