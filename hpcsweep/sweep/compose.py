@@ -124,7 +124,7 @@ class SweepComposer:
         self._numbered_dir: Path | None = None
 
     def _is_group_override(self, override: Override) -> bool:
-        # The same rule Hydra's defaults list applies (hydra._internal.defaults_list.Overrides).
+        # The rule by which Hydra's defaults list tells a group choice from a value override.
         return not isinstance(override.value(), dict) and is_config_group(self._loader, override.key_or_group)
 
     def _template(self, group_lines: tuple[str, ...]) -> _Template:
