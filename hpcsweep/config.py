@@ -1,6 +1,7 @@
 """One dataclass per config group, each field documented, each checked in ``__post_init__``.
 
-Hydra composes plain YAML from ``configs/``; ``trial_config_from_dict`` turns the composed mapping
+These dataclasses hold every default; Hydra composes the presets of ``configs/`` over them
+(``config_defaults``), and ``trial_config_from_dict`` turns the composed mapping
 into these dataclasses. Every error is a ``ValueError`` that names the key (``model.lr``), the value,
 and what is allowed, so a bad sweep stops on the login node before anything is submitted.
 """
@@ -463,6 +464,11 @@ def resume_config_from_dict(values: Mapping[str, Any]) -> ResumeConfig:
     if not isinstance(group_values, Mapping):
         _fail("resume", group_values, "a mapping of resume keys")
     return build_group(ResumeConfig, "resume", group_values)
+
+
+def config_defaults() -> dict[str, dict[str, Any]]:
+    """Every group's default values, as plain containers: what Hydra composes the presets over."""
+    return {group: dataclasses.asdict(cls()) for group, cls in {**_GROUPS, **_LAUNCH_GROUPS}.items()}
 
 
 def config_keys() -> dict[str, list[str]]:
