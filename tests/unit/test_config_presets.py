@@ -110,3 +110,20 @@ def test_every_preset_composes_into_a_valid_trial(choice):
     assert composed[group] == {**config_defaults()[group], **yaml_values(CONFIGS / group / f"{option}.yaml"), **path}
     trial_config_from_dict(composed)
 
+
+
+def test_the_slurm_launcher_config_extends_submitits_and_redeclares_only_what_it_changes():
+    from dataclasses import fields
+
+    from hydra_plugins.hpcsweep_plugins.config import AutoLauncherConf, SlurmLauncherConf
+
+    # By name: Hydra's plugin scan executes submitit's config module again, making a new class.
+    SlurmQueueConf = SlurmLauncherConf.__mro__[1]
+    assert (SlurmQueueConf.__module__, SlurmQueueConf.__name__) == (
+        "hydra_plugins.hydra_submitit_launcher.config", "SlurmQueueConf")
+    assert issubclass(AutoLauncherConf, SlurmLauncherConf)
+    submitits = {f.name: f.default for f in fields(SlurmQueueConf)}
+    redeclared = sorted(name for name in vars(SlurmLauncherConf)["__annotations__"] if name in submitits)
+    assert redeclared == ["_target_", "max_num_timeout", "timeout_min"]
+    ours = {f.name: f.default for f in fields(SlurmLauncherConf)}
+    assert all(ours[name] != submitits[name] for name in redeclared)
