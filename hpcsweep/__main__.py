@@ -13,9 +13,10 @@ def main() -> None:
     """
     from hpcsweep.sweep.override_keys import check_override_keys
     from hpcsweep.sweep.resume_hint import CommandStopped
+    from hydra_plugins.hpcsweep_plugins.config import launcher_keys
 
     try:
-        check_override_keys(sys.argv[1:])
+        check_override_keys(sys.argv[1:], launcher_keys())
     except ValueError as err:
         print(err, file=sys.stderr)
         raise SystemExit(2) from None

@@ -9,11 +9,12 @@ and what is allowed, so a bad sweep stops on the login node before anything is s
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -86,14 +87,48 @@ def build_group(cls: type, group: str, values: Mapping[str, Any]) -> Any:
     hints, fields = _schema(cls)
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(
-            f"{group}.{unknown[0]} is not a known key; allowed keys of {group}: "
-            + ", ".join(sorted(fields))
-        )
+        raise ValueError(unknown_key_message(f"{group}.{unknown[0]}", {group: sorted(fields)}, ()))
     checked = {
         name: _check_type(f"{group}.{name}", value, hints[name]) for name, value in values.items()
     }
     return cls(**checked)
+
+
+def unknown_key_message(
+    key: str, keys: Mapping[str, Sequence[str]] | None = None, free_mappings: Iterable[str] | None = None
+) -> str | None:
+    """Why ``key`` (``model.lrr``) is not a config key, with the closest one; None when it is one.
+
+    The one wording of an unknown key, wherever it is found: on the command line before Hydra
+    starts (``hpcsweep.sweep.override_keys``), or in a composed config (``build_group``,
+    ``trial_config_from_dict``). ``keys`` maps each group to its keys (default: every group's);
+    under a key in ``free_mappings`` (``nccl.overrides``) any sub-key is allowed. Hydra's own
+    namespace and config-group choices (``hydra/launcher``) are Hydra's business.
+    """
+    keys = config_keys() if keys is None else keys
+    free = mapping_keys() if free_mappings is None else set(free_mappings)
+    if key == "hydra" or key.startswith(("hydra.", "hydra/")) or "/" in key:
+        return None
+    group, _, rest = key.partition(".")
+    if not rest and group in keys:
+        return None  # a config-group choice: model=llama_small
+    if group in keys and rest.split(".")[0] in keys[group]:
+        first = f"{group}.{rest.split('.')[0]}"
+        if "." not in rest or first in free:
+            return None
+    dotted = [f"{g}.{name}" for g, names in keys.items() for name in names]
+    last = key.rsplit(".", 1)[-1]
+    guesses = [k for k in dotted if k.rsplit(".", 1)[-1] == last]
+    if not guesses and group in keys:
+        # Within a known group compare the names alone: a shared "model." would match anything.
+        guesses = [f"{group}.{name}" for name in difflib.get_close_matches(rest, keys[group], n=1)]
+    elif not guesses:
+        guesses = difflib.get_close_matches(key, dotted, n=1)
+    hint = f"; did you mean {guesses[0]}?" if guesses else ""
+    scope = (
+        f"keys of {group}: " + ", ".join(keys[group]) if group in keys else "config groups: " + ", ".join(keys)
+    )
+    return f"{key} is not a config key{hint} ({scope})"
 
 
 def _require(condition: bool, key: str, value: Any, allowed: str) -> None:
@@ -441,9 +476,7 @@ def trial_config_from_dict(values: Mapping[str, Any]) -> TrialConfig:
     """
     unknown = sorted(set(values) - set(_GROUPS) - set(_LAUNCH_GROUPS) - {"hydra"})
     if unknown:
-        raise ValueError(
-            f"{unknown[0]} is not a known config group; allowed: " + ", ".join(sorted({**_GROUPS, **_LAUNCH_GROUPS}))
-        )
+        raise ValueError(unknown_key_message(unknown[0]))
     groups = {}
     for name, cls in _GROUPS.items():
         group_values = values.get(name) or {}

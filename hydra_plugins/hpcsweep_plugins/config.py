@@ -1,6 +1,6 @@
 """Launcher and sweeper configs, stored in Hydra's ConfigStore under ``hydra/launcher`` and ``hydra/sweeper``."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
@@ -133,6 +133,21 @@ class SearchSweeperConf:
     grace_period_s: int = 300
     # More of the space, as {key: sweep}, besides the command line's.
     params: Optional[dict[str, str]] = None
+
+
+LAUNCHER_CONFS: dict[str, type] = {
+    "hpcsweep_slurm": SlurmLauncherConf,
+    "hpcsweep_local": LocalLauncherConf,
+    "hpcsweep_auto": AutoLauncherConf,
+}
+"""hpcsweep's launcher options by name; ``configs/hydra/launcher/{slurm,local,auto}.yaml`` each
+extend the one of its name."""
+
+
+def launcher_keys() -> dict[str, list[str]]:
+    """The keys of each of hpcsweep's ``hydra/launcher`` options, the app's YAML options included."""
+    keys = {name: sorted(f.name for f in fields(conf)) for name, conf in LAUNCHER_CONFS.items()}
+    return {**keys, **{name.removeprefix("hpcsweep_"): names for name, names in keys.items()}}
 
 
 _store = ConfigStore.instance()

@@ -115,3 +115,15 @@ def test_what_only_hydra_can_answer_is_left_to_hydra(tmp_path):
                             timeout=120, cwd=tmp_path)
     assert result.returncode == 1 and "Could not find 'model/nosuch'" in result.stderr
     assert "lr: -1.0" in hpcsweep("--cfg", "job", "model.lr=-1.0")
+
+
+def test_a_misspelt_launcher_key_gets_the_closest_key_and_the_launcher_not_hydras_error(tmp_path):
+    result = refused(["-m", "hydra.launcher.array_paralellism=8"], tmp_path)
+    assert result.stderr.startswith("hydra.launcher.array_paralellism is not a key of the launcher; "
+                                    "did you mean hydra.launcher.array_parallelism? (keys of the launcher: ")
+    assert len(result.stderr.splitlines()) == 1 and "SlurmLauncherConf" not in result.stderr
+    local = refused(["-m", "hydra/launcher=local", "hydra.launcher.local_paralelism=2"], tmp_path)
+    assert local.stderr == ("hydra.launcher.local_paralelism is not a key of the local launcher; did you mean "
+                            "hydra.launcher.local_parallelism? (keys of the local launcher: budget_gpu_hours, "
+                            "local_parallelism)\n")
+    assert list(tmp_path.iterdir()) == []

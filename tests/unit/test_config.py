@@ -20,13 +20,14 @@ def test_ints_are_accepted_as_floats():
         ({"model": {"lr": -1}}, "model.lr=-1.0 is not allowed: a learning rate > 0"),
         ({"model": {"lr": 0}}, "model.lr=0.0 is not allowed"),
         ({"model": {"lr": "fast"}}, "model.lr='fast' is not allowed: a number"),
-        ({"model": {"nosuch": 1}}, "model.nosuch is not a known key; allowed keys of model: arch,"),
+        ({"model": {"nosuch": 1}}, "model.nosuch is not a config key (keys of model: arch,"),
+        ({"model": {"lrr": 1}}, "model.lrr is not a config key; did you mean model.lr? (keys of model: arch,"),
         ({"trainer": {"nodes": 0}}, "trainer.nodes=0 is not allowed: an integer >= 1"),
         ({"trainer": {"nodes": True}}, "trainer.nodes=True is not allowed: an integer"),
         ({"trainer": {"precision": "fp8"}}, "trainer.precision='fp8' is not allowed: one of 'fp32', 'bf16', 'fp16'"),
         ({"nccl": {"preset": "x"}}, "nccl.preset='x' is not allowed: one of 'a100_ib'"),
         ({"topology": {"mode": "near"}}, "topology.mode='near' is not allowed: one of 'switches', 'pin', 'off'"),
-        ({"extra": {}}, "extra is not a known config group; allowed: data, model, nccl, resume, topology, trainer"),
+        ({"extra": {}}, "extra is not a config key (config groups: model, data, trainer, nccl, topology, resume)"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(values, message):
