@@ -446,12 +446,13 @@ def check_corpus_fits(
         f"{source} needs at least {corpus_vocab_size} (its vocabulary)",
     )
     val_start = int(num_tokens * (1 - data.val_fraction))
+    # A window is seq_len inputs plus one target; val_fraction < 0.5 makes validation the smaller split.
     shortest_split = min(val_start, num_tokens - val_start)
     _require(
         data.seq_len + 1 < shortest_split,
         "data.seq_len",
         data.seq_len,
-        f"at most {shortest_split - 2}: {source} holds {num_tokens} tokens, and its smaller split "
+        f"at most {shortest_split - 2}: {source} holds {num_tokens} tokens, its validation split "
         f"(data.val_fraction={data.val_fraction}) {shortest_split}",
     )
 
@@ -476,7 +477,7 @@ def trial_config_from_dict(values: Mapping[str, Any]) -> TrialConfig:
     """
     unknown = sorted(set(values) - set(_GROUPS) - set(_LAUNCH_GROUPS) - {"hydra"})
     if unknown:
-        raise ValueError(unknown_key_message(unknown[0]))
+        raise ValueError(unknown_key_message(unknown[0]) or f"{unknown[0]} is not a config group")
     groups = {}
     for name, cls in _GROUPS.items():
         group_values = values.get(name) or {}
