@@ -84,7 +84,8 @@ class Plan:
 
 def model_group(name: str, **changes: Any) -> dict[str, Any]:
     """A model config group from configs/model, with ``changes``."""
-    return {**yaml.safe_load((REPO / "configs" / "model" / f"{name}.yaml").read_text()), **changes}
+    # A preset holds what differs from ModelConfig's defaults; deepseek_tiny is those defaults, an empty file.
+    return {**(yaml.safe_load((REPO / "configs" / "model" / f"{name}.yaml").read_text()) or {}), **changes}
 
 
 GPU_PLAN = Plan(

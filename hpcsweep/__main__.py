@@ -8,19 +8,27 @@ from hpcsweep.train.stop import EXIT_INTERRUPTED
 def main() -> None:
     """Console-script entry point, the same as ``python -m hpcsweep``.
 
-    A misspelt key is refused before Hydra starts (exit 2); a stopped trial or sweep ends with
+    A misspelt key, or a single run's bad config, is refused before Hydra starts (exit 2); a stopped trial or sweep ends with
     one line saying how to resume it, never a traceback.
     """
     from hpcsweep.sweep.override_keys import check_override_keys
     from hpcsweep.sweep.resume_hint import CommandStopped
+    from hydra_plugins.hpcsweep_plugins.config import launcher_keys
 
     try:
-        check_override_keys(sys.argv[1:])
+        check_override_keys(sys.argv[1:], launcher_keys())
     except ValueError as err:
         print(err, file=sys.stderr)
         raise SystemExit(2) from None
 
     from hpcsweep.app import hydra_main
+    from hpcsweep.sweep.single_run import check_single_run
+
+    try:
+        check_single_run(sys.argv[1:])
+    except ValueError as err:
+        print(f"{err}; the trial did not run", file=sys.stderr)
+        raise SystemExit(2) from None
 
     try:
         hydra_main()

@@ -1,6 +1,7 @@
 """One dataclass per config group, each field documented, each checked in ``__post_init__``.
 
-Hydra composes plain YAML from ``configs/``; ``trial_config_from_dict`` turns the composed mapping
+These dataclasses hold every default; Hydra composes the presets of ``configs/`` over them
+(``config_defaults``), and ``trial_config_from_dict`` turns the composed mapping
 into these dataclasses. Every error is a ``ValueError`` that names the key (``model.lr``), the value,
 and what is allowed, so a bad sweep stops on the login node before anything is submitted.
 """
@@ -8,11 +9,12 @@ and what is allowed, so a bad sweep stops on the login node before anything is s
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -85,14 +87,48 @@ def build_group(cls: type, group: str, values: Mapping[str, Any]) -> Any:
     hints, fields = _schema(cls)
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(
-            f"{group}.{unknown[0]} is not a known key; allowed keys of {group}: "
-            + ", ".join(sorted(fields))
-        )
+        raise ValueError(unknown_key_message(f"{group}.{unknown[0]}", {group: sorted(fields)}, ()))
     checked = {
         name: _check_type(f"{group}.{name}", value, hints[name]) for name, value in values.items()
     }
     return cls(**checked)
+
+
+def unknown_key_message(
+    key: str, keys: Mapping[str, Sequence[str]] | None = None, free_mappings: Iterable[str] | None = None
+) -> str | None:
+    """Why ``key`` (``model.lrr``) is not a config key, with the closest one; None when it is one.
+
+    The one wording of an unknown key, wherever it is found: on the command line before Hydra
+    starts (``hpcsweep.sweep.override_keys``), or in a composed config (``build_group``,
+    ``trial_config_from_dict``). ``keys`` maps each group to its keys (default: every group's);
+    under a key in ``free_mappings`` (``nccl.overrides``) any sub-key is allowed. Hydra's own
+    namespace and config-group choices (``hydra/launcher``) are Hydra's business.
+    """
+    keys = config_keys() if keys is None else keys
+    free = mapping_keys() if free_mappings is None else set(free_mappings)
+    if key == "hydra" or key.startswith(("hydra.", "hydra/")) or "/" in key:
+        return None
+    group, _, rest = key.partition(".")
+    if not rest and group in keys:
+        return None  # a config-group choice: model=llama_small
+    if group in keys and rest.split(".")[0] in keys[group]:
+        first = f"{group}.{rest.split('.')[0]}"
+        if "." not in rest or first in free:
+            return None
+    dotted = [f"{g}.{name}" for g, names in keys.items() for name in names]
+    last = key.rsplit(".", 1)[-1]
+    guesses = [k for k in dotted if k.rsplit(".", 1)[-1] == last]
+    if not guesses and group in keys:
+        # Within a known group compare the names alone: a shared "model." would match anything.
+        guesses = [f"{group}.{name}" for name in difflib.get_close_matches(rest, keys[group], n=1)]
+    elif not guesses:
+        guesses = difflib.get_close_matches(key, dotted, n=1)
+    hint = f"; did you mean {guesses[0]}?" if guesses else ""
+    scope = (
+        f"keys of {group}: " + ", ".join(keys[group]) if group in keys else "config groups: " + ", ".join(keys)
+    )
+    return f"{key} is not a config key{hint} ({scope})"
 
 
 def _require(condition: bool, key: str, value: Any, allowed: str) -> None:
@@ -381,6 +417,45 @@ class TrialConfig:
     nccl: NcclConfig
     topology: TopologyConfig
 
+    def __post_init__(self) -> None:
+        _require(
+            self.data.seq_len <= self.model.max_position_embeddings,
+            "data.seq_len",
+            self.data.seq_len,
+            f"at most model.max_position_embeddings={self.model.max_position_embeddings}",
+        )
+        if self.data.kind == "synthetic":
+            check_corpus_fits(
+                self.data,
+                self.model.vocab_size,
+                num_tokens=self.data.synthetic_tokens,
+                corpus_vocab_size=self.model.vocab_size,
+                source=f"the synthetic corpus (data.synthetic_tokens={self.data.synthetic_tokens})",
+            )
+
+
+def check_corpus_fits(
+    data: DataConfig, model_vocab_size: int, *, num_tokens: int, corpus_vocab_size: int, source: str
+) -> None:
+    """Raise ``ValueError`` when a corpus of ``num_tokens`` ids below ``corpus_vocab_size`` cannot
+    train a model of ``model_vocab_size`` on sequences of ``data.seq_len`` (``source`` names it)."""
+    _require(
+        corpus_vocab_size <= model_vocab_size,
+        "model.vocab_size",
+        model_vocab_size,
+        f"{source} needs at least {corpus_vocab_size} (its vocabulary)",
+    )
+    val_start = int(num_tokens * (1 - data.val_fraction))
+    # A window is seq_len inputs plus one target; val_fraction < 0.5 makes validation the smaller split.
+    shortest_split = min(val_start, num_tokens - val_start)
+    _require(
+        data.seq_len + 1 < shortest_split,
+        "data.seq_len",
+        data.seq_len,
+        f"at most {shortest_split - 2}: {source} holds {num_tokens} tokens, its validation split "
+        f"(data.val_fraction={data.val_fraction}) {shortest_split}",
+    )
+
 
 _GROUPS: dict[str, type] = {
     "model": ModelConfig,
@@ -402,9 +477,7 @@ def trial_config_from_dict(values: Mapping[str, Any]) -> TrialConfig:
     """
     unknown = sorted(set(values) - set(_GROUPS) - set(_LAUNCH_GROUPS) - {"hydra"})
     if unknown:
-        raise ValueError(
-            f"{unknown[0]} is not a known config group; allowed: " + ", ".join(sorted({**_GROUPS, **_LAUNCH_GROUPS}))
-        )
+        raise ValueError(unknown_key_message(unknown[0]) or f"{unknown[0]} is not a config group")
     groups = {}
     for name, cls in _GROUPS.items():
         group_values = values.get(name) or {}
@@ -425,6 +498,11 @@ def resume_config_from_dict(values: Mapping[str, Any]) -> ResumeConfig:
     if not isinstance(group_values, Mapping):
         _fail("resume", group_values, "a mapping of resume keys")
     return build_group(ResumeConfig, "resume", group_values)
+
+
+def config_defaults() -> dict[str, dict[str, Any]]:
+    """Every group's default values, as plain containers: what Hydra composes the presets over."""
+    return {group: dataclasses.asdict(cls()) for group, cls in {**_GROUPS, **_LAUNCH_GROUPS}.items()}
 
 
 def config_keys() -> dict[str, list[str]]:

@@ -22,10 +22,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import AnyNode, DictConfig, OmegaConf, open_dict
+
+from hpcsweep.sweep.hydra_private import apply_value_overrides, is_config_group
 
 # The trial-dir pattern under which a trial's dir is known without composing its config.
 NUMBERED_SUBDIR = "${hydra.job.num}"
@@ -114,7 +116,7 @@ class _Template:
 class SweepComposer:
     """Composes trial configs from a multirun's master config, one Hydra composition per group choice."""
 
-    def __init__(self, config_loader: ConfigLoaderImpl, master_config: DictConfig) -> None:
+    def __init__(self, config_loader: ConfigLoader, master_config: DictConfig) -> None:
         self._loader = config_loader
         self._master = master_config
         self._parser = OverridesParser.create()
@@ -122,10 +124,8 @@ class SweepComposer:
         self._numbered_dir: Path | None = None
 
     def _is_group_override(self, override: Override) -> bool:
-        # The same rule Hydra's defaults list applies (hydra._internal.defaults_list.Overrides).
-        return not isinstance(override.value(), dict) and self._loader.repository.group_exists(
-            override.key_or_group
-        )
+        # The rule by which Hydra's defaults list tells a group choice from a value override.
+        return not isinstance(override.value(), dict) and is_config_group(self._loader, override.key_or_group)
 
     def _template(self, group_lines: tuple[str, ...]) -> _Template:
         template = self._templates.get(group_lines)
@@ -144,7 +144,7 @@ class SweepComposer:
         parsed = self._parser.parse_overrides(list(overrides))
         group_lines = tuple(o.input_line for o in parsed if self._is_group_override(o))
         config = copy.deepcopy(self._template(group_lines).config)
-        ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if not self._is_group_override(o)], config)
+        apply_value_overrides([o for o in parsed if not self._is_group_override(o)], config)
         return config
 
     def compose_values(self, overrides: Sequence[str]) -> dict[str, Any]:

@@ -1,66 +1,67 @@
 """Catch a misspelt config key on the command line and name the closest known one.
 
 Hydra answers ``model.lrr=1e-3`` with "To append to your config use +model.lrr=1e-3", which is the
-wrong advice for a typo. Every key a trial accepts is a field of a dataclass in
-``hpcsweep.config``, so the check needs no composition: it runs before Hydra starts.
+wrong advice for a typo, and ``hydra.launcher.array_paralellism=8`` with the name of a dataclass.
+Every key a trial accepts is a field of a dataclass in ``hpcsweep.config``, and every key of
+hpcsweep's launchers one of theirs, so the check needs no composition: it runs before Hydra starts.
+The wording of an unknown trial key is ``hpcsweep.config.unknown_key_message``'s, the same as
+for a key found in a composed config.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from hpcsweep.config import config_keys, mapping_keys
+from hpcsweep.config import unknown_key_message
 
-# Hydra's own namespace and config-group choices are Hydra's business.
-_SKIPPED_PREFIXES = ("hydra.", "hydra/")
+LAUNCHER_PREFIX = "hydra.launcher."
+LAUNCHER_GROUP = "hydra/launcher"
+DEFAULT_LAUNCHER = "auto"
+"""The ``hydra/launcher`` option of ``configs/config.yaml``."""
+_LAUNCHER_NAMES = {"slurm": "the Slurm launcher", "local": "the local launcher"}
+# Launcher keys whose value is a mapping or list with entries of its own.
+_FREE_LAUNCHER_KEYS = {"additional_parameters", "setup"}
 
 
-def unknown_key_message(key: str, keys: Mapping[str, Sequence[str]], free_mappings: Iterable[str]) -> str | None:
-    """Why ``key`` (from ``key=value``) is not a config key, with the closest one; None when it is one.
+def launcher_name(option: str) -> str:
+    """How messages name a launcher option; ``auto`` runs on Slurm or locally, so it is "the launcher"."""
+    return _LAUNCHER_NAMES.get(option.removeprefix("hpcsweep_"), "the launcher")
 
-    ``keys`` maps each group to its keys; under a key in ``free_mappings`` (``nccl.overrides``)
-    any sub-key is left to Hydra.
-    """
-    if key == "hydra" or key.startswith(_SKIPPED_PREFIXES) or "/" in key:
+
+def unknown_launcher_key_message(key: str, option: str, keys: Sequence[str]) -> str | None:
+    """Why ``hydra.launcher.KEY`` is not a key of launcher ``option`` (whose keys are ``keys``),
+    with the closest one; None when it is one."""
+    name = key.removeprefix(LAUNCHER_PREFIX).split(".")[0]
+    if name in keys and (name == key.removeprefix(LAUNCHER_PREFIX) or name in _FREE_LAUNCHER_KEYS):
         return None
-    group, _, rest = key.partition(".")
-    if not rest and group in keys:
-        return None  # a config-group choice: model=llama_small
-    if group in keys and rest.split(".")[0] in keys[group]:
-        first = f"{group}.{rest.split('.')[0]}"
-        if "." not in rest or first in free_mappings:
-            return None
-    dotted = [f"{g}.{name}" for g, names in keys.items() for name in names]
-    last = key.rsplit(".", 1)[-1]
-    guesses = [k for k in dotted if k.rsplit(".", 1)[-1] == last]
-    if not guesses and group in keys:
-        # Within a known group compare the names alone: a shared "model." would match anything.
-        guesses = [f"{group}.{name}" for name in difflib.get_close_matches(rest, keys[group], n=1)]
-    elif not guesses:
-        guesses = difflib.get_close_matches(key, dotted, n=1)
-    hint = f"; did you mean {guesses[0]}?" if guesses else ""
-    scope = (
-        f"keys of {group}: " + ", ".join(keys[group]) if group in keys else "config groups: " + ", ".join(keys)
-    )
-    return f"{key} is not a config key{hint} ({scope})"
+    guesses = difflib.get_close_matches(name, keys, n=1)
+    hint = f"; did you mean {LAUNCHER_PREFIX}{guesses[0]}?" if guesses else ""
+    launcher = launcher_name(option)
+    shown = ", ".join(sorted(k for k in keys if not k.startswith("_")))  # _target_ names the class
+    return f"{key} is not a key of {launcher}{hint} (keys of {launcher}: {shown})"
 
 
-def check_override_keys(args: Sequence[str]) -> None:
-    """Raise ``ValueError`` for the first plain ``key=value`` override whose key no trial has.
+def check_override_keys(args: Sequence[str], launcher_keys: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Raise ``ValueError`` for the first plain ``key=value`` override whose key no trial, or the
+    launcher chosen, has.
 
     ``args`` are the command's arguments; flags and unparsable overrides are left to Hydra, and so
     are ``+key=``, ``++key=`` and ``~key`` (appending and deleting are deliberate).
+    ``launcher_keys`` maps each of hpcsweep's ``hydra/launcher`` options to its keys; the
+    ``hydra.launcher.*`` keys of any other launcher are left to Hydra.
     """
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    parsed_args, _ = get_args_parser().parse_known_args(list(args))
+    from hpcsweep.sweep.hydra_private import parse_command_line
+
+    parsed_args = parse_command_line(args)
     if parsed_args.shell_completion:
         return  # the "overrides" are completion queries
     parser = OverridesParser.create()
-    keys, free = config_keys(), mapping_keys()
+    checked = []
+    launcher = DEFAULT_LAUNCHER
     for line in parsed_args.overrides or []:
         # Only the key is checked: parsing a thousand-value sweep's values takes Hydra's grammar 0.15 s.
         key_part = line.split("=", 1)[0] + "=" if "=" in line else line
@@ -68,8 +69,14 @@ def check_override_keys(args: Sequence[str]) -> None:
             (override,) = parser.parse_overrides([key_part])
         except HydraException:
             continue
+        if override.key_or_group == LAUNCHER_GROUP and "=" in line:
+            launcher = line.split("=", 1)[1]
         if override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None:
             continue
-        message = unknown_key_message(override.key_or_group, keys, free)
+        checked.append(override.key_or_group)
+    for key in checked:
+        message = unknown_key_message(key)
+        if message is None and key.startswith(LAUNCHER_PREFIX) and launcher_keys and launcher in launcher_keys:
+            message = unknown_launcher_key_message(key, launcher, launcher_keys[launcher])
         if message:
             raise ValueError(message)

@@ -7,14 +7,15 @@ A trial whose dir already holds a checkpoint is checked against the config it wa
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpcsweep.config import ResumeConfig, TrialConfig, trial_config_from_dict
+from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, trial_config_from_dict
+from hpcsweep.files.token_file import TokenFileError, read_token_header
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.trial.identity import (
     ConfigMismatch,
@@ -37,14 +38,37 @@ class PreparedTrial:
     resume: ResumeConfig = field(default_factory=ResumeConfig)
 
 
-def validate_composed(config: DictConfig) -> TrialConfig:
-    """Validate one composed Hydra config (the ``hydra`` node, resolved only at run time, is skipped)."""
+def validate_composed(config: DictConfig | Mapping[str, Any]) -> TrialConfig:
+    """Validate one composed Hydra config (the ``hydra`` node, resolved only at run time, is skipped),
+    its token file included."""
     values: dict[str, Any] = {
         key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
         for key, value in config.items()
         if key != "hydra"
     }
-    return trial_config_from_dict(values)
+    trial = trial_config_from_dict(values)
+    check_token_file(trial)
+    return trial
+
+
+def check_token_file(trial: TrialConfig) -> None:
+    """Raise ``ValueError`` naming ``data.path`` as typed when the trial's token file is missing or
+    unreadable, or when its corpus does not fit ``model.vocab_size`` and ``data.seq_len``."""
+    data = trial.data
+    if data.kind != "file":
+        return
+    assert data.path is not None
+    try:
+        header = read_token_header(Path(data.path))
+    except TokenFileError as err:
+        raise ValueError(f"data.path={data.path!r} is not allowed: {err}") from None
+    check_corpus_fits(
+        data,
+        trial.model.vocab_size,
+        num_tokens=header.num_tokens,
+        corpus_vocab_size=header.vocab_size,
+        source=data.path,
+    )
 
 
 def check_resumes(trials: Sequence[PreparedTrial]) -> None:

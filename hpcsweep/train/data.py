@@ -8,14 +8,14 @@ a step is the same for any split into ranks x micro-steps, so 2 ranks x batch b 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hpcsweep.config import DataConfig
+from hpcsweep.config import DataConfig, check_corpus_fits
+from hpcsweep.files.token_file import TokenFileError, header_path, header_text, read_token_header
 
 if TYPE_CHECKING:
     import torch
@@ -59,28 +59,23 @@ def markov_corpus(vocab_size: int, num_tokens: int, seed: int) -> np.ndarray:
     return out.reshape(-1)[:num_tokens]
 
 
-def header_path(token_path: Path) -> Path:
-    """The JSON sidecar of a token file: ``data.bin`` -> ``data.json``."""
-    return token_path.with_suffix(".json")
-
-
 def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int, tokenizer: str) -> None:
     """Write ``tokens`` as a raw ``.bin`` plus its JSON header (dtype, vocab size, count)."""
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"
     np.asarray(tokens, dtype=DTYPES[dtype]).tofile(path)
-    header = {"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(len(tokens)), "tokenizer": tokenizer}
-    header_path(path).write_text(json.dumps(header, indent=2) + "\n")
+    header_path(path).write_text(header_text(dtype, vocab_size, int(len(tokens)), tokenizer))
 
 
 def open_token_file(path: Path) -> tuple[np.ndarray, int]:
     """The memory-mapped tokens of ``path`` and the vocabulary size from its header."""
-    header = json.loads(header_path(path).read_text())
-    if header.get("dtype") not in DTYPES:
-        raise ValueError(f"{header_path(path)}: dtype={header.get('dtype')!r} is not one of {sorted(DTYPES)}")
+    try:
+        header = read_token_header(path)
+    except TokenFileError as err:
+        raise ValueError(f"data.path={str(path)!r} is not allowed: {err}") from None
     # One read-only memmap for the whole run: pages are shared between ranks on a node and only
     # the sampled windows are ever read.
-    tokens = np.memmap(path, dtype=DTYPES[header["dtype"]], mode="r")
-    return tokens, int(header["vocab_size"])
+    tokens = np.memmap(path, dtype=DTYPES[header.dtype], mode="r")
+    return tokens, header.vocab_size
 
 
 def load_corpus(cfg: DataConfig, model_vocab_size: int) -> Corpus:
@@ -88,17 +83,12 @@ def load_corpus(cfg: DataConfig, model_vocab_size: int) -> Corpus:
     if cfg.kind == "synthetic":
         tokens = markov_corpus(model_vocab_size, cfg.synthetic_tokens, cfg.seed)
         vocab_size = model_vocab_size
+        source = f"the synthetic corpus (data.synthetic_tokens={cfg.synthetic_tokens})"
     else:
         tokens, vocab_size = open_token_file(Path(cfg.path))
-        if vocab_size > model_vocab_size:
-            raise ValueError(
-                f"model.vocab_size={model_vocab_size} is not allowed: "
-                f"{cfg.path} needs at least {vocab_size}"
-            )
-    val_start = int(len(tokens) * (1 - cfg.val_fraction))
-    if min(val_start, len(tokens) - val_start) <= cfg.seq_len + 1:
-        raise ValueError(f"data.seq_len={cfg.seq_len} is not allowed: longer than a split of the corpus")
-    return Corpus(tokens, vocab_size, val_start)
+        source = cfg.path
+    check_corpus_fits(cfg, model_vocab_size, num_tokens=len(tokens), corpus_vocab_size=vocab_size, source=source)
+    return Corpus(tokens, vocab_size, int(len(tokens) * (1 - cfg.val_fraction)))
 
 
 def window_starts(seed: int, split: int, step: int, global_batch: int, num_starts: int) -> np.ndarray:

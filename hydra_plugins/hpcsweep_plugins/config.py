@@ -1,70 +1,50 @@
 """Launcher and sweeper configs, stored in Hydra's ConfigStore under ``hydra/launcher`` and ``hydra/sweeper``."""
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, fields
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 
 _PLUGIN = "hydra_plugins.hpcsweep_plugins.launchers"
 
 
 @dataclass
-class SlurmLauncherConf:
-    """Slurm allocation of every trial, with generic defaults: one node, one task, no GPU.
+class SlurmLauncherConf(SlurmQueueConf):
+    """Slurm allocation of every trial: hydra-submitit-launcher's ``SlurmQueueConf`` (one node,
+    one task, no GPU; each of its keys documented there), with hpcsweep's defaults and keys.
 
     hpcsweep's own app sets a trial's size and placement from its config (``trainer.nodes``,
     ``trainer.nproc_per_node``, ``topology.*``), and its ``hydra/launcher=slurm`` carries the
-    A100-node values (``configs/hydra/launcher/slurm.yaml``).
+    A100-node values (``configs/hydra/launcher/slurm.yaml``). What the inherited keys mean here:
+    ``gpus_per_node`` null or 0 asks for none (0 also on a CPU partition for hpcsweep's trials,
+    whose ``trainer.nproc_per_node``, when a number, otherwise sets it); ``exclude`` names nodes
+    never to run on, comma-separated; ``signal_delay_s`` is how long before the limit USR2 comes
+    (``--signal=USR2@delay``), time to save a checkpoint; ``additional_parameters`` are any other
+    sbatch options, ``{"option-name": value}``, whose values never pass through a shell.
     """
 
     _target_: str = f"{_PLUGIN}.SlurmLauncher"
-    # Where submitit keeps its pickles and the Slurm logs of every task.
-    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
-    # Job name shown by squeue and sacct.
-    name: str = "${hydra.job.name}"
     # Wall-time limit of each trial's job, in minutes; a trial needing longer requeues and resumes.
     timeout_min: int = 240
-    # Nodes of each trial's job (hpcsweep's trials: trainer.nodes, this stays 1).
-    nodes: int = 1
-    # Tasks per node; each runs the task function (hpcsweep's trials: one, this stays 1).
-    tasks_per_node: int = 1
-    # CPUs per task; null: the partition's default.
-    cpus_per_task: Optional[int] = None
-    # GPUs per node; null or 0: none (0 also on a CPU partition for hpcsweep's trials, whose
-    # trainer.nproc_per_node, when a number, otherwise sets it).
-    gpus_per_node: Optional[int] = None
-    # Memory per node, in sbatch syntax ("480G"); null: the partition's default.
+    # Requeues allowed after a time limit or preemption before the trial counts as failed.
+    max_num_timeout: int = 20
+    # Memory per node, in sbatch syntax ("480G"; checked against the partition's nodes before
+    # submitting, unlike submitit's mem_gb); null: the partition's default.
     mem: Optional[str] = None
-    partition: Optional[str] = None
-    qos: Optional[str] = None
-    account: Optional[str] = None
-    constraint: Optional[str] = None
-    # Comma-separated nodes never to run on.
-    exclude: Optional[str] = None
     # Multi-node jobs: "switches" (fewest leaf switches, --switches), "pin" (free nodes under the
     # fewest switches, --nodelist) or "off"; null: switches. hpcsweep's trials: topology.mode.
     placement: Optional[str] = None
     # How long a job may wait for that placement; null: 5. hpcsweep's trials: topology.max_wait_min.
     placement_max_wait_min: Optional[int] = None
-    comment: Optional[str] = None
-    # The time-limit warning signal comes this long before the limit (--signal=USR2@delay).
-    signal_delay_s: int = 120
-    # Requeues allowed after a time limit or preemption before the trial counts as failed.
-    max_num_timeout: int = 20
     # Retries of a trial that failed because of where it ran (a node failure, an NCCL or gloo
     # error, a worker killed by a signal or the OOM killer, a hang), each excluding the failed node.
     max_retries: int = 2
-    # At most this many trials of one array run at once (--array=...%K).
-    array_parallelism: int = 256
     # Split sweeps into arrays of at most this many tasks (null: the cluster's MaxArraySize).
     max_array_size: Optional[int] = None
     # Trials one array task runs one after another in one process (imports and queue slot paid
     # once); each keeps its own trial dir and resumes exactly. timeout_min is the whole task's.
     trials_per_task: int = 1
-    # Any other sbatch option, as {"option-name": value}; values never pass through a shell.
-    additional_parameters: dict[str, Any] = field(default_factory=dict)
-    # Shell lines run in the batch script before srun (module loads, venv activation).
-    setup: Optional[list[str]] = None
     # Copy the code trials import (hpcsweep, these plugins, the working tree) to SWEEP_DIR/.code
     # before submitting, and make every task, requeues included, import that copy; false: tasks
     # import whatever the installed code is when they start.
@@ -82,7 +62,12 @@ class SlurmLauncherConf:
 
 @dataclass
 class LocalLauncherConf:
-    """Run the trials on this machine, several at a time, each in a process of its own."""
+    """Run the trials on this machine, several at a time, each in a process of its own.
+
+    Not a ``LocalQueueConf``: every key of that (time limit, CPUs, GPUs, memory, nodes) sizes a
+    submitit job, and a local trial is no job; its size comes from ``local_parallelism`` and the
+    machine.
+    """
 
     _target_: str = f"{_PLUGIN}.LocalLauncher"
     # Trials at once; null: one per GPU (each pinned with CUDA_VISIBLE_DEVICES; a trial asking
@@ -148,6 +133,21 @@ class SearchSweeperConf:
     grace_period_s: int = 300
     # More of the space, as {key: sweep}, besides the command line's.
     params: Optional[dict[str, str]] = None
+
+
+LAUNCHER_CONFS: dict[str, type] = {
+    "hpcsweep_slurm": SlurmLauncherConf,
+    "hpcsweep_local": LocalLauncherConf,
+    "hpcsweep_auto": AutoLauncherConf,
+}
+"""hpcsweep's launcher options by name; ``configs/hydra/launcher/{slurm,local,auto}.yaml`` each
+extend the one of its name."""
+
+
+def launcher_keys() -> dict[str, list[str]]:
+    """The keys of each of hpcsweep's ``hydra/launcher`` options, the app's YAML options included."""
+    keys = {name: sorted(f.name for f in fields(conf)) for name, conf in LAUNCHER_CONFS.items()}
+    return {**keys, **{name.removeprefix("hpcsweep_"): names for name, names in keys.items()}}
 
 
 _store = ConfigStore.instance()

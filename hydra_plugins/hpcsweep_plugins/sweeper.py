@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.errors import HydraException
+
+from hpcsweep.sweep.hydra_private import basic_sweeper_class
 
 MULTIRUN_FILE = "multirun.yaml"
 CONFIG_ERROR_EXIT = 2
@@ -51,7 +52,7 @@ def is_refusal(err: BaseException) -> bool:
     return isinstance(err, HydraException) or (isinstance(err, SystemExit) and err.code == CONFIG_ERROR_EXIT)
 
 
-class GridSweeper(BasicSweeper):
+class GridSweeper(basic_sweeper_class()):  # type: ignore[misc]
     """Hydra's basic sweeper (grid over comma lists, ranges, ``glob``), unchanged in behaviour.
 
     Hydra's sweeper composes every trial to check it before the launcher composes each one again.

@@ -1,4 +1,5 @@
-"""A request the cluster can never satisfy stops the sweep in one line; nothing is submitted (#11).
+"""A request the cluster can never satisfy, or data that cannot train the model, stops the sweep in one
+line; nothing is submitted (#11, #26).
 
 Slurm itself would queue most of these jobs for ever (reason ``PartitionConfig``,
 ``PartitionTimeLimit``) or fail inside submitit with a traceback.
@@ -73,6 +74,38 @@ def test_a_request_no_node_or_partition_can_satisfy_is_refused(tmp_path, slurm_e
     assert all_job_ids(slurm_env) == before
     assert queued_job_ids(slurm_env) == queued
     assert not list(tmp_path.glob("multirun/*/*/.submitit"))
+
+
+def write_corpus(path, vocab_size: int, num_tokens: int) -> None:
+    import numpy as np
+
+    from hpcsweep.train.data import write_token_file
+
+    write_token_file(path, np.arange(num_tokens) % vocab_size, vocab_size=vocab_size, tokenizer="toy")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.path=/no/such.bin"], "data.path='/no/such.bin' is not allowed: no such token file; nothing was submitted"),
+        (["data.path=c173.bin", "model.vocab_size=100"],
+         "model.vocab_size=100 is not allowed: c173.bin needs at least 173 (its vocabulary); nothing was submitted"),
+        (["data.path=c173.bin", "data.seq_len=300"],
+         "data.seq_len=300 is not allowed: at most 248: c173.bin holds 5000 tokens"),
+    ],
+    ids=["missing", "vocab", "seq_len"],
+)
+def test_a_data_mistake_is_refused_before_submit(tmp_path, slurm_env, overrides, message):
+    write_corpus(tmp_path / "c173.bin", vocab_size=173, num_tokens=5000)
+    before, queued = all_job_ids(slurm_env), queued_job_ids(slurm_env)
+    result = run_hpcsweep(["-m", "data=file", "model.lr=1e-4", *overrides], tmp_path, slurm_env, timeout=120)
+    assert_refused(result, message)
+    output = result.stdout + result.stderr
+    assert "launcher: slurm" in output and len([line for line in output.splitlines() if "is not allowed" in line]) == 1
+    assert "such.json" not in output
+    assert all_job_ids(slurm_env) == before
+    assert queued_job_ids(slurm_env) == queued
+    assert not (tmp_path / "multirun").exists()
 
 
 def test_the_default_request_is_accepted(tmp_path, slurm_env):

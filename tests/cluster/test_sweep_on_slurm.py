@@ -55,7 +55,7 @@ def test_two_trial_sweep_is_one_array_and_completes(tmp_path, slurm_env):
     ("override", "message"),
     [
         ("model.lr=-1", "model.lr=-1.0 is not allowed: a learning rate > 0"),
-        ("+model.nosuch=1", "model.nosuch is not a known key; allowed keys of model:"),
+        ("+model.nosuch=1", "model.nosuch is not a config key (keys of model:"),
         ("model.nosuch=1", "model.nosuch is not a config key"),
         ("model.lrr=1e-3", "model.lrr is not a config key; did you mean model.lr?"),
         ("trainer.nodes=0", "trainer.nodes=0 is not allowed: an integer >= 1"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpcsweep.config import config_keys, mapping_keys
-from hpcsweep.sweep.override_keys import check_override_keys, unknown_key_message
+from hpcsweep.config import config_keys, mapping_keys, unknown_key_message
+from hpcsweep.sweep.override_keys import check_override_keys, unknown_launcher_key_message
 from hpcsweep.sweep.resume_hint import resume_command, shown_dir
 from hydra_plugins.hpcsweep_plugins.sweeper import missing_dirs, undo_sweep_dir
 
@@ -42,6 +42,55 @@ def test_an_unknown_key_names_the_closest_one(key, message):
                                  "hydra.sweep.dir", "hydra/launcher"])
 def test_known_keys_groups_and_hydras_own_pass(key):
     assert unknown_key_message(key, config_keys(), mapping_keys()) is None
+
+
+def test_an_unknown_key_is_worded_the_same_on_the_command_line_and_in_a_composed_config():
+    from hpcsweep.config import trial_config_from_dict
+
+    with pytest.raises(ValueError) as on_the_command_line:
+        check_override_keys(["-m", "model.lrr=1e-4"])
+    with pytest.raises(ValueError) as composed:
+        trial_config_from_dict({"model": {"lrr": 1e-4}})
+    assert str(on_the_command_line.value) == str(composed.value) == unknown_key_message("model.lrr")
+
+
+LAUNCHERS = {"auto": ["array_parallelism", "local_parallelism", "additional_parameters"],
+             "local": ["local_parallelism", "_target_"]}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["hydra.launcher.array_paralellism=8"], "hydra.launcher.array_paralellism is not a key of the launcher; "
+         "did you mean hydra.launcher.array_parallelism? (keys of the launcher: additional_parameters,"),
+        (["hydra/launcher=local", "hydra.launcher.local_paralelism=2"], "hydra.launcher.local_paralelism is not a key "
+         "of the local launcher; did you mean hydra.launcher.local_parallelism? (keys of the local launcher: "
+         "local_parallelism)"),
+        (["hydra.launcher.local_parallelism.x=2"], "hydra.launcher.local_parallelism.x is not a key of the launcher"),
+    ],
+)
+def test_a_misspelt_launcher_key_names_the_closest_one_and_the_launcher_in_use(args, message):
+    with pytest.raises(ValueError) as err:
+        check_override_keys(["-m", *args], LAUNCHERS)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_known_launcher_keys_and_other_launchers_pass():
+    check_override_keys(["-m", "hydra.launcher.array_parallelism=8", "hydra.launcher.additional_parameters.x=1",
+                         "+hydra.launcher.nosuch=1"], LAUNCHERS)
+    check_override_keys(["-m", "hydra/launcher=submitit_slurm", "hydra.launcher.anything=1"], LAUNCHERS)
+    check_override_keys(["-m", "hydra.launcher.anything=1"])  # no launcher keys given: Hydra's business
+    assert unknown_launcher_key_message("hydra.launcher.wait", "slurm", ["wait"]) is None
+
+
+def test_hpcsweeps_launchers_are_named_by_their_option():
+    from hydra_plugins.hpcsweep_plugins.config import launcher_keys
+
+    keys = launcher_keys()
+    assert set(keys) == {"auto", "slurm", "local", "hpcsweep_auto", "hpcsweep_slurm", "hpcsweep_local"}
+    assert "array_parallelism" in keys["slurm"] and keys["local"] == ["_target_", "budget_gpu_hours", "local_parallelism"]
+    assert unknown_launcher_key_message("hydra.launcher.x", "hpcsweep_slurm", keys["slurm"]).startswith(
+        "hydra.launcher.x is not a key of the Slurm launcher")
 
 
 def test_only_plain_overrides_are_checked():

@@ -15,7 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "model"
 
 
 def group(name: str) -> ModelConfig:
-    return build_group(ModelConfig, "model", yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()))
+    return build_group(ModelConfig, "model", yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()) or {})
 
 
 @pytest.mark.parametrize("name,cls", [("deepseek_tiny", "DeepseekV3ForCausalLM"), ("llama_small", "LlamaForCausalLM")])
