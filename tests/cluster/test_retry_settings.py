@@ -15,8 +15,9 @@ from .conftest import SMALL_TRIAL, only_sweep_dir, read_json, run_hpcsweep, slur
 
 
 def retry(sweep_dir, args: list[str], cwd, env) -> subprocess.CompletedProcess[str]:
+    """The retry command, its stderr merged into its stdout in the order it was written."""
     return subprocess.run([sys.executable, "-m", "hpcsweep.retry", str(sweep_dir), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
 
 
 def partition_of(env, job_id: str) -> str:
@@ -35,7 +36,7 @@ def test_a_retry_partition_applies_to_that_retry_only(tmp_path, slurm_env):
         assert partition_of(slurm_env, trial["job_id"]) == "batch"
 
     urgent = retry(sweep_dir, ["--trials", "0", "hydra.launcher.partition=urgent"], tmp_path, slurm_env)
-    assert urgent.returncode == 0, urgent.stdout + urgent.stderr
+    assert urgent.returncode == 0, urgent.stdout
     assert urgent.stdout.splitlines()[0] == (
         "this retry runs in partition urgent, where the sweep ran in the cluster's default partition: "
         "hydra.launcher.partition=urgent applies to this retry only")
@@ -46,9 +47,9 @@ def test_a_retry_partition_applies_to_that_retry_only(tmp_path, slurm_env):
     assert partition_of(slurm_env, urgent_job) == "urgent"
 
     plain = retry(sweep_dir, ["--trials", "0,1"], tmp_path, slurm_env)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    assert plain.stdout.splitlines()[0].startswith("retrying 2 trial(s) 0,1 in "), plain.stdout
-    assert "this retry runs in" not in plain.stdout + plain.stderr
+    assert plain.returncode == 0, plain.stdout
+    assert any(line.startswith("retrying 2 trial(s) 0,1 in ") for line in plain.stdout.splitlines()), plain.stdout
+    assert "this retry runs in" not in plain.stdout
     assert "(attempt 2: 1; attempt 3: 0)" in plain.stdout
     record = read_json(sweep_dir / "sweep.json")
     for trial in record["trials"]:
