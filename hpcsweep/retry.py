@@ -19,7 +19,6 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from hpcsweep.files.sweep_record import SweepRecord, missing_sweep_message
