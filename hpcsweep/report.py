@@ -49,8 +49,8 @@ def _steps(row: TrialRow) -> str:
 
 def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells of the report table (numbers already formatted)."""
-    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts", "GPU-h",
-              "own GPU-h", "attempt"]
+    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts",
+              "GPU-h", "own GPU-h", "attempt"]
     cells = [
         [
             str(row.num),

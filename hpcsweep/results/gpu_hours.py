@@ -11,8 +11,9 @@ the same sums count node-hours. Every figure counts these: the budget's worst ca
 trial its tasks' allocated hours, a shared task's divided between the trials that ran in it in
 proportion to their own share (at least a second's worth each: ``metrics.json`` times are whole
 seconds), so the column adds up to the total. ``own GPU-h`` is the trial's own compute,
-labelled as such: its run's wall time times its workers (``metrics.json``), without the time its
-allocation spent on startup, on the other trials of its task, or on GPUs no worker used.
+labelled as such: its latest run's wall time times its workers (``metrics.json``'s
+``started_at`` to ``updated_at`` x ``world_size``), without the time its allocation spent on
+startup, on the other trials of its task, on earlier runs, or on GPUs no worker used.
 """
 
 from __future__ import annotations

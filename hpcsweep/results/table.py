@@ -47,8 +47,8 @@ OVERRIDES_FILE = ".hydra/overrides.yaml"
 CONFIG_BEFORE_GLOB = "config.before-*.yaml"
 """The configs a trial trained with before a ``resume.force=true`` run (``hpcsweep.trial.runner``)."""
 METRICS = (
-    "best_val_loss", "val_loss", "train_loss", "mean_tokens_per_s", "tokens_per_s", "gpu_hours", "own_gpu_hours", "step",
-    "restarts",
+    "best_val_loss", "val_loss", "train_loss", "mean_tokens_per_s", "tokens_per_s", "gpu_hours", "own_gpu_hours",
+    "step", "restarts",
 )
 """Row fields ``--metric`` may sort by."""
 SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s"}
@@ -80,7 +80,7 @@ class TrialRow:
     gpu_hours: float | None = None
     """Allocated GPU-hours of the trial's tasks, its part of a shared one (``hpcsweep.results.gpu_hours``)."""
     own_gpu_hours: float | None = None
-    """The trial's own compute share: its run's wall time x its workers (``hpcsweep.results.gpu_hours``)."""
+    """The trial's own compute share: its latest run's wall time x its workers (``hpcsweep.results.gpu_hours``)."""
     world_size: int | None = None
     nodes: str = ""
     error: str = ""
@@ -178,7 +178,7 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 
 
 def own_gpu_hours(metrics: Mapping[str, Any]) -> float | None:
-    """The trial's own compute share: the wall time metrics.json spans times the world size, in hours."""
+    """The trial's own compute share: the wall time metrics.json spans (its latest run) x the world size, in hours."""
     seconds = _seconds_between(metrics.get("started_at"), metrics.get("updated_at"))
     world_size = metrics.get("world_size")
     if seconds is None or world_size is None:

@@ -61,7 +61,8 @@ def parse_trial_numbers(text: str) -> tuple[int, ...]:
             break
         numbers.extend(range(int(first), int(last or first) + 1))
     if not parts:
-        raise ValueError(f"--trials {text!r} is not allowed: trial numbers or ranges separated by commas (3,7 or 0-9,12)")
+        raise ValueError(
+            f"--trials {text!r} is not allowed: trial numbers or ranges separated by commas (3,7 or 0-9,12)")
     return tuple(dict.fromkeys(numbers))
 
 

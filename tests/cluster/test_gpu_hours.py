@@ -57,7 +57,8 @@ def test_a_packed_sweeps_figures_agree_with_sacct(tmp_path, slurm_env):
     spent, worst, tasks = sacct_hours(slurm_env, array["array_job_id"])
     assert tasks == 2 and spent > 0
     # Before submit: two tasks of 8 GPUs for one 15-minute limit each, not four trials' worth.
-    said = re.search(r"worst case (\S+) GPU-hours \(2 tasks \(4 trials, 2 per task\) x 1 node x 8 GPUs x 15 min\)", output)
+    said = re.search(r"worst case (\S+) GPU-hours \(2 tasks \(4 trials, 2 per task\) x 1 node x 8 GPUs x 15 min\)",
+                     output)
     assert said, output
     assert float(said.group(1)) == pytest.approx(worst) == 2 * 8 * 15 / 60
 

@@ -46,7 +46,8 @@ def test_report_total_is_the_figure_status_spends(tmp_path, capsys):
 def test_report_total_of_a_slurm_sweep_is_sacct(tmp_path, capsys, fake_slurm):  # noqa: F811
     make_sweep(tmp_path, [(["model.lr=1e-4"], metrics("completed")), (["model.lr=1e-3"], metrics("completed"))],
                launcher="slurm")
-    fake_slurm.answer("sacct", "41_0|COMPLETED|1800|cpu=8,gres/gpu=8,node=1|n1\n41_1|COMPLETED|900|cpu=8,gres/gpu=8,node=1|n2\n")
+    fake_slurm.answer("sacct", "41_0|COMPLETED|1800|cpu=8,gres/gpu=8,node=1|n1\n"
+                               "41_1|COMPLETED|900|cpu=8,gres/gpu=8,node=1|n2\n")
     assert report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "GPU-hours: 6 allocated in all" in out  # 8 GPUs x 0.5 h + 8 GPUs x 0.25 h
