@@ -3,7 +3,8 @@
 A two-trial sweep runs in the default partition (``batch``). A retry of trial 0 with
 ``hydra.launcher.partition=urgent`` says so on its first line and runs in ``urgent``; the next
 retry names no partition and runs in ``batch`` again. ``sacct`` is the judge of where each ran, and
-``sweep.json`` records each array's settings.
+``sweep.json`` records each array's settings. The budget is the exception: it is the whole sweep's,
+so the one the first retry sets holds for the second.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def partition_of(env, job_id: str) -> str:
 
 
 def test_a_retry_partition_applies_to_that_retry_only(tmp_path, slurm_env):
-    result = run_hpcsweep(["-m", "model.lr=1e-3,2e-3", *SMALL_TRIAL, "topology.mode=off"], tmp_path, slurm_env,
-                          timeout=120)
+    result = run_hpcsweep(["-m", "model.lr=1e-3,2e-3", *SMALL_TRIAL, "topology.mode=off",
+                           "hydra.launcher.budget_gpu_hours=50"], tmp_path, slurm_env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     sweep_dir = only_sweep_dir(tmp_path)
     first = read_json(sweep_dir / "sweep.json")
@@ -35,13 +36,15 @@ def test_a_retry_partition_applies_to_that_retry_only(tmp_path, slurm_env):
         assert wait_until_ended(slurm_env, trial["job_id"]) == "COMPLETED"
         assert partition_of(slurm_env, trial["job_id"]) == "batch"
 
-    urgent = retry(sweep_dir, ["--trials", "0", "hydra.launcher.partition=urgent"], tmp_path, slurm_env)
+    urgent = retry(sweep_dir, ["--trials", "0", "hydra.launcher.partition=urgent", "hydra.launcher.budget_gpu_hours=60"],
+                   tmp_path, slurm_env)
     assert urgent.returncode == 0, urgent.stdout
     assert urgent.stdout.splitlines()[0] == (
         "this retry runs in partition urgent, where the sweep ran in the cluster's default partition: "
         "hydra.launcher.partition=urgent applies to this retry only")
     assert "retrying 1 trial(s) 0 in " in urgent.stdout and "(attempt 2)" in urgent.stdout
     record = read_json(sweep_dir / "sweep.json")
+    assert record["budget_gpu_hours"] == 60  # the budget is the whole sweep's
     urgent_job = next(t for t in record["trials"] if t["num"] == 0)["job_id"]
     assert wait_until_ended(slurm_env, urgent_job) == "COMPLETED"
     assert partition_of(slurm_env, urgent_job) == "urgent"
@@ -55,6 +58,8 @@ def test_a_retry_partition_applies_to_that_retry_only(tmp_path, slurm_env):
     for trial in record["trials"]:
         assert wait_until_ended(slurm_env, trial["job_id"]) == "COMPLETED"
         assert partition_of(slurm_env, trial["job_id"]) == "batch", trial
+    # The budget a retry set stays the sweep's (its running tasks read it); a retry without one keeps it.
+    assert record["budget_gpu_hours"] == 60
     # Each attempt's settings: the sweep's own, the urgent retry's, then the sweep's own again.
     assert [array["launcher"]["partition"] for array in record["arrays"]] == [None, "urgent", None]
     assert record["arrays"][0]["launcher"]["timeout_min"] == record["arrays"][2]["launcher"]["timeout_min"] == 15
