@@ -2,7 +2,9 @@
 
 Rows are sorted by ``--metric`` (default ``best_val_loss``, ascending); failed trials come last,
 each with the line that says why. ``mean tok/s`` is the throughput over the whole run, every
-attempt of a resumed trial included, from the trial's TensorBoard events. ``--csv``,
+attempt of a resumed trial included, from the trial's TensorBoard events. ``GPU-h`` is the
+GPU-hours the trial's allocations held and ``own GPU-h`` its own compute share; the line under the
+table gives the sweep's total, the figure ``status`` and the budget count (``hpcsweep.results.gpu_hours``). ``--csv``,
 ``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the
 metric against each swept parameter plus the validation-loss curves of the best trials. Works on
 a sweep that is still running. A search sweep (``hydra/sweeper=search``) adds its best trial, the
@@ -20,12 +22,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.results.budget import hours_text
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
+from hpcsweep.slurm.usage import Usage
 
 CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
-    "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "world_size", "nodes", "error", "trial_dir",
+    "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "own_gpu_hours", "world_size", "nodes", "error",
+    "trial_dir",
     "attempt", "last_stop_reason",
 )
 
@@ -44,7 +49,8 @@ def _steps(row: TrialRow) -> str:
 
 def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells of the report table (numbers already formatted)."""
-    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts", "gpu_h", "attempt"]
+    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts",
+              "GPU-h", "own GPU-h", "attempt"]
     cells = [
         [
             str(row.num),
@@ -57,6 +63,7 @@ def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str
             _number(row.mean_tokens_per_s, 0),
             _number(row.restarts, 0),
             _number(row.gpu_hours, 3),
+            _number(row.own_gpu_hours, 3),
             str(row.attempt),
         ]
         for row in rows
@@ -69,20 +76,29 @@ def failure_lines(rows: Sequence[TrialRow]) -> list[str]:
     return [f"#{row.num} failed: {row.error or 'no error recorded'}" for row in rows if row.status == "failed"]
 
 
-def render_text(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
-    """The table as aligned plain text, then one line per failure."""
+def total_line(usage: Usage | None, rows: Sequence[TrialRow]) -> str:
+    """``GPU-hours: 0.318 allocated in all (every run of every task); the trials' own share 0.0123``."""
+    own = [row.own_gpu_hours for row in rows if row.own_gpu_hours is not None]
+    own_text = f"; the trials' own share {hours_text(sum(own))}" if own else ""
+    if usage is None:
+        return f"GPU-hours: allocated unknown (accounting did not answer){own_text}"
+    return f"GPU-hours: {hours_text(usage.spent_hours)} allocated in all (every run of every task){own_text}"
+
+
+def render_text(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None) -> str:
+    """The table as aligned plain text, the ``total`` line, then one line per failure."""
     header, cells = table_cells(rows, keys)
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *cells]]
-    return "\n".join([*lines, *failure_lines(rows)]) + "\n"
+    return "\n".join([*lines, *([total] if total else []), *failure_lines(rows)]) + "\n"
 
 
 def _markdown_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
-    """The table as GitHub Markdown, then one list item per failure."""
+def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None) -> str:
+    """The table as GitHub Markdown, the ``total`` line, then one list item per failure."""
     header, cells = table_cells(rows, keys)
     lines = [
         "| " + " | ".join(_markdown_cell(h) for h in header) + " |",
@@ -90,7 +106,8 @@ def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
         *("| " + " | ".join(_markdown_cell(c) for c in line) + " |" for line in cells),
     ]
     failures = [f"- {_markdown_cell(line)}" for line in failure_lines(rows)]
-    return "\n".join([*lines, *([""] + failures if failures else [])]) + "\n"
+    totals = ["", _markdown_cell(total)] if total else []
+    return "\n".join([*lines, *totals, *([""] + failures if failures else [])]) + "\n"
 
 
 def render_csv(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
@@ -131,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no Slurm states (from metrics.json only): {sweep.slurm_error.splitlines()[0]}", file=sys.stderr)
     rows = sort_rows(sweep.rows, args.metric, args.descending)
     keys = swept_keys(rows)
-    sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys))
+    total = total_line(sweep.usage, rows)
+    sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys, total))
     search = load_search_summary(args.sweep_dir)
     if search is not None:
         sys.stdout.write(best_trial_text(search))

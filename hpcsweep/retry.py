@@ -1,12 +1,15 @@
 """``python -m hpcsweep.retry SWEEP_DIR``: submit a Slurm sweep's unfinished trials again, as one job array.
 
 Each trial runs again in its own trial dir and resumes from its newest valid checkpoint. Choose
-the trials by status (``--status``, default ``failed,cancelled``) or by number (``--trials 3,7``,
-which may name finished trials too). Launcher settings may change for the retry
-(``hydra.launcher.partition=...``, ``timeout_min``, ``exclude``, ``budget_gpu_hours``); a trial
-config override may not: it would be another trial. A trial that is still pending or running is
-never submitted twice. On a refusal the command prints one line and submits nothing (exit 2).
-``sweep.json`` keeps every attempt of every trial and its job id.
+the trials by status (``--status``, default ``failed,cancelled``) or by number (``--trials 3,7``
+or ``0-3,9``, which may name finished trials too). Launcher settings may change for the retry
+(``hydra.launcher.partition=...``, ``timeout_min``, ``exclude``): for that retry only, a later
+retry starts from the sweep's own settings again, and a retry in another partition says so on its
+first line. ``budget_gpu_hours`` is the sweep's: a retry that names it sets it for the whole sweep.
+A trial config override may not change: it would be another trial. A trial that is still pending
+or running is never submitted twice. On a refusal the command prints one line and submits nothing
+(exit 2). ``sweep.json`` keeps every attempt of every trial, its job id, and each array's launcher
+settings.
 """
 
 from __future__ import annotations
@@ -16,14 +19,19 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.files.sweep_record import SweepRecord, missing_sweep_message
 from hpcsweep.sweep.retry_selection import (
     DEFAULT_STATUSES,
     RETRYABLE_STATUSES,
+    id_ranges,
     parse_statuses,
     parse_trial_numbers,
 )
+
+if TYPE_CHECKING:
+    from hpcsweep.sweep.retry_submit import RetryPlan
 
 EXIT_REFUSED = 2
 
@@ -41,10 +49,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"retry the trials with these statuses: {','.join(RETRYABLE_STATUSES)} (default "
              f"{','.join(DEFAULT_STATUSES)}; skipped_budget includes trials the budget stopped)",
     )
-    choice.add_argument("--trials", metavar="N[,N...]", help="retry these trials, finished ones included")
+    choice.add_argument("--trials", metavar="N[,N...]",
+                        help="retry these trials (3,7 or 0-3,9), finished ones included")
     parser.add_argument("overrides", nargs="*", metavar="hydra.launcher.KEY=VALUE",
-                        help="launcher settings for this retry (partition, timeout_min, exclude, budget_gpu_hours ...)")
+                        help="launcher settings for this retry only (partition, timeout_min, exclude ...); "
+                             "budget_gpu_hours sets the whole sweep's budget")
     return parser.parse_intermixed_args(argv)
+
+
+def retried_line(plan: RetryPlan, record: SweepRecord) -> str:
+    """``retrying 12 trial(s) 0-3,7,9-12 in DIR: job array 130 (attempt 2: 0-3,7; attempt 3: 9-12)``."""
+    retried = {t.num for t in plan.trials}
+    by_attempt: dict[int, list[int]] = {}
+    for trial in record.trials:
+        if trial.num in retried:
+            by_attempt.setdefault(len(trial.all_attempts()), []).append(trial.num)
+    attempts = "; ".join(f"attempt {n}: {id_ranges(nums)}" for n, nums in sorted(by_attempt.items()))
+    if len(by_attempt) == 1:
+        attempts = f"attempt {next(iter(by_attempt))}"
+    arrays = [array.array_job_id for array in record.arrays[len(plan.record.arrays):]]
+    return (f"retrying {len(retried)} trial(s) {id_ranges(sorted(retried))} in {plan.sweep_dir}: "
+            f"job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)} ({attempts})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,11 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, SlurmCommandError) as err:
         print(f"retry refused: {err}; nothing was submitted", file=sys.stderr)
         return EXIT_REFUSED
+    if plan.partition_line:
+        print(plan.partition_line, flush=True)
     record = submit_retry(plan)
-    retried = {t.num for t in plan.trials}
-    attempts = {t.num: len(t.all_attempts()) for t in record.trials if t.num in retried}
-    jobs = ", ".join(f"#{t.num} {t.job_id} (attempt {attempts[t.num]})" for t in record.trials if t.num in retried)
-    print(f"retrying {len(retried)} trial(s) in {plan.sweep_dir}: {jobs}")
+    print(retried_line(plan, record))
     if plan.budget is not None:
         print(f"budget {plan.budget:g} GPU-hours for the whole sweep, earlier attempts included")
     print(f"status: python -m hpcsweep.status {plan.sweep_dir}")

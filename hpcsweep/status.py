@@ -1,11 +1,13 @@
 """``python -m hpcsweep.status SWEEP_DIR``: where each trial of a sweep is, now.
 
-One line per trial: Slurm state, a progress bar of step/max_steps, the ETA from its throughput,
-the latest loss, restarts and nodes, or for a pending trial Slurm's reason it waits; failed trials
-add why, and a reason that never clears (``PartitionConfig`` ...) is flagged in red with what it
-means. A retried trial shows its attempt. Above the trials: the GPU-hours every run of the sweep
-has spent, against ``hydra.launcher.budget_gpu_hours``, flagged from 80 % of it on. Each poll makes one ``sacct`` call for the whole sweep (none for a local sweep), plus one
-``squeue`` while a trial is queued. SWEEP_DIR may also be one trial dir (``sbatch
+One line per trial, labelled by the values it trained with (``hpcsweep.results.overrides``): Slurm
+state, a progress bar of step/max_steps, the ETA from its throughput, the latest loss, restarts
+and nodes, or for a pending trial Slurm's reason it waits; failed trials add why, and a reason
+that never clears (``PartitionConfig`` ...) is flagged in red with what it means. A retried trial
+shows its attempt. Above the trials: the GPU-hours every run of the sweep has spent (allocated
+GPU-hours, ``hpcsweep.results.gpu_hours``), against ``hydra.launcher.budget_gpu_hours``, flagged
+from 80 % of it on. Each poll makes one ``sacct`` call for the whole sweep (none for a local
+sweep), plus one ``squeue`` while a trial is queued. SWEEP_DIR may also be one trial dir (``sbatch
 slurm/train.sbatch`` writes one). ``--follow`` refreshes until every trial has ended, or stops
 when a trial can never start; ``--logs N`` tails trial N's ``train.log`` and submitit ``.err``.
 """
@@ -79,9 +81,19 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+NOT_CHOSEN = "not chosen yet"
+"""What a search trial shows before the search has chosen its values."""
+
+
 def trial_params(row: TrialRow, keys: Sequence[str]) -> str:
-    """``model.lr=1e-4 data.batch_size=8``: the trial's values of the swept keys."""
-    return " ".join(f"{k}={row.overrides.get(k, '')}" for k in keys)
+    """``model.lr=1e-4 data.batch_size=8``: the trial's values of the swept keys.
+
+    A trial that has none of them yet (a search trial the search has not chosen values for) shows
+    ``not chosen yet``; one missing only some shows ``-`` for those.
+    """
+    if keys and not any(k in row.overrides for k in keys):
+        return NOT_CHOSEN
+    return " ".join(f"{k}={row.overrides.get(k, '-')}" for k in keys)
 
 
 def paint(text: str, color: bool) -> str:

@@ -4,14 +4,17 @@ Schema (version 1)::
 
     {"version": 1, "sweep_dir": str, "launcher": "slurm" | "local", "created_at": ISO-8601,
      "budget_gpu_hours": float | null,
-     "arrays": [{"array_job_id": str, "trials": [int, ...], "trials_per_task": int}],
+     "arrays": [{"array_job_id": str, "trials": [int, ...], "trials_per_task": int,
+                 "launcher": {KEY: value, ...}}],
      "trials": [{"num": int, "overrides": [str], "trial_dir": str,
                  "job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601,
                  "attempts": [{"job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}]}
 
-``budget_gpu_hours`` and ``attempts`` came later and may be missing: no budget, and one attempt
-(the trial's ``job_id`` and ``submitted_at``). ``job_id`` and ``submitted_at`` are always the
-current attempt's; ``arrays`` lists every array ever submitted, retries included.
+``budget_gpu_hours``, ``attempts`` and an array's ``launcher`` came later and may be missing: no
+budget, one attempt (the trial's ``job_id`` and ``submitted_at``), settings not recorded.
+``job_id`` and ``submitted_at`` are always the current attempt's; ``arrays`` lists every array
+ever submitted, retries included, each with the ``hydra.launcher`` settings it was submitted with
+(a retry's are the sweep's own, the first arrays', plus that retry's overrides).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.trial_files import TRIAL_FILES
@@ -80,6 +84,8 @@ class ArrayRecord:
     array_job_id: str
     trials: list[int]
     trials_per_task: int = 1
+    launcher: dict[str, Any] = field(default_factory=dict)
+    """The ``hydra.launcher`` settings the array was submitted with (empty in older files)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,10 @@ class SweepRecord:
     def job_ids(self) -> list[str]:
         """The array job ids, in submission order."""
         return [array.array_job_id for array in self.arrays]
+
+    def first_launcher_settings(self) -> dict[str, Any]:
+        """The sweep's own launcher settings: those its first array was submitted with ({} unknown)."""
+        return dict(self.arrays[0].launcher) if self.arrays else {}
 
 
 def write_sweep_record(record: SweepRecord) -> Path:

@@ -25,24 +25,12 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
 from hpcsweep.files.trial_files import CONFIG_FILE
-from hpcsweep.results.overrides import split_override
+from hpcsweep.results.overrides import flatten_config, is_training_key, split_override
 
 HParamValue = bool | int | float | str
 
 HPARAMS_FILE_SUFFIX = ".hparams"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
-
-
-def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"lr": 1e-4}}`` -> ``{"model.lr": 1e-4}``; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_config(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def hparam_value(value: Any) -> HParamValue:
@@ -57,13 +45,13 @@ def trial_hparams(overrides: Sequence[str], config: Mapping[str, Any]) -> dict[s
 
     The resolved value is typed (``model.lr=1e-4`` gives the float 0.0001); a key that is not a
     leaf of the config, such as a config group choice (``model=llama_small``), keeps the override's
-    text. Hydra's own keys (``hydra.*``) are not hyperparameters.
+    text. Hydra's own keys (``hydra.*``) and how the run resumed (``resume.*``) are not hyperparameters.
     """
     flat = flatten_config(config)
     hparams: dict[str, HParamValue] = {}
     for override in overrides:
         parsed = split_override(override)
-        if parsed is None or parsed[0].startswith("hydra."):
+        if parsed is None or not is_training_key(parsed[0]):
             continue
         key, text = parsed
         hparams[key] = hparam_value(flat.get(key, text))

@@ -26,10 +26,12 @@ from hpcsweep.files.sweep_record import (
     read_sweep_record,
 )
 from hpcsweep.files.tb_runs import run_event_files
-from hpcsweep.files.trial_files import ENVIRONMENT_FILE
+from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE
+from hpcsweep.files.usage_file import USAGE_FILE, read_runs
 from hpcsweep.results.budget import usage_of_local_trials, usage_of_states
 from hpcsweep.results.failure import summarize_error, trial_error_text
-from hpcsweep.results.overrides import override_values
+from hpcsweep.results.gpu_hours import allocated_hours_by_trial
+from hpcsweep.results.overrides import override_values, trained_values
 from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.slurm.job_states import JobState, query_job_states
 from hpcsweep.slurm.usage import Usage
@@ -42,8 +44,11 @@ FINAL_STATUSES = ("completed", "stopped_early", "pruned", "failed", "cancelled",
 FINISHED_STATUSES = ("completed", "stopped_early", "pruned")
 """Statuses the trainer writes when a trial is done, whatever Slurm says afterwards."""
 OVERRIDES_FILE = ".hydra/overrides.yaml"
+CONFIG_BEFORE_GLOB = "config.before-*.yaml"
+"""The configs a trial trained with before a ``resume.force=true`` run (``hpcsweep.trial.runner``)."""
 METRICS = (
-    "best_val_loss", "val_loss", "train_loss", "mean_tokens_per_s", "tokens_per_s", "gpu_hours", "step", "restarts"
+    "best_val_loss", "val_loss", "train_loss", "mean_tokens_per_s", "tokens_per_s", "gpu_hours", "own_gpu_hours",
+    "step", "restarts",
 )
 """Row fields ``--metric`` may sort by."""
 SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s"}
@@ -73,6 +78,9 @@ class TrialRow:
     """Throughput over the whole run, every attempt (:func:`mean_tokens_per_s`)."""
     restarts: int | None = None
     gpu_hours: float | None = None
+    """Allocated GPU-hours of the trial's tasks, its part of a shared one (``hpcsweep.results.gpu_hours``)."""
+    own_gpu_hours: float | None = None
+    """The trial's own compute share: its latest run's wall time x its workers (``hpcsweep.results.gpu_hours``)."""
     world_size: int | None = None
     nodes: str = ""
     error: str = ""
@@ -153,8 +161,8 @@ def packed_trial_job(job: JobState | None, metrics_status: str | None) -> JobSta
     """The Slurm state of a trial that shares its array task with others (``trials_per_task``).
 
     The task's state is that of the trial it runs: while the task runs, one not started yet (no
-    ``metrics.json``) waits for those before it. The task's GPU hours are not one trial's: each trial's come from
-    its own ``metrics.json``.
+    ``metrics.json``) waits for those before it. The task's GPU-hours are shared between its trials
+    (``hpcsweep.results.gpu_hours``), so the state carries none of them.
     """
     if job is None:
         return None
@@ -169,8 +177,8 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
     return (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
 
 
-def local_gpu_hours(metrics: Mapping[str, Any]) -> float | None:
-    """Wall time metrics.json spans times the world size, in hours (for trials without sacct)."""
+def own_gpu_hours(metrics: Mapping[str, Any]) -> float | None:
+    """The trial's own compute share: the wall time metrics.json spans (its latest run) x the world size, in hours."""
     seconds = _seconds_between(metrics.get("started_at"), metrics.get("updated_at"))
     world_size = metrics.get("world_size")
     if seconds is None or world_size is None:
@@ -189,8 +197,14 @@ def build_row(
     scalars: Mapping[str, ScalarSeries],
     error_text: str,
     on_slurm: bool,
+    allocated_hours: float | None = None,
+    trained_config: Mapping[str, Any] | None = None,
 ) -> TrialRow:
-    """One trial's row. Metrics missing from metrics.json come from the trial's scalars."""
+    """One trial's row. Metrics missing from metrics.json come from the trial's scalars.
+
+    ``allocated_hours``: the trial's part of its tasks' allocated GPU-hours (None: unknown);
+    ``trained_config``: its ``config.yaml``, which values its label (``trained_values``).
+    """
     metrics = metrics or {}
     values: dict[str, Any] = {name: metrics.get(name) for name in SCALAR_FALLBACKS}
     for name, tag in SCALAR_FALLBACKS.items():
@@ -209,7 +223,7 @@ def build_row(
     waiting = job if status == "pending" and job is not None else None
     return TrialRow(
         num=trial.num,
-        overrides=override_values(trial.overrides),
+        overrides=trained_values(override_values(trial.overrides), trained_config),
         status=status,
         job_id=trial.job_id,
         slurm_state=job.state if job is not None else None,
@@ -218,7 +232,8 @@ def build_row(
         best_val_loss=best,
         mean_tokens_per_s=mean_tokens_per_s(throughput.values if throughput else ()),
         restarts=metrics.get("restarts"),
-        gpu_hours=job.gpu_hours if job is not None and job.gpu_hours is not None else local_gpu_hours(metrics),
+        gpu_hours=allocated_hours,
+        own_gpu_hours=own_gpu_hours(metrics),
         world_size=metrics.get("world_size"),
         nodes=nodes,
         error=summarize_error(error_text) if status == "failed" else "",
@@ -315,22 +330,75 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     else:
         trial_scalars = [{} for _ in trial_dirs]
     tasks = Counter(trial.job_id for trial in record.trials if trial.job_id)
-    rows, all_scalars = [], {}
-    for trial, trial_dir, scalars in zip(record.trials, trial_dirs, trial_scalars):
+    read = []
+    for trial, trial_dir in zip(record.trials, trial_dirs):
         metrics = read_metrics(trial_dir / "metrics.json")
         job = jobs.get(trial.job_id) if trial.job_id else None
         if trial.job_id and tasks[trial.job_id] > 1:
             job = packed_trial_job(job, (metrics or {}).get("status"))
+        read.append((metrics, job))
+    allocated = trial_allocated_hours(record, trial_dirs, [metrics for metrics, _ in read], jobs, slurm_error)
+    rows, all_scalars = [], {}
+    for trial, trial_dir, scalars, (metrics, job) in zip(record.trials, trial_dirs, trial_scalars, read):
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
         error = (
             trial_error_text(trial_dir, sweep_dir, trial.job_id, (metrics or {}).get("error"))
             if provisional == "failed"
             else ""
         )
-        rows.append(build_row(trial, metrics, job, scalars, error, on_slurm))
+        config = read_trained_config(trial_dir) if metrics and may_differ(record, trial, trial_dir) else None
+        rows.append(build_row(trial, metrics, job, scalars, error, on_slurm, allocated.get(trial.num), config))
         all_scalars[trial.num] = scalars
     if not on_slurm:
         usage: Usage | None = usage_of_local_trials(trial_dirs)
     else:
         usage = None if slurm_error else usage_of_states(jobs)
     return SweepData(record=record, rows=rows, scalars=all_scalars, slurm_error=slurm_error, usage=usage)
+
+
+def trial_allocated_hours(
+    record: SweepRecord,
+    trial_dirs: Sequence[Path],
+    metrics: Sequence[Mapping[str, Any] | None],
+    jobs: Mapping[str, JobState],
+    slurm_error: str | None,
+) -> dict[int, float]:
+    """Each trial's allocated GPU-hours: its part of its tasks' (sacct) or its ``usage.json`` (local).
+
+    Empty when accounting did not answer: unknown, not zero.
+    """
+    if record.launcher != "slurm":
+        return {trial.num: sum(run.hours for run in runs)
+                for trial, trial_dir in zip(record.trials, trial_dirs) if (runs := read_runs(trial_dir / USAGE_FILE))}
+    if slurm_error:
+        return {}
+    own = {trial.num: own_gpu_hours(m or {}) for trial, m in zip(record.trials, metrics)}
+    trial_tasks = {trial.num: [a.job_id for a in trial.all_attempts() if a.job_id] for trial in record.trials}
+    return allocated_hours_by_trial({task: state.used_hours for task, state in jobs.items()}, trial_tasks, own)
+
+
+def may_differ(record: SweepRecord, trial: TrialRecord, trial_dir: Path) -> bool:
+    """Whether a trial's recorded overrides may not be what it trained with, so its config.yaml must say.
+
+    A single trial dir's ``.hydra/overrides.yaml`` is rewritten by every run in it, one that trains
+    nothing included; a sweep's ``sweep.json`` keeps what was submitted, and only a run with
+    ``resume.force=true`` trains under another config, which leaves ``config.before-*.yaml``
+    beside it. Status reads no other config.yaml: a thousand of them would double its time.
+    """
+    return record.sweep_dir == trial.trial_dir or any(trial_dir.glob(CONFIG_BEFORE_GLOB))
+
+
+def read_trained_config(trial_dir: Path) -> Mapping[str, Any] | None:
+    """The trial's ``config.yaml`` (what it trained with), or None before it exists or when unreadable."""
+    try:
+        text = (trial_dir / CONFIG_FILE).read_text()
+    except FileNotFoundError:
+        return None
+    import yaml  # here: only trials that started have a config.yaml
+
+    try:
+        # libyaml's loader where PyYAML has it: the pure-Python one takes 5 ms a config.
+        config = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return None
+    return config if isinstance(config, Mapping) else None

@@ -176,11 +176,6 @@ def load_study(files: SearchFiles, settings: SearchSettings, num: int = 0) -> op
     )
 
 
-def trials_of(study: optuna.Study, num: int) -> list[FrozenTrial]:
-    """The study trials that ran sweep trial ``num``, oldest first."""
-    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(NUM_ATTR) == num]
-
-
 def objective_value(metrics: dict[str, Any] | None, objective: str) -> float | None:
     """The objective in a trial's metrics.json, or None when it has none (or not a number)."""
     value = (metrics or {}).get(objective)

@@ -100,11 +100,6 @@ def show_config() -> str:
     return run_slurm(["scontrol", "show", "config"])
 
 
-def show_hostnames(nodelist: str) -> list[str]:
-    """Expand a Slurm nodelist expression with ``scontrol show hostnames``."""
-    return run_slurm(["scontrol", "show", "hostnames", nodelist]).split()
-
-
 def show_job(job_id: str) -> str:
     """``scontrol show job --oneliner JOB``."""
     return run_slurm(["scontrol", "show", "job", "--oneliner", job_id])

@@ -48,15 +48,43 @@ def parse_statuses(text: str) -> tuple[str, ...]:
 
 
 def parse_trial_numbers(text: str) -> tuple[int, ...]:
-    """``--trials 3,7`` -> ``(3, 7)``; ``ValueError`` unless whole numbers >= 0, comma-separated."""
+    """``--trials 3,7`` -> ``(3, 7)``; ranges as ``id_ranges`` prints them: ``0-2,7`` -> ``(0, 1, 2, 7)``.
+
+    ``ValueError`` unless whole numbers >= 0 (or ``FIRST-LAST`` with FIRST <= LAST), comma-separated.
+    """
+    numbers: list[int] = []
     parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not parts or not all(part.isdigit() for part in parts):
-        raise ValueError(f"--trials {text!r} is not allowed: trial numbers separated by commas (3,7)")
-    return tuple(dict.fromkeys(int(part) for part in parts))
+    for part in parts:
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
+            parts = []
+            break
+        numbers.extend(range(int(first), int(last or first) + 1))
+    if not parts:
+        raise ValueError(
+            f"--trials {text!r} is not allowed: trial numbers or ranges separated by commas (3,7 or 0-9,12)")
+    return tuple(dict.fromkeys(numbers))
+
+
+def id_ranges(nums: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 7, 9, 10]`` -> ``0-3,7,9,10``: trial numbers, sorted, runs of three or more as ranges."""
+    ordered = sorted(set(nums))
+    parts: list[str] = []
+    start = previous = None
+    for num in [*ordered, None]:
+        if num is not None and previous is not None and num == previous + 1:
+            previous = num
+            continue
+        if start is not None and previous - start >= 2:
+            parts.append(f"{start}-{previous}")
+        elif start is not None:
+            parts.extend(str(n) for n in range(start, previous + 1))
+        start = previous = num
+    return ",".join(parts)
 
 
 def _numbers(nums: Sequence[int]) -> str:
-    return ",".join(str(num) for num in nums)
+    return id_ranges(nums)
 
 
 def select_trials(
@@ -84,7 +112,11 @@ def select_trials(
             raise ValueError(f"{what}: trial(s) {_numbers(finished)} finished; name them with --trials to run them again")
     active = [t for t in selected if t.status in ACTIVE_STATUSES]
     if active:
-        listed = ", ".join(f"#{t.num} is {t.status}" for t in active)
+        by_status: dict[str, list[int]] = {}
+        for t in active:
+            by_status.setdefault(t.status, []).append(t.num)
+        listed = ", ".join(f"#{_numbers(nums)} {'is' if len(nums) == 1 else 'are'} {status}"
+                           for status, nums in by_status.items())
         raise ValueError(f"{what}: {listed}; wait until it ends (or scancel it) before retrying it")
     if not selected:
         counts: dict[str, int] = {}
@@ -117,3 +149,15 @@ def launcher_changes(overrides: Sequence[str], params: Mapping[str, Any]) -> dic
                              f"(it has {', '.join(sorted(k for k in params if not k.startswith('_')))})")
         changes[name] = yaml.safe_load(value) if value else None
     return changes
+
+
+def _where(partition: str | None) -> str:
+    return f"partition {partition}" if partition else "the cluster's default partition"
+
+
+def partition_change_line(sweep_partition: str | None, partition: str | None) -> str | None:
+    """``this retry runs in partition urgent, where the sweep ran in partition batch; ...``; None when the same."""
+    if partition == sweep_partition:
+        return None
+    return (f"this retry runs in {_where(partition)}, where the sweep ran in {_where(sweep_partition)}: "
+            f"hydra.launcher.partition={partition or 'null'} applies to this retry only")

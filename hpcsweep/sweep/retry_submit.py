@@ -5,6 +5,12 @@ configs through the app's hook, the cluster's limits, the budget) and submits no
 ``submit_retry`` then submits the chosen trials as one job array (one per allocation shape) with
 ``slurm_submit.submit_trials``, and records each trial's new attempt in ``sweep.json``. The trials
 resume from their newest valid checkpoint, as a requeued trial does.
+
+A retry's launcher overrides apply to that retry only: it starts from the sweep's own settings
+(the launcher the first submission stored, which no retry overwrites) and its tasks load a launcher
+of their own (``.submitit/retry-N/``). The budget is the exception: it covers the whole sweep and the
+running tasks read it from ``sweep.json``, so a retry that names one sets it for the sweep, and a
+retry that names none keeps the sweep's current budget.
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ from hpcsweep.results.table import load_sweep, resolve_trial_dir
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.usage import Usage
 from hpcsweep.sweep.allocation import check_option_values, check_time_limit
-from hpcsweep.sweep.budget import check_budget, trial_units
+from hpcsweep.sweep.budget import BUDGET_KEY, check_budget, trial_units
 from hpcsweep.sweep.hooks import SweepTrial, hook_of
-from hpcsweep.sweep.retry_selection import TrialState, launcher_changes, select_trials
+from hpcsweep.sweep.retry_selection import TrialState, launcher_changes, partition_change_line, select_trials
 from hpcsweep.sweep.shared_call import LAUNCHER_FILE, load_shared_launcher
 from hpcsweep.sweep.slurm_submit import check_against_cluster, submit_trials
 from hpcsweep.sweep.sweep_trials import check_trials
@@ -46,6 +52,13 @@ class RetryPlan:
     trials: list[SweepTrial]
     slurm_config: str
     budget: float | None
+    sweep_partition: str | None = None
+    """The partition of the sweep's own settings (None: the cluster's default)."""
+
+    @property
+    def partition_line(self) -> str | None:
+        """What the retry says first when it runs in another partition than the sweep; None when it does not."""
+        return partition_change_line(self.sweep_partition, self.params.get("partition"))
 
 
 def submission_dir(sweep_dir: str, configured: str) -> Path | None:
@@ -98,7 +111,10 @@ def plan_retry(
         raise ValueError(f"Slurm did not answer, so which trials still run is unknown: {sweep.slurm_error}")
     nums = select_trials([TrialState(r.num, r.status, r.last_stop_reason) for r in sweep.rows], statuses, numbers)
     launcher, singleton_state = load_shared_launcher(sweep_dir / ".submitit" / LAUNCHER_FILE)
-    params = {**launcher.params, **launcher_changes(overrides, launcher.params)}
+    sweep_partition = launcher.params.get("partition")
+    changes = launcher_changes(overrides, launcher.params)
+    # The budget covers the whole sweep: without a new one, the sweep's current budget holds.
+    params = {**launcher.params, BUDGET_KEY: record.budget_gpu_hours, **changes}
     Singleton.set_state(singleton_state)
     # Hydra's resolvers (``now``, ...), as the array task sets them up: the sweep dir may use them.
     setup_globals()
@@ -116,7 +132,7 @@ def plan_retry(
                       sum(trial_units(t, params) for t in trials), horizon_s(poll_interval(os.environ)))
     slurm_config = commands.show_config()
     check_against_cluster(trials, params, slurm_config)
-    return RetryPlan(sweep_dir, record, launcher, params, trials, slurm_config, budget)
+    return RetryPlan(sweep_dir, record, launcher, params, trials, slurm_config, budget, sweep_partition)
 
 
 def check_budget_left(budget: float | None, spent_hours: float, units: int, horizon: float) -> None:
@@ -138,6 +154,13 @@ def forget_skipped_start(trial_dir: Path) -> None:
         (trial_dir / METRICS_FILE).unlink()
 
 
+def retry_launcher_folder(sweep_dir: Path) -> Path:
+    """A new folder for this retry's launcher: ``.submitit/retry-N``, N one more than the retries so far."""
+    earlier = [int(p.name.split("-", 1)[1]) for p in (sweep_dir / ".submitit").glob("retry-*")
+               if p.name.split("-", 1)[1].isdigit()]
+    return sweep_dir / ".submitit" / f"retry-{max(earlier, default=0) + 1}"
+
+
 def submit_retry(plan: RetryPlan) -> SweepRecord:
     """Submit the planned trials and record their new attempts; returns the new ``sweep.json`` record."""
     # The tasks read the budget from sweep.json: it must hold the new one before the first starts.
@@ -145,7 +168,8 @@ def submit_retry(plan: RetryPlan) -> SweepRecord:
     write_sweep_record(record)
     for trial in plan.trials:
         forget_skipped_start(trial.trial_dir)
-    jobs_by_trial, arrays = submit_trials(plan.launcher, plan.trials, plan.params, plan.slurm_config, plan.sweep_dir)
+    jobs_by_trial, arrays = submit_trials(plan.launcher, plan.trials, plan.params, plan.slurm_config, plan.sweep_dir,
+                                          retry_launcher_folder(plan.sweep_dir))
     submitted = now_iso()
     record = dataclasses.replace(
         record,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +150,26 @@ def _submit_array(
     return executor.map_array(call, [[(t.overrides, t.num) for t in task] for task in tasks])
 
 
+def recorded_settings(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The launcher settings as ``sweep.json`` records them: public keys, values as JSON holds them."""
+    import json
+
+    public = {key: value for key, value in params.items() if not key.startswith("_")}
+    return json.loads(json.dumps(public, default=str))
+
+
 def submit_trials(
-    launcher: Any, trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str, sweep_dir: Path
+    launcher: Any, trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str, sweep_dir: Path,
+    launcher_folder: Path | None = None,
 ) -> tuple[dict[int, Any], list[ArrayRecord]]:
     """Submit checked trials into ``sweep_dir`` as job arrays, one per allocation shape and size cap.
 
     Each array task runs ``trials_per_task`` consecutive trials of one allocation shape (the last
     task of a shape may run fewer). ``params`` are the launcher settings to submit with (a retry
-    may change them); ``slurm_config`` is ``scontrol show config``'s text. Returns each trial's
-    submitit job (trials packed into one task share it) and the arrays, in order.
+    may change them); ``slurm_config`` is ``scontrol show config``'s text. The tasks load the
+    launcher from ``launcher_folder`` (default ``SWEEP_DIR/.submitit``): a retry gives its own, so
+    that its settings never reach the sweep's tasks nor a later retry. Returns each trial's
+    submitit job (trials packed into one task share it) and the arrays, each recording ``params``.
     """
     per_task = trials_per_task(params)
     max_array_size = parse_max_array_size(slurm_config)
@@ -168,8 +179,11 @@ def submit_trials(
     code_dir = None
     if params.get("code_snapshot", True):
         code_dir = Path(take_snapshot(sweep_dir, Path.cwd()).path)
+    settings = recorded_settings(params)
     params = with_snapshot(params, code_dir)
-    shared = write_shared_launcher(sweep_dir / ".submitit", launcher, Singleton.get_state())
+    folder = sweep_dir / ".submitit" if launcher_folder is None else launcher_folder
+    folder.mkdir(parents=True, exist_ok=True)
+    shared = write_shared_launcher(folder, launcher, Singleton.get_state())
     call = SharedLauncherCall(str(shared))
     jobs_by_trial: dict[int, Any] = {}
     arrays: list[ArrayRecord] = []
@@ -179,7 +193,7 @@ def submit_trials(
             for task, job in zip(tasks, jobs, strict=True):
                 jobs_by_trial.update((trial.num, job) for trial in task)
             arrays.append(ArrayRecord(str(jobs[0].job_id).split("_")[0], [t.num for task in tasks for t in task],
-                                      per_task))
+                                      per_task, settings))
     return jobs_by_trial, arrays
 
 

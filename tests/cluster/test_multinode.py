@@ -34,6 +34,8 @@ def test_two_nodes_two_processes_each_via_the_sweep(two_node_trial, slurm_env):
 
 
 def test_plain_sbatch_route_runs_a_two_node_trial(tmp_path, slurm_env):
+    # tmp_path stands for the repo root the user submits from, with its committed slurm/logs/.
+    (tmp_path / "slurm" / "logs").mkdir(parents=True)
     env = {**slurm_env, "HPCSWEEP_PYTHON": sys.executable}
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--cpus-per-task=2", "--time=10",
@@ -43,7 +45,7 @@ def test_plain_sbatch_route_runs_a_two_node_trial(tmp_path, slurm_env):
     )
     job_id = submitted.stdout.strip().split(";")[0]
     state = wait_until_ended(slurm_env, job_id)
-    log = (tmp_path / f"slurm-{job_id}.out").read_text()
+    log = (tmp_path / "slurm" / "logs" / f"hpcsweep-train-{job_id}.out").read_text()
     assert state == "COMPLETED", log[-3000:]
 
     trial_dir = tmp_path / "outputs" / f"sbatch-{job_id}"
@@ -58,3 +60,4 @@ def test_plain_sbatch_route_runs_a_two_node_trial(tmp_path, slurm_env):
     ).stdout.split()
     assert_two_nodes_four_ranks(read_json(trial_dir / "metrics.json"), hosts)
     assert os.path.isdir(trial_dir / "checkpoints")
+    assert not list(tmp_path.glob("slurm-*.out"))

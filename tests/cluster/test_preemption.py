@@ -266,6 +266,7 @@ def test_a_trial_needing_three_time_limits_completes_through_requeues(tmp_path, 
 
 
 def test_train_sbatch_traps_usr2_forwards_it_requeues_and_resumes(tmp_path, slurm_env, reference):
+    (tmp_path / "slurm" / "logs").mkdir(parents=True)
     env = {**slurm_env, "HPCSWEEP_PYTHON": sys.executable}
     training = [o for o in TRAINING if not o.startswith("trainer.nodes")] + ["trainer.nproc_per_node=1"]
     submitted = slurm(env, "sbatch", "--parsable", f"--chdir={tmp_path}", "--nodes=2",
@@ -278,7 +279,7 @@ def test_train_sbatch_traps_usr2_forwards_it_requeues_and_resumes(tmp_path, slur
     slurm(slurm_env, "scancel", "--batch", "--signal=USR2", job_id)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
-    log = (tmp_path / f"slurm-{job_id}.out").read_text()
+    log = (tmp_path / "slurm" / "logs" / f"hpcsweep-train-{job_id}.out").read_text()
     assert metrics["status"] == "completed", metrics.get("error", "") + log[-3000:]
     assert "train.sbatch: USR2 at" in log
     assert metrics["last_stop_reason"] == "time_limit"

@@ -29,6 +29,29 @@ def metrics(status: str, step: int = 8, best: float | None = 2.0, **extra: Any) 
     }
 
 
+def trained_config(overrides: Sequence[str]) -> dict[str, Any]:
+    """``CONFIG`` with the trial's overrides applied: the config.yaml a trial trained with writes."""
+    import copy
+
+    config = copy.deepcopy(CONFIG)
+    for override in overrides:
+        key, sep, text = override.lstrip("+").partition("=")
+        if not sep or key.startswith(("hydra.", "resume.")):
+            continue
+        value = yaml.safe_load(text)
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        *parents, leaf = key.split(".")
+        node = config
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return config
+
+
 def make_sweep(
     sweep_dir: Path,
     trials: Sequence[tuple[Sequence[str], Mapping[str, Any] | None]],
@@ -41,7 +64,7 @@ def make_sweep(
         trial_dir = sweep_dir / str(num)
         (trial_dir / ".hydra").mkdir(parents=True)
         (trial_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
-        (trial_dir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+        (trial_dir / "config.yaml").write_text(yaml.safe_dump(trained_config(overrides)))
         if trial_metrics is not None:
             (trial_dir / "metrics.json").write_text(json.dumps(trial_metrics))
         job_id = f"{array_id}_{num}" if launcher == "slurm" else None

@@ -91,11 +91,28 @@ def test_worst_case_is_trials_nodes_gpus_and_time_limit():
     trials = _trials((1, None), (2, None), (2, 4))
     assert worst_case_hours(trials, params) == pytest.approx(1.5 * (8 + 16 + 8))
     line = worst_case_line(trials, params, 20.0)
-    assert line.startswith("worst case 48 GPU-hours (3 trials x 1 node x 8 GPUs + 2 nodes x 4 GPUs + 2 nodes x 8 GPUs x 90 min)")
+    assert line.startswith("worst case 48 GPU-hours ([1 trial x 1 node x 8 GPUs + 1 trial x 2 nodes x 4 GPUs "
+                           "+ 1 trial x 2 nodes x 8 GPUs] x 90 min)")
     assert line.endswith("budget 20 GPU-hours: trials stop, or never start, once the budget is spent")
+    assert worst_case_line(_trials((2, None), (2, None), (2, None)), {"timeout_min": 240, "gpus_per_node": 8}, None) \
+        == "worst case 192 GPU-hours (3 trials x 2 nodes x 8 GPUs x 240 min); no budget"
     cpu = {"timeout_min": 60, "gpus_per_node": 0}
     assert worst_case_hours(_trials((2, 4)), cpu) == 2.0
     assert "no budget" in worst_case_line(_trials((2, 4)), cpu, None)
+
+
+def test_worst_case_of_a_packed_sweep_counts_tasks_not_trials():
+    # trials_per_task=2: 4 trials run in 2 tasks, each holding its GPUs for one time limit.
+    params = {"timeout_min": 240, "gpus_per_node": 8, "trials_per_task": 2}
+    trials = _trials(*[(1, None)] * 4)
+    assert worst_case_hours(trials, params) == pytest.approx(2 * 8 * 4.0)
+    assert worst_case_line(trials, params, None) == \
+        "worst case 64 GPU-hours (2 tasks (4 trials, 2 per task) x 1 node x 8 GPUs x 240 min); no budget"
+    # An odd count leaves a last task of one trial; each shape packs apart (one array per shape).
+    mixed = _trials((1, None), (1, None), (1, None), (2, None))
+    assert worst_case_hours(mixed, params) == pytest.approx((2 * 8 + 1 * 16) * 4.0)
+    assert "([2 tasks (3 trials, 2 per task) x 1 node x 8 GPUs + 1 task (1 trial, 2 per task) x 2 nodes x 8 GPUs] x 240 min)" \
+        in worst_case_line(mixed, params, None)
 
 
 def test_local_usage_file_records_each_run(tmp_path):

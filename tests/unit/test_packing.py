@@ -36,20 +36,27 @@ def packed_sweep(sweep_dir, trial_metrics):
 
 def test_status_shows_each_packed_trial(tmp_path):
     packed_sweep(tmp_path, [metrics("running", step=4), None, None, None])
-    jobs = {"41_0": JobState("41_0", "RUNNING", 3600, 8, "node1"), "41_1": JobState("41_1", "PENDING", reason="Priority")}
+    jobs = {"41_0": JobState("41_0", "RUNNING", 3600, 8, "node1", used_hours=8.0, units=8),
+            "41_1": JobState("41_1", "PENDING", reason="Priority")}
     rows = load_sweep(tmp_path, query=lambda ids: jobs, with_scalars=False).rows
     assert [r.status for r in rows] == ["running", "pending", "pending", "pending"]
     assert [r.reason for r in rows[1:]] == [PACKED_WAIT_REASON, "Priority", "Priority"]
-    # The task's 8 GPU-hours are not any one trial's.
-    assert all(r.gpu_hours != 8.0 for r in rows)
+    # The task's 8 allocated GPU-hours are all the running trial's: the others have not run on it yet.
+    assert [r.gpu_hours for r in rows] == [8.0, 0.0, 0.0, 0.0]
+    assert rows[0].own_gpu_hours == 2.0 and rows[1].own_gpu_hours is None  # 1 h wall x 2 workers
     assert read_sweep_record(tmp_path).arrays == [ArrayRecord("41", [0, 1, 2, 3], 2)]
 
 
 def test_a_packed_task_that_ended_shows_each_trials_own_end(tmp_path):
     packed_sweep(tmp_path, [metrics("completed"), metrics("failed", error="boom"), metrics("completed"), None])
-    jobs = {"41_0": JobState("41_0", "FAILED", 60, 8, "node1"), "41_1": JobState("41_1", "CANCELLED", 60, 8, "node2")}
-    rows = load_sweep(tmp_path, query=lambda ids: jobs, with_scalars=False).rows
+    jobs = {"41_0": JobState("41_0", "FAILED", 60, 8, "node1", used_hours=6.0, units=8),
+            "41_1": JobState("41_1", "CANCELLED", 60, 8, "node2", used_hours=3.0, units=8)}
+    sweep = load_sweep(tmp_path, query=lambda ids: jobs, with_scalars=False)
+    rows = sweep.rows
     assert [r.status for r in rows] == ["completed", "failed", "completed", "cancelled"]
+    # Each task's hours shared by its trials' own shares (trials 0 and 1 ran as long); trial 3 never ran.
+    assert [r.gpu_hours for r in rows] == [3.0, 3.0, 3.0, 0.0]
+    assert sum(r.gpu_hours for r in rows) == sweep.usage.spent_hours == 9.0
 
 
 class RecordingLauncher(SlurmLauncher):

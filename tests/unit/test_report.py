@@ -107,7 +107,8 @@ def test_rows_sorted_failed_last_with_error(tmp_path):
     rows = sort_rows(sweep.rows, "best_val_loss")
     assert [(r.num, r.status) for r in rows] == [(2, "completed"), (0, "completed"), (3, "pending"), (1, "failed")]
     assert rows[-1].error == "RuntimeError: NCCL timeout"
-    assert rows[0].gpu_hours == 2.0  # 1 h wall x world size 2, no sacct for a local sweep
+    # Its own share: 1 h wall x world size 2; allocated: no usage.json, so unknown (not its own share).
+    assert rows[0].own_gpu_hours == 2.0 and rows[0].gpu_hours is None
     assert [r.num for r in sort_rows(sweep.rows, "best_val_loss", descending=True)][:2] == [0, 2]
 
 
@@ -196,8 +197,9 @@ def test_tok_s_is_the_mean_over_every_attempt_in_old_and_new_trial_dirs(tmp_path
     assert rows[1].mean_tokens_per_s == pytest.approx(200.0)
 
     assert report.main([str(tmp_path), "--csv", str(tmp_path / "r.csv")]) == 0
-    header, *lines = capsys.readouterr().out.splitlines()
+    header, *lines, total = capsys.readouterr().out.splitlines()
     column = header.split().index("mean")  # the header "mean tok/s" is two words, its cells one
     assert [line.split()[column] for line in lines] == ["200", "133"]
+    assert total.startswith("GPU-hours: 0 allocated in all")  # a local sweep without usage.json files
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
     assert [(r["mean_tokens_per_s"][:6], r["tokens_per_s"]) for r in table] == [("200.0", "200.0"), ("133.33", "400.0")]

@@ -12,12 +12,14 @@ import pytest
 from hpcsweep import retry
 from hpcsweep.sweep.retry_selection import (
     TrialState,
+    id_ranges,
     launcher_changes,
     parse_statuses,
     parse_trial_numbers,
+    partition_change_line,
     select_trials,
 )
-from hpcsweep.sweep.retry_submit import submission_dir
+from hpcsweep.sweep.retry_submit import retry_launcher_folder, submission_dir
 
 from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 from .sweep_fixtures import make_sweep, metrics
@@ -66,8 +68,27 @@ def test_status_and_numbers_parsing():
     with pytest.raises(ValueError, match="--status 'completed' is not allowed: one or more of failed,cancelled"):
         parse_statuses("completed")
     assert parse_trial_numbers("3,7,3") == (3, 7)
-    with pytest.raises(ValueError, match=r"--trials '3-7' is not allowed: trial numbers separated by commas"):
-        parse_trial_numbers("3-7")
+    # Ranges as the retry prints them are read back.
+    assert parse_trial_numbers("0-3,7,9-10") == (0, 1, 2, 3, 7, 9, 10)
+    for bad in ("3-", "7-3", "-1", "a", "3;7"):
+        with pytest.raises(ValueError, match=rf"--trials '{bad}' is not allowed: trial numbers or ranges separated by "
+                                             r"commas \(3,7 or 0-9,12\)"):
+            parse_trial_numbers(bad)
+
+
+def test_long_id_lists_print_as_ranges():
+    assert id_ranges(range(297)) == "0-296"
+    assert id_ranges([12, 0, 1, 2, 3, 7, 9, 10, 11]) == "0-3,7,9-12"
+    assert id_ranges([4, 5]) == "4,5" and id_ranges([5]) == "5" and id_ranges([]) == ""
+    assert parse_trial_numbers(id_ranges([0, 1, 2, 3, 7, 9, 10])) == (0, 1, 2, 3, 7, 9, 10)
+
+
+def test_a_retry_in_another_partition_says_so():
+    assert partition_change_line("batch", "batch") is None and partition_change_line(None, None) is None
+    assert partition_change_line("batch", "urgent") == (
+        "this retry runs in partition urgent, where the sweep ran in partition batch: "
+        "hydra.launcher.partition=urgent applies to this retry only")
+    assert "where the sweep ran in the cluster's default partition" in partition_change_line(None, "urgent")
 
 
 def test_only_launcher_settings_may_change():
@@ -172,3 +193,10 @@ def test_a_retry_needs_budget_left_for_its_trials_to_start():
     with pytest.raises(ValueError, match=r"^hydra.launcher.budget_gpu_hours=10 is spent: 9.8 GPU-hours so far, and "
                                          r"8 GPUs of retried trials need 0.289 more to start; raise it to retry$"):
         check_budget_left(10.0, spent_hours=9.8, units=8, horizon=130.0)
+
+
+def test_each_retry_gets_a_launcher_folder_of_its_own(tmp_path):
+    assert retry_launcher_folder(tmp_path) == tmp_path / ".submitit" / "retry-1"
+    (tmp_path / ".submitit" / "retry-1").mkdir(parents=True)
+    (tmp_path / ".submitit" / "retry-2").mkdir()
+    assert retry_launcher_folder(tmp_path) == tmp_path / ".submitit" / "retry-3"

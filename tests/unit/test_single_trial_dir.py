@@ -10,7 +10,7 @@ from hpcsweep import report, status
 from hpcsweep.results.table import load_sweep, single_trial_record
 
 from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
-from .sweep_fixtures import CONFIG, metrics
+from .sweep_fixtures import metrics, trained_config
 
 # environment.json as hpcsweep.trial.runner.environment_record writes it under `sbatch slurm/train.sbatch`
 SBATCH_ENVIRONMENT = {
@@ -26,7 +26,7 @@ SBATCH_ENVIRONMENT = {
 def make_trial_dir(path, trial_metrics, environment):
     (path / ".hydra").mkdir(parents=True)
     (path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model.lr=3e-4", "trainer.nodes=2"]))
-    (path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    (path / "config.yaml").write_text(yaml.safe_dump(trained_config(["model.lr=3e-4", "trainer.nodes=2"])))
     (path / "metrics.json").write_text(json.dumps(trial_metrics))
     if environment is not None:
         (path / "environment.json").write_text(json.dumps(environment))
