@@ -1,8 +1,9 @@
 """How a local sweep starts its trial processes (``hydra.launcher.start_method``).
 
 ``forkserver`` (the default): multiprocessing's fork server, started once per sweep, imports
-``PRELOAD`` (torch, transformers, hydra...) once, and every trial process is forked from it, so a
-trial starts in a fraction of a second instead of paying those imports (~3.5 s) again. ``spawn``:
+``PRELOAD`` (hydra) and the app's ``TrialHook.preload`` (hpcsweep's: torch, transformers) once,
+and every trial process is forked from it, so a trial starts in a fraction of a second instead of
+paying those imports (~3.5 s) again. ``spawn``:
 each trial starts in a fresh interpreter (``python -m hpcsweep.sweep.local_trial SPEC.json``).
 When the fork server cannot start, the sweep says why once and spawns.
 
@@ -12,7 +13,7 @@ CPUs of its slot, the stop signals held until it is ready for them, and SIGTERM 
 dies. Only third-party modules are preloaded, never hpcsweep's nor the app's: a trial imports
 those from the sweep's ``sys.path``, as a fresh interpreter would. The preloaded modules read the
 sweep's environment when they are imported; what a trial adds (its ``CUDA_VISIBLE_DEVICES``) is
-read by CUDA at its first use, after the fork: nothing in ``PRELOAD`` initialises CUDA.
+read by CUDA at its first use, after the fork: importing them must not initialise CUDA.
 """
 
 from __future__ import annotations
@@ -36,24 +37,9 @@ START_METHOD_KEY = "hydra.launcher.start_method"
 START_METHODS = ("forkserver", "spawn")
 DEFAULT_START_METHOD = "forkserver"
 
-PRELOAD = (
-    "numpy",
-    "torch",
-    "torch.nn.parallel",
-    # hpcsweep's checkpoints: about 0.7 s of torch.distributed on their own.
-    "torch.distributed.checkpoint.state_dict",
-    "torch.distributed.checkpoint.staging",
-    "torch.utils.tensorboard",
-    "transformers",
-    # The model classes a trial builds; transformers imports them lazily, ~1 s.
-    "transformers.models.llama.modeling_llama",
-    "transformers.models.deepseek_v3.modeling_deepseek_v3",
-    "omegaconf",
-    "hydra",
-    "hydra._internal.core_plugins.basic_launcher",
-    "cloudpickle",
-)
-"""Imported once in the fork server. Third-party only: a module missing here is skipped."""
+PRELOAD = ("omegaconf", "hydra", "hydra._internal.core_plugins.basic_launcher", "cloudpickle")
+"""What the fork server imports for every app's trials, before the app's hook's ``preload``
+(hpcsweep's: torch and transformers). Third-party only; a module that is missing is skipped."""
 
 
 def start_method_of(params: Mapping[str, Any]) -> str:
@@ -201,7 +187,7 @@ class TrialStarter:
     until it is ready for it.
     """
 
-    def __init__(self, method: str, preload: Sequence[str] = PRELOAD) -> None:
+    def __init__(self, method: str, preload: Sequence[str]) -> None:
         self.context: Any = None
         if method == "forkserver":
             self.context = self._started_server(list(preload))

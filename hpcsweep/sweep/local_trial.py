@@ -108,7 +108,8 @@ def start_trial(
 
     The process gets a session of its own: a Ctrl-C reaches it once, from the sweep, which passes
     on every stop signal; if the sweep dies without passing one on (SIGKILL), the trial process
-    is sent SIGTERM (``ask_for_sigterm_when_parent_ends``). Call with the stop signals blocked
+    is sent SIGTERM (``stop_with_the_sweep``; forked, ``fork_server.stop_with_the_sweep_from_afar``).
+    ``starter`` forks it or starts a fresh interpreter. Call with the stop signals blocked
     (``stop.stop_signals_blocked``): the process starts with them blocked and holds a signal until
     it knows what to do with it.
     """
@@ -203,9 +204,9 @@ def ask_for_sigterm_when_parent_ends() -> bool:
 
     A trial process is in a session of its own, so a sweep killed outright (SIGKILL, an OOM kill)
     would leave it training with nobody to collect it; SIGTERM stops it as a Slurm stop does, with
-    a checkpoint. The parent is the sweep (which starts trials from its main thread, which lives as
-    long as the sweep) or the sweep's fork server (which ends with the sweep). Elsewhere than Linux
-    nothing is set.
+    a checkpoint. The parent is the sweep, which starts trials from its main thread, which lives as
+    long as the sweep (or, for a forked trial without pidfds, the fork server, which ends after the
+    sweep). Elsewhere than Linux nothing is set.
     """
     import ctypes
     import signal
