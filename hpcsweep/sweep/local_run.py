@@ -119,7 +119,7 @@ def forget_not_started(trials: Sequence[SweepTrial]) -> None:
 
 
 def sweep_summary(returns: Sequence[JobReturn]) -> str:
-    """``4 trials ran: 3 completed, 1 failed`` (Hydra's status of each job)."""
+    """``4 trial(s) ran: 3 completed, 1 failed``, by Hydra's status of each job."""
     failed = sum(1 for job_return in returns if job_return.status == JobStatus.FAILED)
     return f"{len(returns)} trial(s) ran: {len(returns) - failed} completed, {failed} failed"
 

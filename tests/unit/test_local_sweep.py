@@ -76,3 +76,22 @@ def test_several_nodes_without_slurm_are_refused_before_anything_runs(tmp_path):
     ), refusal
     assert "Traceback" not in output
     assert not (tmp_path / "multirun").exists(), "nothing written"
+
+
+def test_the_spawn_start_method_still_runs_a_trial_without_the_fork_server(tmp_path):
+    # ++: the key is set whether or not the launcher config declares it.
+    result = run(["-m", "model.lr=1e-4", *SMALL, "++hydra.launcher.start_method=spawn"], tmp_path, no_slurm_env())
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    (trial_dir,) = [path.parent for path in tmp_path.glob("multirun/*/*/0/metrics.json")]
+    assert json.loads((trial_dir / "metrics.json").read_text())["status"] == "completed"
+    assert "fork server" not in output
+
+
+def test_an_unknown_start_method_runs_nothing_and_names_the_key(tmp_path):
+    result = run(["-m", "model.lr=1e-4", *SMALL, "++hydra.launcher.start_method=fork"], tmp_path, no_slurm_env())
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert ("hydra.launcher.start_method='fork' is not allowed: forkserver (trials forked from a process that has "
+            "imported torch once) or spawn (a fresh interpreter per trial); no trial was run") in output
+    assert not (tmp_path / "multirun").exists()
