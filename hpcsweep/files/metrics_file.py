@@ -14,7 +14,7 @@ from typing import Any
 from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.sweep_record import now_iso
 
-STATUSES = ("running", "completed", "failed", "stopped_early", "stopped", "pruned", "skipped_budget")
+STATUSES = ("running", "completed", "failed", "stopped_early", "stopped", "pruned", "skipped_budget", "not_started")
 
 
 def read_metrics(path: Path) -> dict[str, Any] | None:

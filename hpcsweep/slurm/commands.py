@@ -50,15 +50,19 @@ def run_slurm(
 
 
 def controller_reachable(timeout: float = 10.0) -> tuple[bool, str]:
-    """Whether ``sbatch`` is on PATH and ``scontrol ping`` finds a controller, with the reason."""
+    """Whether ``sbatch`` is on PATH and ``scontrol ping`` finds a controller, with the reason in one line.
+
+    Without a controller the reason is ``no Slurm controller``: what ``scontrol`` printed about
+    its configuration source (several lines) says nothing a user running locally needs.
+    """
     if shutil.which("sbatch") is None:
         return False, "sbatch is not on PATH"
     try:
         out = run_slurm(["scontrol", "ping"], timeout=timeout)
-    except SlurmCommandError as err:
-        return False, f"scontrol ping failed ({err})"
+    except SlurmCommandError:
+        return False, "no Slurm controller"
     if " is UP" not in out:
-        return False, f"scontrol ping found no controller: {out.strip()}"
+        return False, f"no Slurm controller ({' '.join(out.split())})"
     return True, f"scontrol ping: {out.strip().splitlines()[0]}"
 
 

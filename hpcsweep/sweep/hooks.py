@@ -88,6 +88,11 @@ class TrialHook:
     """True: ``check_trial`` takes the config as resolved plain values (a ``dict``), which the
     launchers compose many times faster than a ``DictConfig`` (``hpcsweep.sweep.compose``)."""
 
+    preload: tuple[str, ...] = ()
+    """Third-party modules the task function imports, for a local sweep's fork server to import
+    once for all its trials (``hpcsweep.sweep.fork_server``); never the app's own modules, which
+    each trial imports from the sweep's ``sys.path``."""
+
     def check_trial(self, config: DictConfig, launcher: Mapping[str, Any]) -> CheckedTrial:
         """Validate one composed trial config (the app part, no ``hydra`` node) and size its allocation.
 

@@ -76,6 +76,19 @@ class HpcsweepTrials(TrialHook):
     """hpcsweep's trial checks, sizes, local stop handling and array-task signal handling."""
 
     plain_values = True
+    preload = (
+        "numpy",
+        "torch",
+        "torch.nn.parallel",
+        # The checkpoints': about 0.7 s of torch.distributed on their own.
+        "torch.distributed.checkpoint.state_dict",
+        "torch.distributed.checkpoint.staging",
+        "torch.utils.tensorboard",
+        "transformers",
+        # The model classes a trial builds, which transformers imports lazily: about 1 s.
+        "transformers.models.llama.modeling_llama",
+        "transformers.models.deepseek_v3.modeling_deepseek_v3",
+    )
 
     def check_trial(self, config: Mapping[str, Any], launcher: Mapping[str, Any]) -> CheckedTrial:
         """The trial schema (``hpcsweep.config``), then the allocation its config asks for.

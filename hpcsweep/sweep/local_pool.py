@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 
+from hpcsweep.sweep.fork_server import TrialStarter
 from hpcsweep.sweep.hooks import SweepTrial
 from hpcsweep.sweep.local_slots import LocalPlan, LocalSlot, take_gpus, trial_environment, trial_gpu_count
 from hpcsweep.sweep.local_trial import Exited, NotStarted, Returned, Stopped, TrialOutcome, TrialProcess, start_trial
@@ -94,15 +95,16 @@ class _StopForwarder:
             log.warning("stop signal (%s): stopping %d running trial(s); no further trial starts",
                         self.reason, len(self.running))
         for running in list(self.running.values()):
-            if running.process.process.poll() is None:
-                running.process.process.send_signal(signum)
+            running.process.process.send_signal(signum)
 
 
 class _LocalRun:
     """One local run's state: the trials waiting in order, those running, how the others ended, what is free."""
 
-    def __init__(self, trials: Sequence[SweepTrial], plan: LocalPlan, context_file: Path) -> None:
-        self.trials, self.plan, self.context_file = list(trials), plan, context_file
+    def __init__(
+        self, trials: Sequence[SweepTrial], plan: LocalPlan, context_file: Path, starter: TrialStarter
+    ) -> None:
+        self.trials, self.plan, self.context_file, self.starter = list(trials), plan, context_file, starter
         self.waiting = list(trials)
         self.free_slots, self.free_gpus = list(plan.slots), plan.gpu_ids
         self.forwarder = _StopForwarder()
@@ -131,7 +133,8 @@ class _LocalRun:
             # Blocked, so that a signal now reaches the new process once, after it is registered.
             with stop_signals_blocked():
                 process = start_trial(
-                    self.context_file, trial.overrides, trial.num, slot.cpus, trial_environment(self.plan, gpus)
+                    self.starter, self.context_file, trial.overrides, trial.num, slot.cpus,
+                    trial_environment(self.plan, gpus),
                 )
                 self.forwarder.running[trial.num] = _Running(trial, process, slot, gpus)
             log.info("trial #%d started (pid %d, CPUs %s%s)", trial.num, process.process.pid,
@@ -147,6 +150,10 @@ class _LocalRun:
             self.free_gpus = tuple(sorted((*self.free_gpus, *running.gpus), key=self.plan.gpu_ids.index))
             self.outcomes[num] = running.process.outcome()
 
+    def not_started(self) -> list[SweepTrial]:
+        """The trials that never started, or refused to on a stop signal."""
+        return [t for t in self.trials if isinstance(self.outcomes.get(t.num, NotStarted("")), NotStarted)]
+
     def stopped(self) -> LocalSweepStopped:
         """The sweep's stop, once every started trial has ended."""
         from hpcsweep.train.stop import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED
@@ -156,22 +163,28 @@ class _LocalRun:
         reason = self.forwarder.reason or (refused[0] if refused else None)
         stopped = [outcome for outcome in outcomes if isinstance(outcome, Stopped)]
         ended = [t.num for t, outcome in zip(self.trials, outcomes) if isinstance(outcome, Exited)]
-        not_started = [t.num for t, outcome in zip(self.trials, outcomes) if outcome is None or isinstance(outcome, NotStarted)]
+        not_started = [t.num for t in self.not_started()]
         code = stopped[0].code if stopped else (EXIT_INTERRUPTED if reason == INTERRUPTED else EXIT_REQUEUE)
         what = stop_summary(reason, [outcome.what for outcome in stopped], ended, not_started)
         log.warning("%s", what)
         return LocalSweepStopped(what, code)
 
 
-def run_local_trials(trials: Sequence[SweepTrial], plan: LocalPlan, context_file: Path) -> list[JobReturn]:
-    """Run ``trials`` with ``plan`` and return their JobReturns in trial order.
+def run_local_trials(
+    trials: Sequence[SweepTrial],
+    plan: LocalPlan,
+    context_file: Path,
+    starter: TrialStarter,
+    record_not_started: Callable[[Sequence[SweepTrial]], None],
+) -> list[JobReturn]:
+    """Run ``trials`` with ``plan``, each started by ``starter``, and return their JobReturns in trial order.
 
     Raises ``LocalSweepStopped`` once the running trials have ended when a stop signal came or a
-    trial stopped.
+    trial stopped, after passing the trials that never started to ``record_not_started``.
     """
     from hpcsweep.train.stop import stop_signals_routed_to
 
-    run = _LocalRun(trials, plan, context_file)
+    run = _LocalRun(trials, plan, context_file, starter)
     with stop_signals_routed_to(run.forwarder):
         run.start_ready()
         while run.forwarder.running:
@@ -179,6 +192,7 @@ def run_local_trials(trials: Sequence[SweepTrial], plan: LocalPlan, context_file
             run.collect_ended()
             run.start_ready()
     if run.stopping:
+        record_not_started(run.not_started())
         raise run.stopped()
     return [job_return_of(trial, run.outcomes[trial.num]) for trial in trials]
 

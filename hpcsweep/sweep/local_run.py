@@ -1,5 +1,9 @@
 """Run a checked sweep on this machine: ``hydra.launcher.local_parallelism`` trials at a time,
-each in a process of its own that runs it as Hydra's basic launcher does (``local_pool``).
+each in a process of its own that runs it as Hydra's basic launcher does (``local_pool``), forked
+from a server that has imported torch once (``hydra.launcher.start_method``, ``fork_server``).
+A local run has one node: a trial that asks for more is refused before anything runs. The run
+ends with a summary and the ``status`` and ``report`` commands for its sweep dir; the trials that
+a stop kept from starting say ``not_started`` in their metrics.json until the sweep runs again.
 
 Running the same sweep again with ``hydra.sweep.dir=SWEEP_DIR`` keeps the trials of its
 ``sweep.json``. What else a rerun does is the app's: hpcsweep's trials that ended are not trained
@@ -19,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
+
+from hpcsweep.files.metrics_file import read_metrics, write_metrics
 
 from hpcsweep.files.sweep_record import (
     SWEEP_FILE,
@@ -30,6 +36,7 @@ from hpcsweep.files.sweep_record import (
     write_sweep_record,
 )
 from hpcsweep.sweep.budget import announce_local_budget
+from hpcsweep.sweep.fork_server import PRELOAD, TrialStarter, start_method_of
 from hpcsweep.sweep.hooks import SweepTrial, hook_of
 from hpcsweep.sweep.local_slots import LocalPlan, plan_local_run, trial_gpu_count, visible_gpu_ids
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
@@ -63,11 +70,23 @@ def previous_record(sweep_dir: Path) -> SweepRecord | None:
         return None
 
 
+def refuse_several_nodes(trials: Sequence[SweepTrial]) -> None:
+    """``ValueError`` naming the key of the first trial that asks for more than the one node a local run has."""
+    for trial in trials:
+        if trial.allocation.nodes > 1:
+            raise ValueError(
+                f"trial #{trial.num}: {trial.allocation.nodes_key}={trial.allocation.nodes} is not allowed here: "
+                "a local run has one node; run it where sbatch reaches a Slurm controller (hydra/launcher=auto, "
+                "the default, or hydra/launcher=slurm)"
+            )
+
+
 def machine_plan(params: Mapping[str, Any], trials: Sequence[SweepTrial]) -> LocalPlan:
-    """The plan for this machine's GPUs and CPUs; ``ValueError`` for a bad ``local_parallelism``
-    or a trial that asks for more GPUs than there are."""
+    """The plan for this machine's GPUs and CPUs; ``ValueError`` for a bad ``local_parallelism``,
+    a trial that asks for more nodes than one or for more GPUs than there are."""
     from hpcsweep.trial.nccl import list_gpu_models
 
+    refuse_several_nodes(trials)
     gpu_ids = visible_gpu_ids(os.environ, len(list_gpu_models()))
     plan = plan_local_run(params.get("local_parallelism"), gpu_ids, sorted(os.sched_getaffinity(0)))
     for trial in trials:
@@ -78,6 +97,39 @@ def machine_plan(params: Mapping[str, Any], trials: Sequence[SweepTrial]) -> Loc
     return plan
 
 
+NOT_STARTED = "not_started"
+"""metrics.json's status of a trial that a stop of its local sweep kept from starting."""
+
+
+def record_not_started(trials: Sequence[SweepTrial]) -> None:
+    """Say in each trial's metrics.json that it never started (where it has none of its own)."""
+    for trial in trials:
+        path = trial.trial_dir / "metrics.json"
+        if read_metrics(path) is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_metrics(path, {"status": NOT_STARTED, "step": 0})
+
+
+def forget_not_started(trials: Sequence[SweepTrial]) -> None:
+    """Remove what ``record_not_started`` wrote: those trials run now, as if for the first time."""
+    for trial in trials:
+        path = trial.trial_dir / "metrics.json"
+        if (read_metrics(path) or {}).get("status") == NOT_STARTED:
+            path.unlink()
+
+
+def sweep_summary(returns: Sequence[JobReturn]) -> str:
+    """``4 trial(s) ran: 3 completed, 1 failed``, by Hydra's status of each job."""
+    failed = sum(1 for job_return in returns if job_return.status == JobStatus.FAILED)
+    return f"{len(returns)} trial(s) ran: {len(returns) - failed} completed, {failed} failed"
+
+
+def log_where_to_look(sweep_dir: Path) -> None:
+    """The commands that show the sweep, as the Slurm launcher prints them."""
+    log.info("status: python -m hpcsweep.status %s", sweep_dir)
+    log.info("report: python -m hpcsweep.report %s", sweep_dir)
+
+
 def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
     """Check every trial and this machine's share for it, write ``sweep.json``, then run the trials.
 
@@ -86,21 +138,36 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     """
     from hpcsweep.sweep.local_pool import run_local_trials
     from hpcsweep.sweep.local_trial import write_sweep_context
+    from hpcsweep.train.stop import stop_signals_blocked
 
     hook = hook_of(launcher.task_function)
     try:
         trials = check_trials(launcher, job_overrides, initial_job_idx, hook)
         plan = machine_plan(launcher.params, trials)
+        start_method = start_method_of(launcher.params)
         budget = announce_local_budget(launcher.config.hydra.launcher)
     except ValueError as err:
         exit_with_config_error(err, "no trial was run")
+    # Started first, so that its imports overlap with writing the sweep's files.
+    with stop_signals_blocked():
+        starter = TrialStarter(start_method, (*PRELOAD, *hook.preload))
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     record = local_sweep_record(sweep_dir, trials, previous_record(sweep_dir))
     write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget))
     log.info("sweep dir: %s (%d trials, running locally, %d at a time)", sweep_dir, len(trials), plan.parallelism)
+    forget_not_started(trials)
     with tempfile.TemporaryDirectory(prefix="hpcsweep-local-") as folder:
         context_file = write_sweep_context(Path(folder), launcher.hydra_context, launcher.config, launcher.task_function)
         # The trials run elsewhere: here the sweep's own config is Hydra's, for what the app says
         # about the whole sweep (a stop names the sweep dir to resume).
         HydraConfig.instance().set_config(copy.deepcopy(launcher.config))
-        return hook.run_locally(trials, lambda to_run: run_local_trials(to_run, plan, context_file))
+        try:
+            returns = hook.run_locally(
+                trials, lambda to_run: run_local_trials(to_run, plan, context_file, starter, record_not_started)
+            )
+        except SystemExit:  # a stop: the app says how to resume
+            log_where_to_look(sweep_dir)
+            raise
+    log.info("sweep done: %s", sweep_summary(returns))
+    log_where_to_look(sweep_dir)
+    return returns

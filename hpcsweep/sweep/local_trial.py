@@ -6,8 +6,10 @@ trial sets (NCCL, ``OMP_NUM_THREADS``, the stop file), its threads and its CUDA 
 it. It runs the trial exactly as Hydra's basic launcher runs it in a sweep (``run_job``: the
 ``.hydra`` dir, the job's logs and callbacks, its ``JobReturn``).
 
-``python -m hpcsweep.sweep.local_trial SPEC.json`` is the process's entry; the sweep's Hydra
-context is pickled once per sweep (``write_sweep_context``), each trial's spec is a small JSON file.
+The process is forked from the sweep's fork server, which has imported torch once, or is a
+fresh interpreter, ``python -m hpcsweep.sweep.local_trial SPEC.json`` (``hpcsweep.sweep.fork_server``).
+The sweep's Hydra context is pickled once per sweep (``write_sweep_context``), each trial's spec
+is a small JSON file.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import cloudpickle
 
 from hpcsweep.files.atomic import atomic_write_bytes, atomic_write_json
+
+if TYPE_CHECKING:
+    from hpcsweep.sweep.fork_server import RunningTrial, TrialStarter
 
 CONTEXT_FILE = "hydra_context.pkl"
 
@@ -76,7 +80,7 @@ class TrialProcess:
     """A started trial process, and where it leaves its outcome."""
 
     num: int
-    process: subprocess.Popen
+    process: RunningTrial
     outcome_file: Path
 
     def outcome(self) -> TrialOutcome:
@@ -93,15 +97,21 @@ class TrialProcess:
 
 
 def start_trial(
-    context_file: Path, overrides: Sequence[str], num: int, cpus: Sequence[int], env: Mapping[str, str]
+    starter: TrialStarter,
+    context_file: Path,
+    overrides: Sequence[str],
+    num: int,
+    cpus: Sequence[int],
+    env: Mapping[str, str],
 ) -> TrialProcess:
     """Start Hydra job ``num`` with ``overrides`` in a new process on ``cpus``, with ``env`` on top of ours.
 
     The process gets a session of its own: a Ctrl-C reaches it once, from the sweep, which passes
     on every stop signal; if the sweep dies without passing one on (SIGKILL), the trial process
-    is sent SIGTERM (``stop_with_the_sweep``). Call with the stop signals blocked
-    (``stop.stop_signals_blocked``): the process inherits the mask and holds a signal until it
-    knows what to do with it.
+    is sent SIGTERM (``stop_with_the_sweep``; forked, ``fork_server.stop_with_the_sweep_from_afar``).
+    ``starter`` forks it or starts a fresh interpreter. Call with the stop signals blocked
+    (``stop.stop_signals_blocked``): the process starts with them blocked and holds a signal until
+    it knows what to do with it.
     """
     folder = context_file.parent
     spec_file, outcome_file = folder / f"trial-{num}.json", folder / f"trial-{num}.outcome"
@@ -115,11 +125,7 @@ def start_trial(
         "outcome_file": str(outcome_file),
         "sweep_pid": os.getpid(),
     })
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hpcsweep.sweep.local_trial", str(spec_file)],
-        env={**os.environ, **env},
-        start_new_session=True,
-    )
+    process = starter.start(spec_file, {**os.environ, **env}, f"trial-{num}")
     return TrialProcess(num, process, outcome_file)
 
 
@@ -193,38 +199,54 @@ PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal the kernel sends this process when the thread that started it ends."""
 
 
-def stop_with_the_sweep(sweep_pid: int) -> None:
-    """Have the kernel send this process SIGTERM once the sweep process is gone (Linux).
+def ask_for_sigterm_when_parent_ends() -> bool:
+    """Have the kernel send this process SIGTERM once its parent is gone (Linux); whether it was set.
 
     A trial process is in a session of its own, so a sweep killed outright (SIGKILL, an OOM kill)
     would leave it training with nobody to collect it; SIGTERM stops it as a Slurm stop does, with
-    a checkpoint. The sweep starts trials from its main thread, which lives as long as the sweep.
-    Elsewhere than Linux nothing is set.
+    a checkpoint. The parent is the sweep, which starts trials from its main thread, which lives as
+    long as the sweep (or, for a forked trial without pidfds, the fork server, which ends after the
+    sweep). Elsewhere than Linux nothing is set.
     """
     import ctypes
     import signal
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-            return
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
     except (OSError, AttributeError):
-        return
+        return False
+
+
+def stop_with_the_sweep(sweep_pid: int) -> None:
+    """SIGTERM for this process, started by the sweep itself, once the sweep is gone, even already."""
+    import signal
+
     # The sweep may have died before the request took effect: this process has another parent then.
-    if os.getppid() != sweep_pid:
+    if ask_for_sigterm_when_parent_ends() and os.getppid() != sweep_pid:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def main(argv: Sequence[str]) -> int:
-    """The trial process: its CPUs, the sweep's import path, the trial, then its outcome file."""
-    spec = json.loads(Path(argv[0]).read_text())
-    stop_with_the_sweep(int(spec["sweep_pid"]))
+def run_spec(spec_file: Path) -> int:
+    """The trial process once it stops with the sweep: its CPUs, the sweep's import path, the trial,
+    then its outcome file; the process's exit status."""
+    from hpcsweep.sweep.fork_server import size_preloaded_threads
+
+    spec = json.loads(spec_file.read_text())
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])
+    size_preloaded_threads()
     sys.path[:] = spec["sys_path"]
     outcome = run_trial_here(spec)
     atomic_write_bytes(Path(spec["outcome_file"]), outcome_bytes(outcome))
     return outcome.code if isinstance(outcome, Stopped) else 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """A trial process in a fresh interpreter: ``run_spec`` once it stops with the sweep that started it."""
+    spec_file = Path(argv[0])
+    stop_with_the_sweep(int(json.loads(spec_file.read_text())["sweep_pid"]))
+    return run_spec(spec_file)
 
 
 if __name__ == "__main__":

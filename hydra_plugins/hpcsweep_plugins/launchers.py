@@ -89,10 +89,13 @@ class AutoLauncher(SlurmLauncher):
         from hpcsweep.slurm.commands import controller_reachable
 
         use_slurm, reason = controller_reachable()
-        log.info("launcher: %s (%s)", "slurm" if use_slurm else "local", reason)
         if use_slurm:
+            log.info("launcher: slurm (%s)", reason)
             return super().launch(job_overrides, initial_job_idx)
-        local = LocalLauncher(local_parallelism=self.params.get("local_parallelism"))
+        log.info("%s: running locally", reason)
+        # The local launcher's own settings (its budget it reads from the config); Slurm's mean nothing here.
+        local = LocalLauncher(**{key: self.params[key] for key in ("local_parallelism", "start_method")
+                                 if key in self.params})
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         local.setup(hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
         return local.launch(job_overrides, initial_job_idx)

@@ -91,7 +91,7 @@ def test_first_command_installs_and_runs_a_local_sweep(checkout):
     ran = run(shlex.split(sweep), checkout, env, timeout=900)
     out = ran.stdout + ran.stderr
     assert ran.returncode == 0, out[-4000:]
-    assert "launcher: local" in out
+    assert ": running locally" in out
     (sweep_dir,) = sweep_dirs(checkout)
     trials = read_json(sweep_dir / "sweep.json")["trials"]
     assert len(trials) == 2

@@ -67,7 +67,14 @@ def test_ctrl_c_stops_the_sweep_with_a_checkpoint_and_the_printed_command_resume
     stopped = metrics(sweep_dir / "0")
     assert (stopped["status"], stopped["last_stop_reason"]) == ("stopped", "interrupted")
     assert 10 <= stopped["step"] < 100 and f"step {stopped['step']} with a checkpoint" in line
-    assert not (sweep_dir / "1").exists(), "no further trial starts after Ctrl-C"
+    # No further trial starts after Ctrl-C; the one left says so, in status too, instead of pending.
+    assert [path.name for path in (sweep_dir / "1").iterdir()] == ["metrics.json"]
+    assert metrics(sweep_dir / "1")["status"] == "not_started"
+    shown = subprocess.run([sys.executable, "-m", "hpcsweep.status", str(sweep_dir)], cwd=tmp_path, env=env(),
+                           capture_output=True, text=True, timeout=120)
+    assert "2 trials, 1 stopped, 1 not_started" in shown.stdout, shown.stdout + shown.stderr
+    assert "pending" not in shown.stdout
+    assert f"status: python -m hpcsweep.status {sweep_dir}" in stdout
 
     command = shlex.split(line.split("resume with: ", 1)[1])
     assert command[:3] == ["python", "-m", "hpcsweep"]
