@@ -223,14 +223,15 @@ still need three runs; a slower one only needs more runs."""
 
 
 def steps_trained_in(seconds: float, tmp_path: Path, env: dict[str, str]) -> int:
-    """How many steps of STOPPABLE_TRIAL's model this machine trains in ``seconds``, from a short local run."""
-    run_dir = tmp_path / "calibration"
-    args = [f"hydra.run.dir={run_dir}", *TRAINING, "trainer.max_steps=60", "trainer.log_every=30",
-            "trainer.eval_every=60", "trainer.ckpt_every=0"]
-    result = run_hpcsweep(args, tmp_path, outside_any_job(env), timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    tokens_per_s = read_json(run_dir / "metrics.json")["tokens_per_s"]
-    return max(1, round(seconds * tokens_per_s / (setting("data.batch_size") * setting("data.seq_len"))))
+    """How many steps of STOPPABLE_TRIAL's model a sweep trial on this cluster trains in ``seconds``, now:
+    a short sweep trial's tokens/s (the same path as the trial; a local run here trains at another speed)."""
+    cwd = tmp_path / "calibration"
+    cwd.mkdir()
+    job_id, trial_dir = submit(cwd, env, "trainer.max_steps=60", "trainer.log_every=30", "trainer.eval_every=60",
+                               "trainer.ckpt_every=0")
+    metrics = wait_until_final(env, job_id, trial_dir)
+    assert metrics["status"] == "completed", metrics.get("error")
+    return max(1, round(seconds * metrics["tokens_per_s"] / (setting("data.batch_size") * setting("data.seq_len"))))
 
 
 def setting(key: str) -> int:
@@ -257,7 +258,8 @@ def test_a_trial_needing_three_time_limits_completes_through_requeues(tmp_path, 
     assert metrics["restarts"] >= 2, metrics
     assert metrics["last_stop_reason"] == "time_limit"
     assert metrics["stop_to_exit_s"] < 25
-    assert metrics["weights_sha256"] == expected.weights_sha256()
+    # The reference trains outside Slurm: under load it may get a smaller share of the cores than the trial.
+    assert metrics["weights_sha256"] == expected.weights_sha256(timeout=1800)
     # Every run but the last was requeued by the trial itself, none ran into the limit.
     runs = slurm(slurm_env, "sacct", "--duplicates", "--noheader", "--parsable2", "-X", "-j", job_id,
                  "--format=State").split()
