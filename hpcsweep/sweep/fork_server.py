@@ -29,7 +29,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcsweep.sweep.local_trial import RunningTrial
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +54,6 @@ def start_method_of(params: Mapping[str, Any]) -> str:
             "has imported torch once) or spawn (a fresh interpreter per trial)"
         )
     return method
-
-
-class RunningTrial(Protocol):
-    """What the sweep needs of a started trial process (``subprocess.Popen`` has it)."""
-
-    pid: int
-
-    def poll(self) -> int | None:
-        """The exit status once the process has ended (negative: killed by that signal), else None."""
-
-    def wait(self) -> int:
-        """Wait for the process to end; its exit status."""
-
-    def send_signal(self, signum: int) -> None:
-        """Send ``signum`` to the process if it is still running."""
 
 
 @dataclass
@@ -94,23 +82,6 @@ class ForkedTrial:
         """Send ``signum`` to the process if it is still running."""
         if self.poll() is None:
             os.kill(self.pid, signum)
-
-
-def fresh_thread_count(env: Mapping[str, str], cpus: int) -> int:
-    """The intra-op threads torch takes when imported fresh: ``OMP_NUM_THREADS`` (its first entry), else ``cpus``."""
-    first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    return int(first) if first.isdigit() and int(first) > 0 else max(1, cpus)
-
-
-def size_preloaded_threads() -> None:
-    """Give a preloaded torch the thread pool a fresh import would have on this process's CPUs.
-
-    OpenMP sized it in the fork server, from the server's CPUs; a trial runs on its slot's, with
-    its own ``OMP_NUM_THREADS``. A trial that imported torch itself needs nothing.
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(fresh_thread_count(os.environ, len(os.sched_getaffinity(0))))
 
 
 def reseed_preloaded_numpy() -> None:

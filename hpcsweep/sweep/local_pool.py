@@ -133,7 +133,7 @@ class _LocalRun:
             # Blocked, so that a signal now reaches the new process once, after it is registered.
             with stop_signals_blocked():
                 process = start_trial(
-                    self.starter, self.context_file, trial.overrides, trial.num, slot.cpus,
+                    self.starter.start, self.context_file, trial.overrides, trial.num, slot.cpus,
                     trial_environment(self.plan, gpus),
                 )
                 self.forwarder.running[trial.num] = _Running(trial, process, slot, gpus)

@@ -18,17 +18,14 @@ import json
 import os
 import pickle
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Protocol, Union
 
 import cloudpickle
 
 from hpcsweep.files.atomic import atomic_write_bytes, atomic_write_json
-
-if TYPE_CHECKING:
-    from hpcsweep.sweep.fork_server import RunningTrial, TrialStarter
 
 CONTEXT_FILE = "hydra_context.pkl"
 
@@ -66,6 +63,25 @@ class Exited:
 TrialOutcome = Union[Returned, Stopped, NotStarted, Exited]
 
 
+class RunningTrial(Protocol):
+    """What the sweep needs of a started trial process (``subprocess.Popen`` has it)."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal), else None."""
+
+    def wait(self) -> int:
+        """Wait for the process to end; its exit status."""
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to the process if it is still running."""
+
+
+StartTrial = Callable[[Path, Mapping[str, str], str], RunningTrial]
+"""Starts the process of a trial spec with an environment and a name (``fork_server.TrialStarter.start``)."""
+
+
 def write_sweep_context(folder: Path, hydra_context: Any, config: Any, task_function: Any) -> Path:
     """Pickle what every trial process of the sweep needs from Hydra, once; return the file."""
     from hydra.core.singleton import Singleton
@@ -97,7 +113,7 @@ class TrialProcess:
 
 
 def start_trial(
-    starter: TrialStarter,
+    start: StartTrial,
     context_file: Path,
     overrides: Sequence[str],
     num: int,
@@ -109,7 +125,7 @@ def start_trial(
     The process gets a session of its own: a Ctrl-C reaches it once, from the sweep, which passes
     on every stop signal; if the sweep dies without passing one on (SIGKILL), the trial process
     is sent SIGTERM (``stop_with_the_sweep``; forked, ``fork_server.stop_with_the_sweep_from_afar``).
-    ``starter`` forks it or starts a fresh interpreter. Call with the stop signals blocked
+    ``start`` forks it or starts a fresh interpreter. Call with the stop signals blocked
     (``stop.stop_signals_blocked``): the process starts with them blocked and holds a signal until
     it knows what to do with it.
     """
@@ -125,7 +141,7 @@ def start_trial(
         "outcome_file": str(outcome_file),
         "sweep_pid": os.getpid(),
     })
-    process = starter.start(spec_file, {**os.environ, **env}, f"trial-{num}")
+    process = start(spec_file, {**os.environ, **env}, f"trial-{num}")
     return TrialProcess(num, process, outcome_file)
 
 
@@ -227,11 +243,26 @@ def stop_with_the_sweep(sweep_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def fresh_thread_count(env: Mapping[str, str], cpus: int) -> int:
+    """The intra-op threads torch takes when imported fresh: ``OMP_NUM_THREADS`` (its first entry), else ``cpus``."""
+    first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else max(1, cpus)
+
+
+def size_preloaded_threads() -> None:
+    """Give a preloaded torch the thread pool a fresh import would have on this process's CPUs.
+
+    OpenMP sized it in the fork server, from the server's CPUs; a trial runs on its slot's, with
+    its own ``OMP_NUM_THREADS``. A trial that imported torch itself needs nothing.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(fresh_thread_count(os.environ, len(os.sched_getaffinity(0))))
+
+
 def run_spec(spec_file: Path) -> int:
     """The trial process once it stops with the sweep: its CPUs, the sweep's import path, the trial,
     then its outcome file; the process's exit status."""
-    from hpcsweep.sweep.fork_server import size_preloaded_threads
-
     spec = json.loads(spec_file.read_text())
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])

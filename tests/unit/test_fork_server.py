@@ -10,9 +10,10 @@ import textwrap
 
 import pytest
 
-from hpcsweep.sweep.fork_server import PRELOAD, fresh_thread_count, start_method_of
+from hpcsweep.sweep.fork_server import PRELOAD, start_method_of
 from hpcsweep.sweep.hooks import TrialHook
 from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
+from hpcsweep.sweep.local_trial import fresh_thread_count
 
 
 def test_the_start_method_defaults_to_the_fork_server_and_refuses_others_naming_the_key():
