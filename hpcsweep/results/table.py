@@ -39,7 +39,9 @@ from hpcsweep.slurm.usage import Usage
 if TYPE_CHECKING:
     from hpcsweep.results.event_reader import ScalarSeries
 
-FINAL_STATUSES = ("completed", "stopped_early", "pruned", "failed", "cancelled", "stopped", "skipped_budget")
+FINAL_STATUSES = (
+    "completed", "stopped_early", "pruned", "failed", "cancelled", "stopped", "skipped_budget", "not_started",
+)
 """Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
 FINISHED_STATUSES = ("completed", "stopped_early", "pruned")
 """Statuses the trainer writes when a trial is done, whatever Slurm says afterwards."""
