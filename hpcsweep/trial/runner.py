@@ -46,6 +46,7 @@ from hpcsweep.trial import budget_watch, failures, preempt
 from hpcsweep.trial.failure_class import Failure
 from hpcsweep.trial.identity import check_resume, differences_text
 from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env
+from hpcsweep.trial.process_env import environment_overlay
 from hpcsweep.trial.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
 from hpcsweep.trial.watchdog import HangWatchdog
 
@@ -236,18 +237,9 @@ def run_elastic_agent(rdzv: Rendezvous, trial_dir: Path, threads: int | None) ->
                 outcome.append(err)
 
     thread = threading.Thread(target=agent, name="torchrun-agent")
-    previous_threads = os.environ.get("OMP_NUM_THREADS")
-    if threads is not None:
-        # Only for these workers: later trials of a local sweep run in this process too.
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-    try:
+    with environment_overlay({} if threads is None else {"OMP_NUM_THREADS": str(threads)}):
         thread.start()
         thread.join()
-    finally:
-        if previous_threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = previous_threads
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
@@ -345,8 +337,6 @@ def run_trial_on_this_node(
         pg_timeout_s=trial.nccl.pg_timeout_s,
         inherited=env,
     )
-    # Workers (and the in-process fast path) read these from the process environment.
-    os.environ.update(nccl_vars)
     if rdzv.node_rank == 0:
         atomic_write_json(trial_dir / ENVIRONMENT_FILE, environment_record(rdzv, nccl_vars, env))
     log.info(
@@ -367,11 +357,11 @@ def run_trial_on_this_node(
 
     stop_file = stop.stop_file_for(trial_dir, rdzv.node_rank)
     stop_file.unlink(missing_ok=True)
-    os.environ[stop.STOP_FILE_VAR] = str(stop_file)
     worker_dir = worker_records.worker_dir_for(trial_dir, rdzv.node_rank)
     shutil.rmtree(worker_dir, ignore_errors=True)
     worker_dir.mkdir(parents=True)
-    os.environ[worker_records.WORKER_DIR_VAR] = str(worker_dir)
+    # Workers (and the in-process fast path) read these from the process environment, for this trial only.
+    trial_vars = {**nccl_vars, stop.STOP_FILE_VAR: str(stop_file), worker_records.WORKER_DIR_VAR: str(worker_dir)}
     node = job.node_name if job and job.node_name else socket.gethostname()
     # The trainer clears STOP_REQUESTED once it has acted; ``signalled`` keeps the reason and time.
     signalled = stop.StopRequest()
@@ -382,7 +372,8 @@ def run_trial_on_this_node(
         stop.STOP_REQUESTED.set(reason)
         stop.write_stop_file(stop_file, reason)
 
-    with stop.stop_signals_handled(on_stop), budget_watch.watching(trial, trial_dir, rdzv, on_stop, env):
+    with environment_overlay(trial_vars), stop.stop_signals_handled(on_stop), \
+            budget_watch.watching(trial, trial_dir, rdzv, on_stop, env):
         if stop.STOP_REQUESTED.reason:  # signalled during start-up, before these handlers
             on_stop(stop.STOP_REQUESTED.reason)
         try:
