@@ -47,7 +47,7 @@ from hpcsweep.config import trial_config_from_dict, trial_config_to_dict  # noqa
 from hpcsweep.train import model as model_lib  # noqa: E402
 from hpcsweep.train.distributed import destroy_distributed, init_distributed  # noqa: E402
 from hpcsweep.train.trainer import Trainer  # noqa: E402
-from hpcsweep.train.worker import EXIT_OK, EXIT_REQUEUE, run_trial  # noqa: E402
+from hpcsweep.train.worker import EXIT_OK, EXIT_STOPPED, run_trial  # noqa: E402
 
 BUDGET_S = 600
 """The whole check, on one GPU: 10 minutes."""
@@ -145,7 +145,7 @@ def train(trial_dir: Path, *, stop_at: int | None = None) -> dict[str, Any]:
     finally:
         os.environ.pop("HPCSWEEP_TEST_STOP_AT_STEP", None)
     metrics = json.loads((trial_dir / "metrics.json").read_text())
-    expected = EXIT_OK if stop_at is None else EXIT_REQUEUE
+    expected = EXIT_OK if stop_at is None else EXIT_STOPPED
     if code != expected:
         raise CheckFailed(f"{trial_dir.name}: run_trial exited {code}, not {expected}: {metrics.get('error')}")
     return metrics

@@ -71,8 +71,3 @@ def pruning_reporter(env: Mapping[str, str]) -> PruningReporter | None:
     """The reporter of this process's search trial; None outside a search."""
     path = env.get(SEARCH_TRIAL_VAR)
     return PruningReporter(Path(path)) if path else None
-
-
-def is_search_trial(env: Mapping[str, str]) -> bool:
-    """True in the processes of a search trial (every rank must then join the pruning decision)."""
-    return bool(env.get(SEARCH_TRIAL_VAR))

@@ -37,14 +37,10 @@ from hpcsweep.train.distributed import (
     mean_over_ranks,
     node_name,
 )
-from hpcsweep.train.stop import EXIT_REQUEUE, STOP_REQUESTED, StopRequest
+from hpcsweep.control.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from hpcsweep.control.stop import STOP_REQUESTED, StopRequest
 
 log = logging.getLogger(__name__)
-
-EXIT_OK = 0
-"""The trial completed, stopped early, or was already done."""
-EXIT_FAILED = 1
-"""The trial raised; metrics.json says ``failed`` and holds the error."""
 
 StepHook = Callable[["Trainer", int], None]
 """Called on every rank after each optimizer step with the number of steps done."""
@@ -111,6 +107,7 @@ class Trainer:
         self.step_seconds = 0.0
         self.first_save_logged = False
         self.val_loss: float | None = None
+        self.evaluated_at: int | None = None
         # A search trial reports each evaluation to its study, which may prune it.
         self.pruning = pruning_reporter(os.environ)
         self.report = metrics_file.new_report(
@@ -146,7 +143,8 @@ class Trainer:
         self.save_schedule.saved()
         self.ckpt.save(
             model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
-            step=self.step, val_loss=self.val_loss, wait=wait,
+            # A checkpoint's name carries the loss of its own step, not of the last evaluation before it.
+            step=self.step, val_loss=self.val_loss if self.evaluated_at == self.step else None, wait=wait,
         )
 
     def log_first_save(self) -> None:
@@ -258,10 +256,12 @@ class Trainer:
                 # The reason is known on the ranks that saw the signal or stop file, maybe not on rank 0.
                 reasons = all_gather_objects(self.world, self.stop_event.reason)
                 reason = next((r for r in reasons if r), None)
-                log.info("stop requested (%s): saved at step %d, exiting for requeue", reason, self.step)
+                # Whether the trial is requeued is its runner's decision, not this worker's (a local stop never is).
+                log.info("stop requested (%s): saved at step %d, stopped", reason, self.step)
+                self.report_speed_if_unlogged()
                 self.write_report(last_stop_reason=reason)
                 self.stop_event.clear()
-                return EXIT_REQUEUE
+                return EXIT_STOPPED
         return self.finish("completed")
 
     def log_train(self, loss: torch.Tensor, grad_norm: torch.Tensor, steps_per_s: float) -> None:
@@ -284,7 +284,7 @@ class Trainer:
 
     def log_eval(self, val_loss: float) -> bool:
         """Report a validation loss; True when early stopping says stop."""
-        self.val_loss = val_loss
+        self.val_loss, self.evaluated_at = val_loss, self.step
         stop = self.early.update(val_loss)
         self.logger.log({"val/loss": val_loss, "hparams/best_val_loss": self.early.best}, self.step)
         self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
@@ -308,10 +308,24 @@ class Trainer:
             log.info("step %d: pruned by the search's pruner", self.step)
         return prune
 
+    def report_speed_if_unlogged(self) -> None:
+        """Give metrics.json a ``tokens_per_s`` when no log window ended in this run (it stopped first).
+
+        Measured over the steps this run did; a run that did none says so in ``tokens_per_s_unknown``.
+        """
+        if self.report.get("tokens_per_s") is not None:
+            return
+        if self.step_seconds > 0:
+            self.report.update(tokens_per_s=self.tokens_per_step / self.step_seconds,
+                               tokens_per_s_over="the steps before the stop: no log window ended")
+        else:
+            self.report.update(tokens_per_s_unknown="stopped before its first step")
+
     def finish(self, status: str) -> int:
         """Save the final checkpoint and report the final weights (hashed on the one rank that reports)."""
         self.save(status, wait=True)
         self.log_first_save()
+        self.report_speed_if_unlogged()
         if self.is_writer:
             self.report.update(status=status, weights_sha256=metrics.weights_sha256(self.model.state_dict()))
         self.write_report()

@@ -9,9 +9,9 @@ nodes.
 
 Stops: as a torchrun worker (``main``), USR2, SIGTERM and SIGINT (a terminal's Ctrl-C reaches
 every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.trial.preempt``), and so does this node's stop file, which the runner writes when it is
-signalled. Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k,
-exactly as a preemption signal handler would, so tests exercise the real save-and-requeue path.
-``HPCSWEEP_FAULT`` injects a crash or a hang once per trial dir (``hpcsweep.train.fault``).
+signalled. ``HPCSWEEP_FAULT`` injects a crash, a hang, a stop request (``stop``: exactly as a stop
+signal handler would, so tests exercise the real save-and-requeue path) or a save that never ends,
+once per trial dir (``hpcsweep.train.fault``).
 
 For the runner's failure handling and hang watchdog, a worker leaves its progress, its Python
 stacks and its traceback in the node's worker dir (``hpcsweep.train.worker_records``).
@@ -25,7 +25,6 @@ import os
 import sys
 import traceback
 import typing
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,9 @@ import torch
 import yaml
 
 from hpcsweep.config import TrainerConfig, TrialConfig, trial_config_from_dict
+from hpcsweep.control import stop
 from hpcsweep.files import metrics_file
-from hpcsweep.train import fault, gpu_choices, stop, worker_records
+from hpcsweep.train import fault, gpu_choices, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
     GpusNotUsable,
@@ -48,13 +48,12 @@ from hpcsweep.train.distributed import (
 from hpcsweep.train.trainer import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_REQUEUE,
+    EXIT_STOPPED,
     STOP_REQUESTED,
-    StepHook,
     Trainer,
 )
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
 # What a resumed run keeps of the last one's metrics.json: how it stopped, and every failure so far.
 CARRIED = ("last_stop_reason", "stop_to_exit_s", "failures")
@@ -97,7 +96,6 @@ def run_trial(trial_dir: Path) -> int:
     trainer = None
     try:
         hooks = [
-            *stop_at_step_hooks(os.environ),
             *stop.stop_file_hooks(os.environ, STOP_REQUESTED),
             # The fault before the progress record: a hung rank's last step is one behind the others'.
             *fault.fault_hooks(os.environ, trial_dir, rank),
@@ -109,7 +107,7 @@ def run_trial(trial_dir: Path) -> int:
         trainer.resume()
         code = trainer.fit()
         trainer.close()
-        # torchrun kills the other workers as soon as one exits non-zero (EXIT_REQUEUE): leave
+        # torchrun kills the other workers as soon as one exits non-zero (EXIT_STOPPED): leave
         # together, after rank 0 has written the checkpoint, metrics.json and TensorBoard events.
         barrier(world)
         # Everything is saved: from here torchrun's SIGTERM (sent once a first worker has exited)
@@ -145,19 +143,6 @@ def cuda_env_for(tcfg: TrainerConfig) -> dict[str, str]:
     device_type = choose_device(tcfg.device, 0, torch.cuda.is_available()).type
     deterministic = gpu_choices.resolve_deterministic(tcfg.deterministic, gpu_choices.DeviceFacts(device_type))
     return gpu_choices.cuda_env(deterministic, device_type, os.environ)
-
-
-def stop_at_step_hooks(env: Mapping[str, str]) -> list[StepHook]:
-    """The ``HPCSWEEP_TEST_STOP_AT_STEP`` hook, when that variable is set."""
-    if "HPCSWEEP_TEST_STOP_AT_STEP" not in env:
-        return []
-    stop_at = int(env["HPCSWEEP_TEST_STOP_AT_STEP"])
-
-    def request_stop(trainer: Trainer, step: int) -> None:
-        if step == stop_at:
-            STOP_REQUESTED.set("test_hook")
-
-    return [request_stop]
 
 
 def main(argv: list[str] | None = None) -> typing.NoReturn:

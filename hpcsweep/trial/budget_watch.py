@@ -33,7 +33,7 @@ from hpcsweep.files.wait import wait_for
 from hpcsweep.results.budget import budget_reached, query_sweep_usage
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.usage import Usage
-from hpcsweep.train.stop import BUDGET, stop_file_for, write_stop_file
+from hpcsweep.control.stop import BUDGET, stop_file_for, write_stop_file
 from hpcsweep.trial.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)

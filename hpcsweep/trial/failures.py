@@ -28,7 +28,8 @@ from hpcsweep.files.trial_files import METRICS_FILE
 from hpcsweep.files.wait import wait_for
 from hpcsweep.slurm.cluster_info import parse_fields
 from hpcsweep.slurm.env import SlurmJobEnv, expand_nodelist
-from hpcsweep.train import stop, worker_records
+from hpcsweep.control import stop
+from hpcsweep.train import worker_records
 from hpcsweep.trial.failure_class import (
     Failure,
     classify_exit_code,
@@ -48,17 +49,6 @@ DEFAULT_MAX_RETRIES = 2
 REPORT_WAIT_S = 5.0
 DECISION_WAIT_S = 30.0
 TRACEBACK_LINES = 60
-
-
-class TrialRetried(SystemExit):
-    """Leave after an infrastructure failure whose retry is queued, without a result for Hydra or submitit."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(stop.EXIT_REQUEUE)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_to_dict
+from hpcsweep.control.outcome import Outcome
 from hpcsweep.files import metrics_file
 from hpcsweep.files.atomic import atomic_write_json, atomic_write_text
 from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
@@ -40,12 +41,13 @@ from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, METRICS_FI
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.cluster_info import parse_node_address
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
-from hpcsweep.train import fault, stop, worker_records
+from hpcsweep.control import stop
+from hpcsweep.train import fault, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.trial import budget_watch, failures, preempt
 from hpcsweep.trial.failure_class import Failure
 from hpcsweep.trial.identity import check_resume, differences_text
-from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env
+from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env, resolve_preset
 from hpcsweep.trial.process_env import environment_overlay
 from hpcsweep.trial.rendezvous import HEAD_ADDR_VAR, Rendezvous, rendezvous_from_env
 from hpcsweep.trial.watchdog import HangWatchdog
@@ -118,9 +120,10 @@ def resolve_head_address(rdzv: Rendezvous, env: Mapping[str, str]) -> Rendezvous
 
 
 def environment_record(
-    rdzv: Rendezvous, nccl_vars: Mapping[str, str], env: Mapping[str, str]
+    rdzv: Rendezvous, nccl_preset: str, nccl_vars: Mapping[str, str], env: Mapping[str, str]
 ) -> dict[str, Any]:
-    """What a trial ran under: code version, rendezvous, NCCL variables, Slurm job and restarts.
+    """What a trial ran under: code version, rendezvous, NCCL preset (``auto`` resolved) and variables,
+    Slurm job and restarts.
 
     ``code_snapshot`` names the sweep's code snapshot this code was imported from (its path,
     commit and diff hash), or is null when the trial runs the installed code.
@@ -137,6 +140,7 @@ def environment_record(
         "python": platform.python_version(),
         "torch": torch.__version__,
         "rendezvous": rdzv.as_env(),
+        "nccl_preset": nccl_preset,
         "nccl": dict(nccl_vars),
         "slurm": None
         if job is None
@@ -256,19 +260,20 @@ def run_in_process(trial_dir: Path) -> ProcessesResult:
     return ProcessesResult([code], message, (failures.WorkerExit(0, 0, code, message, time.time()),))
 
 
-def fail_trial(trial_dir: Path, metrics: dict[str, Any], error: str) -> None:
-    """Mark the trial failed in metrics.json with ``error`` (node 0 only) and raise ``TrialFailed``."""
-    write_metrics(trial_dir / METRICS_FILE, {**metrics, "status": "failed", "error": error})
-    raise TrialFailed(error)
+def fail_trial(trial_dir: Path, metrics: dict[str, Any], error: str) -> Outcome:
+    """Mark the trial failed in metrics.json with ``error`` (node 0 only); its ``failed`` outcome."""
+    failed = {**metrics, "status": "failed", "error": error}
+    write_metrics(trial_dir / METRICS_FILE, failed)
+    return Outcome("failed", error, failed)
 
 
 def after_stop(
     trial_dir: Path, job: SlurmJobEnv | None, node_rank: int, cap: int | None, stop: stop.StopRequest
-) -> None:
-    """Finish a checkpointed stop: record it, then requeue, leave it to Slurm, or fail the trial.
+) -> Outcome:
+    """Finish a checkpointed stop: record it, and say whether the job is requeued, left to Slurm, or failed.
 
-    Raises ``TrialRequeued`` or ``TrialStopped`` (both ``SystemExit``) or ``TrialFailed``; only
-    node 0 writes or requeues. A trial nothing will requeue is marked ``stopped``.
+    Only node 0 writes; the edge carries out the ``requeue`` outcome's ``scontrol requeue``. A trial
+    nothing will requeue is marked ``stopped``.
     """
     metrics = read_metrics(trial_dir)
     reason = stop.reason or metrics.get("last_stop_reason")
@@ -277,39 +282,42 @@ def after_stop(
     decision = preempt.decide_after_stop(reason, requeues, cap, under_slurm=job is not None)
     log.info("stop (%s): checkpoint saved and workers gone %s s after the signal; %s",
              reason, took, decision.message)
-    leave: SystemExit = (
-        preempt.TrialStopped(reason, metrics.get("step"), decision.message)
-        if decision.action == "exit"
-        else preempt.TrialRequeued(decision.message)
-    )
     if node_rank != 0:
-        # Exit 0, so that srun's --kill-on-bad-exit leaves node 0 the time to record and requeue.
-        raise preempt.NodeFinished(decision.message)
+        return Outcome("node_done", decision.message, metrics, reason, metrics.get("step"))
     metrics.update(last_stop_reason=reason, stop_to_exit_s=took)
     if decision.action == "fail":
-        fail_trial(trial_dir, metrics, decision.message)
+        return fail_trial(trial_dir, metrics, decision.message)
     if decision.action == "exit":
         metrics["status"] = "stopped"
     write_metrics(trial_dir / METRICS_FILE, metrics)
-    if decision.action == "requeue" and job is not None:
-        preempt.requeue_job(job.job_label)
-    raise leave
+    if decision.action == "exit":
+        return Outcome("stopped", decision.message, metrics, reason, metrics.get("step"))
+    return Outcome("requeue", decision.message, metrics, reason, metrics.get("step"),
+                   requeue_job=job.job_label if decision.action == "requeue" and job is not None else None)
 
 
-def record_abort(trial_dir: Path, node_rank: int) -> None:
+def record_abort(trial_dir: Path, node_rank: int) -> Outcome:
     """After a second Ctrl-C: mark the trial ``stopped`` (node 0), since no worker will say so."""
     metrics = read_metrics(trial_dir)
     if node_rank == 0 and metrics.get("status") == "running":
-        write_metrics(trial_dir / METRICS_FILE, {**metrics, "status": "stopped", "last_stop_reason": "aborted"})
+        metrics = {**metrics, "status": "stopped", "last_stop_reason": "aborted"}
+        write_metrics(trial_dir / METRICS_FILE, metrics)
+    return Outcome("aborted", "interrupted again while stopping: left without a checkpoint of this step",
+                   metrics, stop.INTERRUPTED, metrics.get("step"))
+
+
+def ended_outcome(metrics: dict[str, Any]) -> Outcome:
+    """The outcome of a trial whose workers exited 0: ``pruned`` when the search stopped it, else ``completed``."""
+    return Outcome("pruned" if metrics.get("status") == "pruned" else "completed", str(metrics.get("status")), metrics)
 
 
 def run_trial_on_this_node(
     trial: TrialConfig, trial_dir: Path, env: Mapping[str, str] | None = None, *, force_resume: bool = False
 ) -> dict[str, Any]:
-    """Run this node's share of one trial and return its final ``metrics.json``.
+    """Run this node's share of one trial and return how it ended (its ``metrics.json`` included).
 
-    Raises ``TrialFailed`` when training fails, with the worker's error; ``ConfigMismatch`` before
-    anything runs when the trial dir was trained with another config (unless ``force_resume``).
+    Raises ``ConfigMismatch`` before anything runs when the trial dir was trained with another
+    config (unless ``force_resume``); every other end is an ``Outcome``.
     """
     env = dict(os.environ if env is None else env)
     if slurm_job_env(env) is None and not env.get("MASTER_PORT"):
@@ -320,25 +328,26 @@ def run_trial_on_this_node(
     previous = read_metrics(trial_dir)
     if trial_already_done(trial_dir, previous):
         log.info("trial %s is already %s: not training it again", trial_dir, previous["status"])
-        return previous
+        return Outcome("skipped", f"already {previous['status']}", previous)
     if budget_watch.skip_if_spent(trial, trial_dir, rdzv, env):
-        return read_metrics(trial_dir)
+        return Outcome("skipped", "the sweep's GPU-hour budget is spent", read_metrics(trial_dir))
     trial_dir.mkdir(parents=True, exist_ok=True)
     write_trial_config(trial, trial_dir)
     rdzv = resolve_head_address(rdzv, env)
+    ib_devices, gpu_models = list_ib_devices(), list_gpu_models()
     nccl_vars = nccl_env(
         trial.nccl.preset,
         overrides=trial.nccl.overrides,
         debug=trial.nccl.debug,
-        ib_devices=list_ib_devices(),
-        gpu_models=list_gpu_models(),
+        ib_devices=ib_devices,
+        gpu_models=gpu_models,
         ib_hca=trial.nccl.ib_hca,
         topo_file=trial.nccl.topo_file,
-        pg_timeout_s=trial.nccl.pg_timeout_s,
         inherited=env,
     )
+    nccl_preset = resolve_preset(trial.nccl.preset, ib_devices, gpu_models)
     if rdzv.node_rank == 0:
-        atomic_write_json(trial_dir / ENVIRONMENT_FILE, environment_record(rdzv, nccl_vars, env))
+        atomic_write_json(trial_dir / ENVIRONMENT_FILE, environment_record(rdzv, nccl_preset, nccl_vars, env))
     log.info(
         "trial %s: node %d/%d, %d process(es) per node, rendezvous %s",
         trial_dir, rdzv.node_rank, rdzv.nnodes, rdzv.nproc_per_node, rdzv.endpoint,
@@ -350,8 +359,8 @@ def run_trial_on_this_node(
     if over_cap:
         log.error("trial %s: %s", trial_dir, over_cap)
         if rdzv.node_rank == 0:
-            fail_trial(trial_dir, read_metrics(trial_dir), over_cap)
-        raise TrialFailed(over_cap)
+            return fail_trial(trial_dir, read_metrics(trial_dir), over_cap)
+        return Outcome("failed", over_cap)
     if job is not None and rdzv.node_rank == 0:
         failures.record_slurm_failure(trial_dir, job)
 
@@ -385,22 +394,15 @@ def run_trial_on_this_node(
                     result = run_elastic_agent(rdzv, trial_dir, threads)
                 if watchdog.failure is not None:
                     result = dataclasses.replace(result, hang=watchdog.failure)
-        except stop.StopAborted:
-            record_abort(trial_dir, rdzv.node_rank)
-            raise
+        except KeyboardInterrupt:  # a second Ctrl-C while stopping (``stop.stop_signals_handled``)
+            return record_abort(trial_dir, rdzv.node_rank)
         finally:
             # A signal after the last step must not stop the next trial of this process.
             stop.STOP_REQUESTED.clear()
         metrics = read_metrics(trial_dir)
         outcome = "failed" if result.hang else preempt.classify_exit(result.exit_codes, metrics.get("status"))
         if outcome == "stopped":
-            try:
-                after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
-            except preempt.TrialStopped as stopped:
-                # A budget stop ends this trial, not the command: the sweep goes on, and skips the rest.
-                if stopped.reason != stop.BUDGET:
-                    raise
-                return read_metrics(trial_dir)
+            return after_stop(trial_dir, job, rdzv.node_rank, cap, signalled)
     if outcome == "failed":
         if result.error:  # torchrun's summary: which ranks failed, how, and when
             log.error("trial %s failed:\n%s", trial_dir, result.error)
@@ -412,10 +414,8 @@ def run_trial_on_this_node(
             report_defaults={"max_steps": trial.trainer.max_steps, "world_size": rdzv.nnodes * rdzv.nproc_per_node,
                              "restarts": metrics.get("restarts", 0), "env": env},
         )
-        if decision.action == "retry":
-            raise failures.TrialRetried(decision.message)
-        raise TrialFailed(decision.message)
-    return metrics
+        return Outcome("retry" if decision.action == "retry" else "failed", decision.message, read_metrics(trial_dir))
+    return ended_outcome(metrics)
 
 
 def node_failures(result: ProcessesResult, worker_dir: Path, node: str, metrics: dict[str, Any]) -> list[Failure]:

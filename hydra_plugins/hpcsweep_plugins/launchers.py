@@ -47,15 +47,25 @@ class SlurmLauncher(BaseSubmititLauncher):
         runner; a stop signal checkpoints the trial in flight and requeues the task, which then goes
         on from it. A failed trial does not stop the others; the first failure is raised at the end,
         so that Slurm's accounting says FAILED.
+
+        This is the array task's edge: a trial whose app returns an ``Outcome`` that ends the task
+        (a requeue, retry or stop) ends the process here, once, with its exit code and requeue
+        (``hpcsweep.control.exit_codes``), before submitit writes a result.
         """
+        from hpcsweep.control import exit_codes
+        from hpcsweep.control.outcome import Outcome, ends_the_task
         from hpcsweep.sweep.hooks import hook_of
 
         returns: dict[int, JobReturn] = {}
         # One context for the whole task, so a signal between two trials stops the next one.
         with hook_of(self.task_function).task_context(self.params):
             for overrides, job_num in trials:
-                returns[job_num] = self(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}",
-                                        singleton_state)
+                result = self(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}", singleton_state)
+                returned = result.return_value if result.status == JobStatus.COMPLETED else None
+                if isinstance(returned, Outcome) and ends_the_task(returned):
+                    log.info("trial #%d: %s", job_num, returned.message)
+                    exit_codes.leave(returned)
+                returns[job_num] = result
         failed = [num for num, result in returns.items() if result.status == JobStatus.FAILED]
         if failed:
             if len(returns) > 1:

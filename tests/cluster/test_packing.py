@@ -129,8 +129,8 @@ def test_packed_trials_each_run_with_their_own_nccl_preset(tmp_path, slurm_env):
     assert wait_until_ended(slurm_env, task, timeout=300) == "COMPLETED"
     assert set(sacct_states(slurm_env, str(array["array_job_id"]))) == {task}, "the two trials ran in other tasks"
 
-    ethernet, a100_ib = (read_json(Path(t["trial_dir"]) / "environment.json")["nccl"] for t in sweep["trials"])
-    assert ethernet["HPCSWEEP_NCCL_PRESET"] == "ethernet"
+    records = [read_json(Path(t["trial_dir"]) / "environment.json") for t in sweep["trials"]]
+    assert [record["nccl_preset"] for record in records] == ["ethernet", "a100_ib"]
+    ethernet, a100_ib = (record["nccl"] for record in records)
     assert (ethernet["NCCL_IB_DISABLE"], ethernet["NCCL_SOCKET_NTHREADS"]) == ("1", "4")
-    assert a100_ib["HPCSWEEP_NCCL_PRESET"] == "a100_ib"
     assert (a100_ib["NCCL_IB_DISABLE"], a100_ib["NCCL_CROSS_NIC"]) == ("0", "0"), a100_ib

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hpcsweep.train import stop
+from hpcsweep.control import stop
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from hpcsweep.train import worker as train
+from hpcsweep.train.checkpoint import parse_name
 from hpcsweep.train.data import write_token_file
 
 from .trial_dirs import make_trial_dir, read_metrics
@@ -39,7 +40,7 @@ def test_a_stalled_val_loss_stops_early_and_a_rerun_does_nothing(tmp_path):
     assert train.run_trial(trial) == 0
     assert "already stopped_early: nothing to do" in (trial / "train.log").read_text()
     assert read_metrics(trial) == first  # not rewritten: nothing ran
-    assert [p.name.split("-")[0] for p in (trial / "checkpoints").glob("*.pt")] == ["step00000006"]
+    assert [parse_name(p.name)[0] for p in (trial / "checkpoints").glob("*.pt")] == [6]
 
 
 def test_a_completed_trial_is_not_trained_twice(tmp_path):
