@@ -63,19 +63,28 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
     """
     from hydra.types import RunMode
 
+    from hpcsweep.search.trial_slot import study_trial_file
+    from hpcsweep.trial.attempt import Caps
     from hpcsweep.trial.identity import ConfigMismatch
-    from hpcsweep.trial.runner import TrialFailed, run_trial_on_this_node
+    from hpcsweep.trial.launch import TrialFailed
+    from hpcsweep.trial.runner import run_trial_on_this_node
 
     try:
         trial = validate_composed(cfg)
         force = resume_config_from_dict(cfg).force
     except ValueError as err:
         exit_with_config_error(err, "the trial did not run")
-    trial_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_config = HydraConfig.get()
+    trial_dir = Path(hydra_config.runtime.output_dir)
+    try:
+        caps = Caps.from_launcher(hydra_config.get("launcher") or {})
+    except ValueError as err:
+        exit_with_config_error(err, "the trial did not run")
     # A stop signal before the runner's own handlers are in place still stops the trial.
     with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
         try:
-            outcome = run_trial_on_this_node(with_workers_per_node(trial), trial_dir, force_resume=force)
+            outcome = run_trial_on_this_node(with_workers_per_node(trial), trial_dir, caps=caps, force_resume=force,
+                                             search_trial=study_trial_file(hydra_config))
         except ConfigMismatch as err:
             exit_with_config_error(err, "the trial did not run")
     if outcome.kind == "failed":

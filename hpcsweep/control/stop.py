@@ -48,10 +48,6 @@ SIGNAL_REASONS: Mapping[signal.Signals, str] = {
 }
 
 
-STOP_FILE_VAR = "HPCSWEEP_STOP_FILE"
-"""Environment variable naming the stop file the workers of this node watch."""
-
-
 def stop_reason(signum: int) -> str:
     """The stop reason a signal stands for; ``ValueError`` for a signal that is not a stop."""
     try:
@@ -83,11 +79,6 @@ STOP_REQUESTED = StopRequest()
 """Set by a signal handler (or a stop file) to make the trainer save and exit after this step."""
 
 
-def stop_file_for(trial_dir: Path, node_rank: int) -> Path:
-    """The stop file the workers of node ``node_rank`` watch."""
-    return trial_dir / "stop" / f"node{node_rank}.json"
-
-
 def write_stop_file(path: Path, reason: str) -> None:
     """Ask this node's workers to stop (atomically, so a worker never reads half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,11 +93,11 @@ def read_stop_file(path: Path) -> str | None:
         return None
 
 
-def stop_file_hooks(env: Mapping[str, str], stop: StopRequest) -> list[Callable[[Any, int], None]]:
-    """A step hook that sets ``stop`` once this node's stop file appears (none without the variable)."""
-    if not env.get(STOP_FILE_VAR):
+def stop_file_hooks(path: Path | None, stop: StopRequest) -> list[Callable[[Any, int], None]]:
+    """A step hook that sets ``stop`` once this node's stop file ``path`` appears (none without a file:
+    a worker started without a runner)."""
+    if path is None:
         return []
-    path = Path(env[STOP_FILE_VAR])
 
     def check_stop_file(trainer: Any, step: int) -> None:
         if not stop.is_set() and path.exists():

@@ -7,7 +7,6 @@ Hydra app's trials never pass through here.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -112,19 +111,13 @@ class HpcsweepTrials(TrialHook):
 
     @contextmanager
     def task_context(self, launcher: Mapping[str, Any]) -> Iterator[None]:
-        """The trial's runner enforces the requeue and retry caps and handles the stop signals.
+        """The stop signals are the trial runner's from here on; it takes its caps (requeues, retries,
+        the signal's lead) from the launcher's config itself (``hpcsweep.trial.attempt.Caps``).
 
         submitit's handlers (USR2: requeue and ``sys.exit`` at once) are replaced from here on, so
         a signal during start-up is kept for the runner instead.
         """
-        from hpcsweep.train.checkpoint_schedule import SIGNAL_DELAY_VAR
         from hpcsweep.control.stop import STOP_REQUESTED, stop_signals_handled
-        from hpcsweep.trial.failures import DEFAULT_MAX_RETRIES, MAX_RETRIES_VAR
-        from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
 
-        os.environ[MAX_REQUEUES_VAR] = str(launcher["max_num_timeout"])
-        os.environ[MAX_RETRIES_VAR] = str(launcher.get("max_retries", DEFAULT_MAX_RETRIES))
-        # The workers' first save is weighed against the time-limit warning's lead.
-        os.environ[SIGNAL_DELAY_VAR] = str(launcher["signal_delay_s"])
         with stop_signals_handled(STOP_REQUESTED.set):
             yield

@@ -29,7 +29,7 @@ from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.train import data, gpu_choices, metrics, model, optim
 from hpcsweep.train.checkpoint import CheckpointManager
-from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message, signal_delay_from_env
+from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,
@@ -63,9 +63,11 @@ class Trainer:
         stop_event: StopRequest = STOP_REQUESTED,
         hooks: Sequence[StepHook] = (),
         restarts: int = 0,
+        signal_delay_s: int | None = None,
+        search_trial: Path | None = None,
     ) -> None:
         self.cfg, self.world, self.trial_dir = cfg, world, trial_dir
-        self.stop_event, self.hooks = stop_event, tuple(hooks)
+        self.stop_event, self.hooks, self.signal_delay_s = stop_event, tuple(hooks), signal_delay_s
         tcfg = cfg.trainer
         self.is_writer = world.rank == metrics.logging_rank(world.world_size)
         self.device_facts = gpu_choices.device_facts(world.device)
@@ -109,7 +111,7 @@ class Trainer:
         self.val_loss: float | None = None
         self.evaluated_at: int | None = None
         # A search trial reports each evaluation to its study, which may prune it.
-        self.pruning = pruning_reporter(os.environ)
+        self.pruning = pruning_reporter(search_trial)
         self.report = metrics_file.new_report(
             max_steps=tcfg.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
         )
@@ -154,7 +156,7 @@ class Trainer:
         self.first_save_logged = True
         if self.is_writer:
             save_s, size = self.ckpt.first_save
-            warn, line = first_save_message(save_s, self.step_seconds, size, signal_delay_from_env(os.environ))
+            warn, line = first_save_message(save_s, self.step_seconds, size, self.signal_delay_s)
             log.log(logging.WARNING if warn else logging.INFO, "%s", line)
 
     def resume(self) -> bool:

@@ -1,4 +1,4 @@
-"""The worker entry torchrun runs: ``python -m hpcsweep.train TRIAL_DIR``.
+"""The worker entry torchrun runs: ``python -m hpcsweep.train TRIAL_DIR ATTEMPT_FILE``.
 
 Wiring only: read and validate ``TRIAL_DIR/config.yaml``, export what CUDA must see before its
 first cuBLAS call (``CUBLAS_WORKSPACE_CONFIG`` for a deterministic trial), join the process group,
@@ -34,6 +34,7 @@ import yaml
 from hpcsweep.config import TrainerConfig, TrialConfig, trial_config_from_dict
 from hpcsweep.control import stop
 from hpcsweep.files import metrics_file
+from hpcsweep.files.attempt_file import read_attempt
 from hpcsweep.train import fault, gpu_choices, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
@@ -71,12 +72,17 @@ def setup_logging(trial_dir: Path, rank: int) -> None:
     )
 
 
-def run_trial(trial_dir: Path) -> int:
-    """Train (or resume) the trial in ``trial_dir``; returns the process exit code."""
+def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
+    """Train (or resume) the trial in ``trial_dir``; returns the process exit code.
+
+    ``attempt_file`` is what this node's runner wrote for its workers (``hpcsweep.files.attempt_file``);
+    None for a worker started without one.
+    """
     trial_dir = Path(trial_dir)
+    attempt = read_attempt(attempt_file)
     rank, local_rank, _ = ranks_from_env(os.environ)
     setup_logging(trial_dir, rank)
-    records = worker_records.worker_dir_from_env(os.environ)
+    records = attempt.worker_dir
     if records is not None:
         worker_records.write_progress(records, rank=rank, local_rank=local_rank, node=node_name(os.environ), step=0)
     cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
@@ -96,12 +102,13 @@ def run_trial(trial_dir: Path) -> int:
     trainer = None
     try:
         hooks = [
-            *stop.stop_file_hooks(os.environ, STOP_REQUESTED),
+            *stop.stop_file_hooks(attempt.stop_file, STOP_REQUESTED),
             # The fault before the progress record: a hung rank's last step is one behind the others'.
             *fault.fault_hooks(os.environ, trial_dir, rank),
             *worker_records.progress_hooks(records, rank=rank, local_rank=local_rank, node=node_name(os.environ)),
         ]
-        trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts)
+        trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts,
+                          signal_delay_s=attempt.signal_delay_s, search_trial=attempt.search_trial)
         # Why and how fast the last run stopped, and its failures, stay on record after the resume.
         trainer.report.update({k: previous[k] for k in CARRIED if previous and k in previous})
         trainer.resume()
@@ -146,18 +153,19 @@ def cuda_env_for(tcfg: TrainerConfig) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> typing.NoReturn:
-    """``python -m hpcsweep.train TRIAL_DIR``: train, then exit the process with the trial's exit code."""
+    """``python -m hpcsweep.train TRIAL_DIR [ATTEMPT_FILE]``: train, then exit the process with the trial's exit code."""
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.train", description=__doc__.splitlines()[0])
     parser.add_argument("trial_dir", type=Path, help="directory holding config.yaml")
+    parser.add_argument("attempt_file", type=Path, nargs="?", help="what this node's runner wrote for its workers")
     args = parser.parse_args(argv)
-    records = worker_records.worker_dir_from_env(os.environ)
+    records = read_attempt(args.attempt_file).worker_dir
     stacks = None if records is None else worker_records.enable_stack_dumps(records, ranks_from_env(os.environ)[1])
     try:
         with stop.stop_signals_handled(STOP_REQUESTED.set):
             # The runner starts workers with the stop signals blocked: one that came during imports
             # is delivered here, to the handler.
             stop.unblock_stop_signals()
-            code = run_trial(args.trial_dir)
+            code = run_trial(args.trial_dir, args.attempt_file)
     finally:
         if stacks is not None:
             worker_records.disable_stack_dumps(stacks)

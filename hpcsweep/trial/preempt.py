@@ -29,29 +29,13 @@ How a stop flows:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Literal
 
 from hpcsweep.control.exit_codes import EXIT_INTERRUPTED, EXIT_STOPPED
 from hpcsweep.control.stop import BUDGET, INTERRUPTED, PREEMPTED
 
-
-MAX_REQUEUES_VAR = "HPCSWEEP_MAX_REQUEUES"
-"""Environment variable carrying the launcher's ``max_num_timeout`` into the trial."""
-
-
 # ----- pure decisions ---------------------------------------------------------------------------
-
-
-def max_requeues_from_env(env: Mapping[str, str]) -> int | None:
-    """The requeue cap from ``HPCSWEEP_MAX_REQUEUES`` (None: no cap)."""
-    raw = env.get(MAX_REQUEUES_VAR, "").strip()
-    if not raw:
-        return None
-    cap = int(raw)
-    if cap < 0:
-        raise ValueError(f"{MAX_REQUEUES_VAR}={raw!r}: must be >= 0")
-    return cap
 
 
 def over_cap_error(requeues: int, cap: int | None) -> str | None:

@@ -18,15 +18,16 @@ from collections.abc import Iterator, Mapping, MutableMapping
 def environment_overlay(
     variables: Mapping[str, str], environ: MutableMapping[str, str] | None = None
 ) -> Iterator[None]:
-    """``variables`` set in ``environ`` (``os.environ``) inside the block; afterwards each is as it was before."""
+    """``variables`` set in ``environ`` (``os.environ``) inside the block; afterwards ``environ`` is exactly as
+    before, also without what the trial set itself inside it (an in-process worker exports CUDA's variables)."""
     environ = os.environ if environ is None else environ
-    before = {name: environ.get(name) for name in variables}
+    before = dict(environ)
     environ.update(variables)
     try:
         yield
     finally:
+        for name in [name for name in environ if name not in before]:
+            del environ[name]
         for name, value in before.items():
-            if value is None:
-                environ.pop(name, None)
-            else:
+            if environ.get(name) != value:
                 environ[name] = value

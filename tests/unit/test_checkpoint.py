@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from hpcsweep.files.attempt_file import WorkerAttempt, write_attempt
 from hpcsweep.train import worker as train
 from hpcsweep.train.checkpoint import (
     RESUME_DIR,
@@ -194,10 +195,11 @@ def test_a_truncated_newest_checkpoint_is_refused_with_the_reason(tmp_path, monk
     assert f"{shard}: " in error and "the index needs" in error and "move the directory away" in error
 
 
-def test_saving_by_minutes_logs_the_first_save_time(tmp_path, monkeypatch):
-    monkeypatch.setenv("HPCSWEEP_SIGNAL_DELAY_S", "120")
+def test_saving_by_minutes_logs_the_first_save_time(tmp_path):
     trial = make_trial(tmp_path / "t", ckpt_every=0, ckpt_every_min=1e-9, keep_top_k=10)
-    assert train.run_trial(trial) == 0
+    attempt_file = tmp_path / "attempt.json"  # as the runner writes it under Slurm
+    write_attempt(attempt_file, WorkerAttempt(signal_delay_s=120))
+    assert train.run_trial(trial, attempt_file) == 0
     # Every step is "due" by the clock; the final save is step 6.
     assert [parse_name(p.name)[0] for p in checkpoint_paths(trial / "checkpoints")] == [6, 5, 4, 3, 2, 1]
     log = (trial / "train.log").read_text()

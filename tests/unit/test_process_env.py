@@ -17,3 +17,11 @@ def test_the_environment_comes_back_when_the_trial_raises():
     with pytest.raises(RuntimeError), environment_overlay({"NCCL_IB_DISABLE": "1"}, environ):
         raise RuntimeError("trial failed")
     assert environ == {}
+
+
+def test_what_the_trial_set_itself_goes_too():
+    environ = {"PATH": "/bin"}
+    with environment_overlay({"NCCL_IB_DISABLE": "1"}, environ):
+        environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # as an in-process worker exports it
+        environ["PATH"] = "/changed"
+    assert environ == {"PATH": "/bin"}
