@@ -79,12 +79,14 @@ class Trainer:
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        # Buffers (rotary tables, the routing bias) never change: no broadcast.
+        # Buffers (rotary tables, the routing bias) never change: no sync before each forward. They are
+        # equal on every rank from the start, so the sync at construction changes nothing; the older
+        # spelling, broadcast_buffers=False, filled every worker's log with a deprecation warning.
         find_unused = gpu_choices.find_unused_parameters(
             self.choices.deterministic, (name for name, _ in self.model.named_parameters())
         )
         self.ddp_model = (
-            DistributedDataParallel(self.model, broadcast_buffers=False, find_unused_parameters=find_unused)
+            DistributedDataParallel(self.model, forward_sync_buffers=False, find_unused_parameters=find_unused)
             if world.is_distributed
             else self.model
         )

@@ -1,5 +1,5 @@
-"""One trial on one node: rendezvous, NCCL environment, stop signals and requeue, then the workers.
+"""One trial on one node: the attempt (``attempt``), then admit, launch and settle (``runner``).
 
-May import ``hpcsweep.config``, ``hpcsweep.files``, ``hpcsweep.slurm`` and ``hpcsweep.train``; never ``sweep``,
-``results`` or a command module.
+May import ``hpcsweep.config``, ``hpcsweep.control``, ``hpcsweep.files``, ``hpcsweep.slurm`` and ``hpcsweep.train``;
+never ``sweep``, ``results`` or a command module.
 """

@@ -34,6 +34,23 @@ log = logging.getLogger(__name__)
 RDZV_JOIN_TIMEOUT_S = 900
 
 
+class _ChildThreadNotice(logging.Filter):
+    """Drops torch's warning that an agent in a thread registers no signal handlers.
+
+    The agent runs in a thread on purpose (see ``run_elastic_agent``): the runner's main thread
+    handles the stop signals and passes them to the workers through the stop file, and Slurm ends
+    every process of a job itself. Nothing in the warning is for the user to act on.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to register signal handlers since torchelastic is running on a child thread" not in (
+            record.getMessage()
+        )
+
+
+logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_ChildThreadNotice())
+
+
 class TrialFailed(RuntimeError):
     """The trial failed; the message carries the worker's last error lines. How Hydra learns that a job failed."""
 
