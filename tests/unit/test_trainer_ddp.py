@@ -42,14 +42,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(trial: Path, **env: str) -> int:
-    """``torchrun --nproc-per-node=2 -m hpcsweep.train TRIAL``, as production launches it.
+def torchrun(trial: Path, attempt_file: Path | None = None, **env: str) -> int:
+    """``torchrun --nproc-per-node=2 -m hpcsweep.train TRIAL [ATTEMPT_FILE]``, as production launches it.
 
     torchrun exits 1 when a worker exits non-zero, EXIT_STOPPED included; metrics.json tells.
     """
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "hpcsweep.train", str(trial),
+        *([] if attempt_file is None else [str(attempt_file)]),
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300)
