@@ -70,3 +70,14 @@ def test_a_failing_trial_reports_failed_with_the_error(tmp_path):
     report = read_metrics(trial)
     assert report["status"] == "failed"
     assert "model.vocab_size=256 is not allowed" in "\n".join(report["error"])
+
+
+def test_a_trial_stopped_before_its_first_log_window_still_says_how_fast_it_ran(tmp_path, monkeypatch):
+    trial = make_trial(tmp_path / "t", **{"trainer.log_every": 50, "trainer.eval_every": 50})
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=3,rank=0")
+    assert train.run_trial(trial) == train.EXIT_STOPPED
+    stopped = read_metrics(trial)
+    assert stopped["step"] == 3 and stopped["tokens_per_s"] > 0, stopped
+    assert stopped["tokens_per_s_over"] == "the steps before the stop: no log window ended"
+    # No evaluation at step 3: its checkpoint's name carries no loss of another step.
+    assert [p.name for p in (trial / "checkpoints").glob("*.pt")] == ["step00000003.pt"]
