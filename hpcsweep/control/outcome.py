@@ -37,6 +37,20 @@ class Outcome:
     requeue_job: str | None = None
 
 
+def leaving_outcome(job_return: Any) -> Outcome | None:
+    """The ``Outcome`` a Hydra job returned when it ends the task (``ends_the_task``), else None.
+
+    Such a trial has not ended: a search's slot is not told about it, so its study trial stays RUNNING
+    for the requeued or resumed task to take up again.
+    """
+    from hydra.core.utils import JobStatus
+
+    if job_return.status != JobStatus.COMPLETED:
+        return None
+    returned = job_return.return_value
+    return returned if isinstance(returned, Outcome) and ends_the_task(returned) else None
+
+
 def ends_the_task(outcome: Outcome) -> bool:
     """Whether the process leaves after this trial (no further trial of its task runs).
 

@@ -150,10 +150,9 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     """
     from hydra._internal.core_plugins.basic_launcher import BasicLauncher
     from hydra.core.singleton import Singleton
-    from hydra.core.utils import JobStatus
 
     from hpcsweep.control import exit_codes, stop
-    from hpcsweep.control.outcome import Outcome, ends_the_task
+    from hpcsweep.control.outcome import leaving_outcome
     from hpcsweep.search.trial_slot import search_slot
 
     with open(spec["context_file"], "rb") as handle:
@@ -169,13 +168,13 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
         # A search's slot runs with the parameters its study chooses now (the overrides as they are otherwise).
         with search_slot(config, list(spec["overrides"]), num) as slot:
             (job_return,) = launcher.launch([slot.overrides], num)
-            slot.ran(job_return)
+            stopped = leaving_outcome(job_return)
+            if stopped is None:  # a stopped trial has not ended: its study trial stays RUNNING
+                slot.ran(job_return)
     except KeyboardInterrupt:  # an app without stop handlers, interrupted
         return Stopped(f"{stop.INTERRUPTED}: trial #{num} was interrupted", exit_codes.EXIT_INTERRUPTED)
-    if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, Outcome):
-        outcome = job_return.return_value
-        if ends_the_task(outcome):
-            return Stopped(outcome.message, exit_codes.carry_out(outcome))
+    if stopped is not None:
+        return Stopped(stopped.message, exit_codes.carry_out(stopped))
     return Returned(job_return)
 
 
