@@ -47,7 +47,8 @@ from hpcsweep.config import trial_config_from_dict, trial_config_to_dict  # noqa
 from hpcsweep.train import model as model_lib  # noqa: E402
 from hpcsweep.train.distributed import destroy_distributed, init_distributed  # noqa: E402
 from hpcsweep.train.trainer import Trainer  # noqa: E402
-from hpcsweep.train.worker import EXIT_OK, EXIT_REQUEUE, run_trial  # noqa: E402
+from hpcsweep.train.fault import STOP_REASON  # noqa: E402
+from hpcsweep.train.worker import EXIT_OK, EXIT_STOPPED, run_trial  # noqa: E402
 
 BUDGET_S = 600
 """The whole check, on one GPU: 10 minutes."""
@@ -140,13 +141,14 @@ def write_trial(path: Path, plan: Plan, size: Size, deterministic: bool) -> Path
 def train(trial_dir: Path, *, stop_at: int | None = None) -> dict[str, Any]:
     """``run_trial`` on ``trial_dir`` (optionally stopped after ``stop_at`` steps); its metrics.json."""
     if stop_at is not None:
-        os.environ["HPCSWEEP_TEST_STOP_AT_STEP"] = str(stop_at)
+        # A stop request after that step, as a stop signal makes one (once per trial dir).
+        os.environ["HPCSWEEP_FAULT"] = f"stop,step={stop_at},rank=0"
     try:
         code = run_trial(trial_dir)
     finally:
-        os.environ.pop("HPCSWEEP_TEST_STOP_AT_STEP", None)
+        os.environ.pop("HPCSWEEP_FAULT", None)
     metrics = json.loads((trial_dir / "metrics.json").read_text())
-    expected = EXIT_OK if stop_at is None else EXIT_REQUEUE
+    expected = EXIT_OK if stop_at is None else EXIT_STOPPED
     if code != expected:
         raise CheckFailed(f"{trial_dir.name}: run_trial exited {code}, not {expected}: {metrics.get('error')}")
     return metrics
@@ -223,7 +225,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     straight = train(det)
     check_run("deterministic", straight, plan, True)
     stopped = train(resumed, stop_at=plan.stop_at)
-    if stopped.get("step") != plan.stop_at or stopped.get("last_stop_reason") != "test_hook":
+    if stopped.get("step") != plan.stop_at or stopped.get("last_stop_reason") != STOP_REASON:
         raise CheckFailed(f"stop at step {plan.stop_at}: metrics.json has step {stopped.get('step')}, "
                           f"reason {stopped.get('last_stop_reason')!r}")
     after = train(resumed)

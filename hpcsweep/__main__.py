@@ -2,24 +2,25 @@
 
 import sys
 
-from hpcsweep.train.stop import EXIT_INTERRUPTED
+from hpcsweep.control.exit_codes import EXIT_INTERRUPTED, EXIT_REFUSED
 
 
 def main() -> None:
     """Console-script entry point, the same as ``python -m hpcsweep``.
 
-    A misspelt key, or a single run's bad config, is refused before Hydra starts (exit 2); a stopped trial or sweep ends with
-    one line saying how to resume it, never a traceback.
+    A misspelt key, or a single run's bad config, is refused before Hydra starts (exit 2); a
+    stopped trial or sweep ends with one line saying how to resume it, never a traceback
+    (``hpcsweep.control.exit_codes``, which ``hpcsweep.app`` and the launchers end the command
+    through, has the table of exit codes).
     """
     from hpcsweep.sweep.override_keys import check_override_keys
-    from hpcsweep.sweep.resume_hint import CommandStopped
     from hydra_plugins.hpcsweep_plugins.config import launcher_keys
 
     try:
         check_override_keys(sys.argv[1:], launcher_keys())
     except ValueError as err:
         print(err, file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_REFUSED) from None
 
     from hpcsweep.app import hydra_main
     from hpcsweep.sweep.single_run import check_single_run
@@ -28,13 +29,10 @@ def main() -> None:
         check_single_run(sys.argv[1:])
     except ValueError as err:
         print(f"{err}; the trial did not run", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_REFUSED) from None
 
     try:
         hydra_main()
-    except CommandStopped as stop:
-        print(stop.line, file=sys.stderr)
-        raise SystemExit(stop.code) from None
     except KeyboardInterrupt:
         print("interrupted before any trial started training", file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED) from None

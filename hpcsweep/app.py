@@ -1,7 +1,11 @@
 """The Hydra application: compose the config, validate it, run the trial on this node.
 
-A stop with a checkpoint that nothing will restart (Ctrl-C, or a stop signal outside Slurm) ends
-the command with ``CommandStopped``: one line naming the command that resumes.
+The runner returns an ``Outcome``. A trial that ended (completed, pruned, skipped) returns its
+metrics.json to Hydra; a failed one raises ``TrialFailed``, which is how Hydra marks a job FAILED.
+A trial whose process must leave (a stop, a requeue, a retry) returns its ``Outcome`` in a sweep, to
+the launcher that runs it (the Slurm array task, the local trial process), which ends its process;
+a single run ends the command here, through ``hpcsweep.control.exit_codes``, with one line naming
+the command that resumes.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hpcsweep.config import TrialConfig, resume_config_from_dict
+from hpcsweep.control import exit_codes, stop
+from hpcsweep.control.outcome import Outcome, ends_the_task
 from hpcsweep.sweep.hooks import trial_hook
 from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
 from hpcsweep.sweep.prepare import validate_composed
-from hpcsweep.sweep.resume_hint import stopped_command, this_trial
+from hpcsweep.sweep.resume_hint import stopped_line, this_trial
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
-from hpcsweep.train import stop
-from hpcsweep.trial import preempt
 
 log = logging.getLogger("hpcsweep")
 
@@ -51,12 +55,18 @@ def register_plugins() -> None:
         plugins.register(plugin)
 
 
-def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
+def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
     """Hydra's task function: one trial, on every node of its allocation.
 
-    Runs locally for a single run or a local sweep, and inside each Slurm array task.
+    Runs locally for a single run or a local sweep, and inside each Slurm array task. Returns the
+    trial's metrics.json when it ended, else (in a sweep) the ``Outcome`` its launcher acts on.
     """
+    from hydra.types import RunMode
+
+    from hpcsweep.search.trial_slot import study_trial_file
+    from hpcsweep.trial.attempt import Caps
     from hpcsweep.trial.identity import ConfigMismatch
+    from hpcsweep.trial.launch import TrialFailed
     from hpcsweep.trial.runner import run_trial_on_this_node
 
     try:
@@ -64,19 +74,36 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any]:
         force = resume_config_from_dict(cfg).force
     except ValueError as err:
         exit_with_config_error(err, "the trial did not run")
-    trial_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_config = HydraConfig.get()
+    trial_dir = Path(hydra_config.runtime.output_dir)
+    try:
+        caps = Caps.from_launcher(hydra_config.get("launcher") or {})
+    except ValueError as err:
+        exit_with_config_error(err, "the trial did not run")
     # A stop signal before the runner's own handlers are in place still stops the trial.
     with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
         try:
-            return run_trial_on_this_node(with_workers_per_node(trial), trial_dir, force_resume=force)
+            outcome = run_trial_on_this_node(with_workers_per_node(trial), trial_dir, caps=caps, force_resume=force,
+                                             search_trial=study_trial_file(hydra_config))
         except ConfigMismatch as err:
             exit_with_config_error(err, "the trial did not run")
-        except preempt.TrialStopped as stopped:
-            raise stopped_command(f"{stopped.reason or 'stopped'}: {this_trial()} stopped at step {stopped.step} "
-                                  "with a checkpoint", stopped.code) from None
-        except stop.StopAborted as abort:
-            raise stopped_command(f"interrupted again: {this_trial()} left without a checkpoint of this step "
-                                  "(its older checkpoints are kept)", abort.code) from None
+    if outcome.kind == "failed":
+        raise TrialFailed(outcome.message)
+    if not ends_the_task(outcome):
+        return outcome.metrics
+    outcome = dataclasses.replace(outcome, message=what_stopped(outcome))
+    if HydraConfig.get().mode == RunMode.RUN:
+        exit_codes.leave(outcome, stopped_line(outcome.message))
+    return outcome
+
+
+def what_stopped(outcome: Outcome) -> str:
+    """The line that says how this trial's process leaves (without the command that resumes)."""
+    if outcome.kind == "aborted":
+        return f"interrupted again: {this_trial()} left without a checkpoint of this step (its older checkpoints are kept)"
+    if outcome.kind == "stopped":
+        return f"{outcome.reason or 'stopped'}: {this_trial()} stopped at step {outcome.step} with a checkpoint"
+    return outcome.message
 
 
 def with_workers_per_node(trial: TrialConfig) -> TrialConfig:

@@ -1,7 +1,7 @@
 """The trainer's side of a search: report the objective at each evaluation and ask the pruner.
 
-A search trial's processes find their study trial through ``HPCSWEEP_SEARCH_TRIAL`` (the path of
-``SWEEP_DIR/search/trials/<num>.json``, set by ``trial_slot.search_slot``). Only the logging rank
+A search trial's processes find their study trial in their attempt file (the path of
+``SWEEP_DIR/search/trials/<num>.json``, ``trial_slot.study_trial_file``). Only the logging rank
 talks to the study; the trainer broadcasts its decision so every rank stops at the same step.
 A step the study holds already (the trial was resumed from an older checkpoint) is not reported
 again: the values of a resumed trial stay one per step.
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.search.settings import SearchFiles, parse_choice, parse_plan
-from hpcsweep.search.trial_slot import SEARCH_TRIAL_VAR
 
 PRUNED_STEP_TAG = "hparams/pruned_at_step"
 """The scalar a pruned trial logs, so TensorBoard's HParams table shows where it was pruned."""
@@ -67,12 +66,6 @@ class PruningReporter:
         return bool(optuna.Trial(study, trial_id).should_prune())
 
 
-def pruning_reporter(env: Mapping[str, str]) -> PruningReporter | None:
-    """The reporter of this process's search trial; None outside a search."""
-    path = env.get(SEARCH_TRIAL_VAR)
-    return PruningReporter(Path(path)) if path else None
-
-
-def is_search_trial(env: Mapping[str, str]) -> bool:
-    """True in the processes of a search trial (every rank must then join the pruning decision)."""
-    return bool(env.get(SEARCH_TRIAL_VAR))
+def pruning_reporter(search_trial: Path | None) -> PruningReporter | None:
+    """The reporter of the search trial whose file is ``search_trial`` (from the attempt file); None outside a search."""
+    return PruningReporter(search_trial) if search_trial is not None else None

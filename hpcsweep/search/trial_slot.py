@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +32,6 @@ from hpcsweep.search.settings import SearchFiles, SearchPlan, TrialChoice, read_
 log = logging.getLogger(__name__)
 
 SEARCH_SWEEPER_TARGET = "hydra_plugins.hpcsweep_plugins.search_sweeper.SearchSweeper"
-SEARCH_TRIAL_VAR = "HPCSWEEP_SEARCH_TRIAL"
-"""Set for the trial's processes: the path of its ``trials/<num>.json`` (the workers' reporter reads it)."""
 CHOICE_WAIT_S = 600
 """How long a node other than the first waits for the first node's choice of parameters."""
 
@@ -75,7 +73,7 @@ def node_rank(env: Mapping[str, str]) -> int:
 
 @contextmanager
 def search_slot(
-    config: Any, overrides: Sequence[str], num: int, env: MutableMapping[str, str] = os.environ
+    config: Any, overrides: Sequence[str], num: int, env: Mapping[str, str] = os.environ
 ) -> Iterator[SearchSlot]:
     """Run trial ``num`` of a sweep inside this: for a search, with the study's parameters.
 
@@ -97,25 +95,27 @@ def search_slot(
     first = node_rank(env) == 0
     study, choice = choose(files, plan, num) if first else (None, wait_for_choice(files, num))
     slot = SearchSlot(list(choice.overrides))
-    previous = env.get(SEARCH_TRIAL_VAR)
-    env[SEARCH_TRIAL_VAR] = str(files.trial(num))
-    try:
-        if study is None:
+    if study is None:
+        yield slot
+        return
+    with heartbeat(study, choice.study_trial, plan.settings.heartbeat_interval_s):
+        try:
             yield slot
-            return
-        with heartbeat(study, choice.study_trial, plan.settings.heartbeat_interval_s):
-            try:
-                yield slot
-            except Exception:
-                tell_ended(study, choice, "failed", None)
-                raise
-        if slot.ended:
-            tell_from_results(study, plan, choice, slot)
-    finally:
-        if previous is None:
-            env.pop(SEARCH_TRIAL_VAR, None)
-        else:
-            env[SEARCH_TRIAL_VAR] = previous
+        except Exception:
+            tell_ended(study, choice, "failed", None)
+            raise
+    if slot.ended:
+        tell_from_results(study, plan, choice, slot)
+
+
+def study_trial_file(hydra_config: Any) -> Path | None:
+    """The study trial's file of the search trial Hydra runs now (``hydra_config``: ``HydraConfig.get()``),
+    which its workers' pruning reporter reads; None outside a search."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.select(hydra_config, "sweeper._target_", default=None) != SEARCH_SWEEPER_TARGET:
+        return None
+    return SearchFiles(Path(str(hydra_config.sweep.dir)).resolve()).trial(int(hydra_config.job.num))
 
 
 def choose(files: SearchFiles, plan: SearchPlan, num: int) -> tuple[Any, TrialChoice]:

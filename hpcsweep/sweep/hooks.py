@@ -71,6 +71,18 @@ class CheckedTrial:
 
 
 @dataclass(frozen=True)
+class SweepStopped:
+    """A stop ended a local sweep before every trial ran; ``what`` says which stopped and which did not start.
+
+    ``code`` is the exit code of the first stopped trial, else that of the signal
+    (``hpcsweep.control.exit_codes``): the command ends with it.
+    """
+
+    what: str
+    code: int
+
+
+@dataclass(frozen=True)
 class SweepTrial:
     """One composed and checked trial of a sweep: Hydra's job ``num`` with its overrides and dir."""
 
@@ -113,14 +125,24 @@ class TrialHook:
         return None
 
     def run_locally(
-        self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn]]
+        self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn] | SweepStopped]
     ) -> list[JobReturn]:
         """Run a local sweep's trials through ``run_trials`` and return their JobReturns in trial order.
 
         ``run_trials`` runs them several at a time, each in its own process; after a stop signal it
-        raises ``local_pool.LocalSweepStopped`` (a ``SystemExit``), which an app may turn into its own.
+        returns ``SweepStopped``, and the command ends with its line and code
+        (``stopped_line`` lets an app add its own words, such as how to resume).
         """
-        return run_trials(trials)
+        from hpcsweep.control.exit_codes import leave_with
+
+        ran = run_trials(trials)
+        if isinstance(ran, SweepStopped):
+            leave_with(ran.code, self.stopped_line(ran.what))
+        return ran
+
+    def stopped_line(self, what: str) -> str:
+        """The line a stopped local sweep ends the command with: ``what`` stopped and what did not start."""
+        return what
 
     def task_context(self, launcher: Mapping[str, Any]) -> AbstractContextManager[Any]:
         """Entered around the task function in each Slurm array task.

@@ -7,7 +7,6 @@ Hydra app's trials never pass through here.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from hydra.core.utils import JobReturn
 
 from hpcsweep.config import TrialConfig, resume_config_from_dict
-from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepTrial, TrialHook
+from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepStopped, SweepTrial, TrialHook
 from hpcsweep.sweep.prepare import PreparedTrial, check_resumes, validate_composed
 
 log = logging.getLogger(__name__)
@@ -110,34 +109,28 @@ class HpcsweepTrials(TrialHook):
         return min(trainer.eval_every, trainer.max_steps), trainer.max_steps
 
     def run_locally(
-        self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn]]
+        self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn] | SweepStopped]
     ) -> list[JobReturn]:
-        """Run the trials; a stop signal (Ctrl-C) stops the running trials with a checkpoint and
-        starts no further one, and the command says in one line how to resume."""
-        from hpcsweep.sweep.local_pool import LocalSweepStopped
-        from hpcsweep.sweep.resume_hint import stopped_command
-
+        """Say which trials resume, then run them; a stop signal (Ctrl-C) stops the running trials with a
+        checkpoint and starts no further one, and the command says in one line how to resume."""
         log_resume_state(trials)
-        try:
-            return run_trials(trials)
-        except LocalSweepStopped as stopped:
-            raise stopped_command(stopped.what, stopped.code) from None
+        return super().run_locally(trials, run_trials)
+
+    def stopped_line(self, what: str) -> str:
+        """``what``, and the command that resumes the sweep."""
+        from hpcsweep.sweep.resume_hint import stopped_line
+
+        return stopped_line(what)
 
     @contextmanager
     def task_context(self, launcher: Mapping[str, Any]) -> Iterator[None]:
-        """The trial's runner enforces the requeue and retry caps and handles the stop signals.
+        """The stop signals are the trial runner's from here on; it takes its caps (requeues, retries,
+        the signal's lead) from the launcher's config itself (``hpcsweep.trial.attempt.Caps``).
 
         submitit's handlers (USR2: requeue and ``sys.exit`` at once) are replaced from here on, so
         a signal during start-up is kept for the runner instead.
         """
-        from hpcsweep.train.checkpoint_schedule import SIGNAL_DELAY_VAR
-        from hpcsweep.train.stop import STOP_REQUESTED, stop_signals_handled
-        from hpcsweep.trial.failures import DEFAULT_MAX_RETRIES, MAX_RETRIES_VAR
-        from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
+        from hpcsweep.control.stop import STOP_REQUESTED, stop_signals_handled
 
-        os.environ[MAX_REQUEUES_VAR] = str(launcher["max_num_timeout"])
-        os.environ[MAX_RETRIES_VAR] = str(launcher.get("max_retries", DEFAULT_MAX_RETRIES))
-        # The workers' first save is weighed against the time-limit warning's lead.
-        os.environ[SIGNAL_DELAY_VAR] = str(launcher["signal_delay_s"])
         with stop_signals_handled(STOP_REQUESTED.set):
             yield

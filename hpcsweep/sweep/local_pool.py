@@ -3,8 +3,8 @@
 Trials start in order as slots and GPUs come free (``hpcsweep.sweep.local_slots``). A trial that
 fails does not stop the others. A stop signal to the sweep (Ctrl-C, SIGTERM, USR2) goes on to
 every running trial, which stops as its app stops on it (hpcsweep's: with a checkpoint); no
-further trial starts, and once the running ones have ended the sweep ends with
-``LocalSweepStopped``. A trial that stops on its own (a signal of its own) ends the sweep the same way.
+further trial starts, and once the running ones have ended the run returns ``SweepStopped``. A trial
+that stops on its own (a signal of its own) ends the sweep the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 
 from hpcsweep.sweep.fork_server import TrialStarter
-from hpcsweep.sweep.hooks import SweepTrial
+from hpcsweep.sweep.hooks import SweepStopped, SweepTrial
 from hpcsweep.sweep.local_slots import LocalPlan, LocalSlot, take_gpus, trial_environment, trial_gpu_count
 from hpcsweep.sweep.local_trial import Exited, NotStarted, Returned, Stopped, TrialOutcome, TrialProcess, start_trial
 
@@ -27,21 +27,6 @@ log = logging.getLogger(__name__)
 
 # How often the sweep looks for ended trial processes; a trial takes seconds at the least.
 POLL_S = 0.1
-
-
-class LocalSweepStopped(SystemExit):
-    """A stop ended the local sweep before every trial ran; ``what`` says which stopped and which did not start.
-
-    A ``SystemExit`` with the exit status of the first stopped trial (else that of
-    ``hpcsweep.train.stop`` for the signal), so that an app without a hook ends as a stopped command.
-    """
-
-    def __init__(self, what: str, code: int) -> None:
-        super().__init__(code)
-        self.what = what
-
-    def __str__(self) -> str:
-        return self.what
 
 
 def trials_named(nums: Sequence[int]) -> str:
@@ -88,7 +73,7 @@ class _StopForwarder:
     reason: str | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
-        from hpcsweep.train.stop import stop_reason
+        from hpcsweep.control.stop import stop_reason
 
         if self.reason is None:
             self.reason = stop_reason(signum)
@@ -119,7 +104,7 @@ class _LocalRun:
 
     def start_ready(self) -> None:
         """Start the next trials in order while a slot and their GPUs are free (none once stopping)."""
-        from hpcsweep.train.stop import stop_signals_blocked
+        from hpcsweep.control.stop import stop_signals_blocked
 
         while self.waiting and self.free_slots and not self.stopping:
             trial = self.waiting[0]
@@ -154,9 +139,10 @@ class _LocalRun:
         """The trials that never started, or refused to on a stop signal."""
         return [t for t in self.trials if isinstance(self.outcomes.get(t.num, NotStarted("")), NotStarted)]
 
-    def stopped(self) -> LocalSweepStopped:
+    def stopped(self) -> SweepStopped:
         """The sweep's stop, once every started trial has ended."""
-        from hpcsweep.train.stop import EXIT_INTERRUPTED, EXIT_REQUEUE, INTERRUPTED
+        from hpcsweep.control.exit_codes import EXIT_INTERRUPTED, EXIT_STOPPED
+        from hpcsweep.control.stop import INTERRUPTED
 
         outcomes = [self.outcomes.get(trial.num) for trial in self.trials]
         refused = [outcome.reason for outcome in outcomes if isinstance(outcome, NotStarted)]
@@ -164,10 +150,10 @@ class _LocalRun:
         stopped = [outcome for outcome in outcomes if isinstance(outcome, Stopped)]
         ended = [t.num for t, outcome in zip(self.trials, outcomes) if isinstance(outcome, Exited)]
         not_started = [t.num for t in self.not_started()]
-        code = stopped[0].code if stopped else (EXIT_INTERRUPTED if reason == INTERRUPTED else EXIT_REQUEUE)
+        code = stopped[0].code if stopped else (EXIT_INTERRUPTED if reason == INTERRUPTED else EXIT_STOPPED)
         what = stop_summary(reason, [outcome.what for outcome in stopped], ended, not_started)
         log.warning("%s", what)
-        return LocalSweepStopped(what, code)
+        return SweepStopped(what, code)
 
 
 def run_local_trials(
@@ -176,13 +162,13 @@ def run_local_trials(
     context_file: Path,
     starter: TrialStarter,
     record_not_started: Callable[[Sequence[SweepTrial]], None],
-) -> list[JobReturn]:
+) -> list[JobReturn] | SweepStopped:
     """Run ``trials`` with ``plan``, each started by ``starter``, and return their JobReturns in trial order.
 
-    Raises ``LocalSweepStopped`` once the running trials have ended when a stop signal came or a
-    trial stopped, after passing the trials that never started to ``record_not_started``.
+    Returns ``SweepStopped`` instead, once the running trials have ended, when a stop signal came or
+    a trial stopped, after passing the trials that never started to ``record_not_started``.
     """
-    from hpcsweep.train.stop import stop_signals_routed_to
+    from hpcsweep.control.stop import stop_signals_routed_to
 
     run = _LocalRun(trials, plan, context_file, starter)
     with stop_signals_routed_to(run.forwarder):
@@ -193,7 +179,7 @@ def run_local_trials(
             run.start_ready()
     if run.stopping:
         record_not_started(run.not_started())
-        raise run.stopped()
+        return run.stopped()
     return [job_return_of(trial, run.outcomes[trial.num]) for trial in trials]
 
 

@@ -37,7 +37,7 @@ from hpcsweep.files.sweep_record import (
 )
 from hpcsweep.sweep.budget import announce_local_budget
 from hpcsweep.sweep.fork_server import PRELOAD, TrialStarter, start_method_of
-from hpcsweep.sweep.hooks import SweepTrial, hook_of
+from hpcsweep.sweep.hooks import SweepStopped, SweepTrial, hook_of
 from hpcsweep.sweep.local_slots import LocalPlan, plan_local_run, trial_gpu_count, visible_gpu_ids
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 
@@ -138,7 +138,7 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     """
     from hpcsweep.sweep.local_pool import run_local_trials
     from hpcsweep.sweep.local_trial import write_sweep_context
-    from hpcsweep.train.stop import stop_signals_blocked
+    from hpcsweep.control.stop import stop_signals_blocked
 
     hook = hook_of(launcher.task_function)
     try:
@@ -161,13 +161,14 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
         # The trials run elsewhere: here the sweep's own config is Hydra's, for what the app says
         # about the whole sweep (a stop names the sweep dir to resume).
         HydraConfig.instance().set_config(copy.deepcopy(launcher.config))
-        try:
-            returns = hook.run_locally(
-                trials, lambda to_run: run_local_trials(to_run, plan, context_file, starter, record_not_started)
-            )
-        except SystemExit:  # a stop: the app says how to resume
-            log_where_to_look(sweep_dir)
-            raise
+
+        def run_trials(to_run: Sequence[SweepTrial]) -> list[JobReturn] | SweepStopped:
+            ran = run_local_trials(to_run, plan, context_file, starter, record_not_started)
+            if isinstance(ran, SweepStopped):  # before the line that says how to resume
+                log_where_to_look(sweep_dir)
+            return ran
+
+        returns = hook.run_locally(trials, run_trials)
     log.info("sweep done: %s", sweep_summary(returns))
     log_where_to_look(sweep_dir)
     return returns

@@ -145,36 +145,37 @@ def start_trial(
     return TrialProcess(num, process, outcome_file)
 
 
-class _StopBeforeStart(BaseException):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def let_held_stop_signals_in() -> None:
-    """Unblock the stop signals held since the process began; raise ``_StopBeforeStart`` for one of them.
+def let_held_stop_signals_in() -> str | None:
+    """Unblock the stop signals held since the process began; the reason of one that was held, else None.
 
     The signals stay blocked from the sweep's ``start_trial`` until here, so that one sent while
     this process imports means: do not start the trial. Afterwards their usual handlers apply
     (the app's own, once its task function installs them).
     """
-    from hpcsweep.train import stop
+    from hpcsweep.control import stop
+
+    held: list[str] = []
 
     def refuse(signum: int, frame: Any) -> None:
-        raise _StopBeforeStart(stop.stop_reason(signum))
+        held.append(stop.stop_reason(signum))
 
     with stop.stop_signals_routed_to(refuse):
-        stop.unblock_stop_signals()  # a held signal is handled in this call
+        stop.unblock_stop_signals()  # a held signal's handler runs in this call (CPython checks signals here)
+    return held[0] if held else None
 
 
 def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
-    """Run the trial of ``spec`` in this process as Hydra's basic launcher does; how it ended."""
+    """Run the trial of ``spec`` in this process as Hydra's basic launcher does; how it ended.
+
+    An app that returns a ``hpcsweep.control.outcome.Outcome`` whose process must leave (hpcsweep's,
+    after a stop) has stopped: its message and exit code (``hpcsweep.control.exit_codes``) go to the sweep.
+    """
     from hydra._internal.core_plugins.basic_launcher import BasicLauncher
     from hydra.core.singleton import Singleton
 
+    from hpcsweep.control import exit_codes, stop
+    from hpcsweep.control.outcome import leaving_outcome
     from hpcsweep.search.trial_slot import search_slot
-    from hpcsweep.sweep.resume_hint import CommandStopped
-    from hpcsweep.train import stop
 
     with open(spec["context_file"], "rb") as handle:
         hydra_context, config, task_function, singleton_state = pickle.load(handle)
@@ -182,18 +183,20 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     launcher = BasicLauncher()
     launcher.setup(hydra_context=hydra_context, task_function=task_function, config=config)
     num = int(spec["num"])
+    refused = let_held_stop_signals_in()
+    if refused is not None:
+        return NotStarted(refused)
     try:
-        let_held_stop_signals_in()
         # A search's slot runs with the parameters its study chooses now (the overrides as they are otherwise).
         with search_slot(config, list(spec["overrides"]), num) as slot:
             (job_return,) = launcher.launch([slot.overrides], num)
-            slot.ran(job_return)
-    except _StopBeforeStart as refused:
-        return NotStarted(refused.reason)
-    except CommandStopped as stopped:
-        return Stopped(stopped.what, int(stopped.code))
+            stopped = leaving_outcome(job_return)
+            if stopped is None:  # a stopped trial has not ended: its study trial stays RUNNING
+                slot.ran(job_return)
     except KeyboardInterrupt:  # an app without stop handlers, interrupted
-        return Stopped(f"{stop.INTERRUPTED}: trial #{num} was interrupted", stop.EXIT_INTERRUPTED)
+        return Stopped(f"{stop.INTERRUPTED}: trial #{num} was interrupted", exit_codes.EXIT_INTERRUPTED)
+    if stopped is not None:
+        return Stopped(stopped.message, exit_codes.carry_out(stopped))
     return Returned(job_return)
 
 

@@ -6,27 +6,9 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 RUN_DIR_KEY = "hydra.run.dir"
 SWEEP_DIR_KEY = "hydra.sweep.dir"
-
-
-class CommandStopped(SystemExit):
-    """The command stopped (Ctrl-C or a stop signal); ``line`` says what happened and how to resume.
-
-    A ``SystemExit``, so Hydra's job runner and launchers let it through; ``python -m hpcsweep``
-    prints ``line`` and exits with ``code``. ``what`` is the line without the resume command (a
-    local sweep's trial process sends it to the sweep, which names the command once).
-    """
-
-    def __init__(self, line: str, code: int, what: str | None = None) -> None:
-        super().__init__(code)
-        self.line = line
-        self.what = line if what is None else what
-
-    def __str__(self) -> str:
-        return self.line
 
 
 def shown_dir(directory: str, cwd: str) -> str:
@@ -55,7 +37,7 @@ def this_trial() -> str:
     return f"trial #{hydra_config.job.num}" if hydra_config.mode == RunMode.MULTIRUN else "the trial"
 
 
-def stopped_command(what: str, code: Any) -> CommandStopped:
+def stopped_line(what: str) -> str:
     """``what`` and the command that resumes this run or sweep, as the one line the command prints.
 
     Inside a Slurm job the command line is the job's, not the user's: no resume command then.
@@ -66,11 +48,11 @@ def stopped_command(what: str, code: Any) -> CommandStopped:
     from hpcsweep.slurm.env import slurm_job_env
 
     if slurm_job_env(os.environ) is not None:
-        return CommandStopped(what, int(code))
+        return what
     hydra_config = HydraConfig.get()
     if hydra_config.mode == RunMode.MULTIRUN:
         key, directory = SWEEP_DIR_KEY, str(hydra_config.sweep.dir)
     else:
         key, directory = RUN_DIR_KEY, str(hydra_config.run.dir)
     command = resume_command(sys.argv[1:], key, shown_dir(directory, os.getcwd()))
-    return CommandStopped(f"{what}; resume with: {command}", int(code), what)
+    return f"{what}; resume with: {command}"

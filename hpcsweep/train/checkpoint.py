@@ -1,6 +1,7 @@
 """Checkpoints: sharded, written in the background, renamed into place whole, kept as ``newest + top-k``.
 
-A checkpoint is a directory ``checkpoints/stepNNNNNNNN-valLOSS.pt/``:
+A checkpoint is a directory ``checkpoints/stepNNNNNNNN-valLOSS.pt/`` when the trial evaluated at that
+step (LOSS is that step's validation loss), else ``checkpoints/stepNNNNNNNN.pt/``:
 
 - ``model/``: the weights, a DCP checkpoint (``hpcsweep.train.checkpoint_store``): every rank
   writes its share, each rank reads what it needs.
@@ -34,7 +35,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-from hpcsweep.train.checkpoint_store import PAUSE_VAR, CheckpointStore, DcpStore, check_complete
+from hpcsweep.train import fault
+from hpcsweep.train.checkpoint_store import CheckpointStore, DcpStore, check_complete
 from hpcsweep.train.distributed import WorldInfo, broadcast_object
 from hpcsweep.train.rng_state import rng_state, set_rng_state
 
@@ -46,7 +48,8 @@ DONE_STATUSES = ("completed", "stopped_early", "pruned")
 """The statuses of a trial that has ended for good: running its trial dir again trains nothing."""
 TRAINER_FILE, WEIGHTS_DIR, RESUME_DIR = "trainer.pt", "model", "resume"
 TEMP_PREFIX = ".tmp-"
-_NAME = re.compile(r"^step(\d{8})-val([0-9.e+-]+|inf|nan)\.pt$")
+# Names from before ``stepNNNNNNNN.pt`` (``-valinf``, or a loss of an earlier step) still parse: they resume.
+_NAME = re.compile(r"^step(\d{8})(?:-val([0-9.e+-]+|inf|nan))?\.pt$")
 _OLD_TEMP = re.compile(r"^\.step\d{8}-val.*\.pt\.tmp\d+$")
 """The temp file of a one-file save (old format), left behind when the save was killed."""
 
@@ -56,15 +59,19 @@ class CheckpointError(RuntimeError):
 
 
 def checkpoint_name(step: int, val_loss: float | None) -> str:
-    """The name of a checkpoint; it carries the val loss so top-k needs no file reads."""
-    val = math.inf if val_loss is None else val_loss
-    return f"step{step:08d}-val{val:.6f}.pt" if math.isfinite(val) else f"step{step:08d}-val{val}.pt"
+    """The name of a checkpoint; it carries the val loss of ``step`` (None: not evaluated at that step),
+    so top-k needs no file reads."""
+    if val_loss is None:
+        return f"step{step:08d}.pt"
+    return f"step{step:08d}-val{val_loss:.6f}.pt" if math.isfinite(val_loss) else f"step{step:08d}-val{val_loss}.pt"
 
 
 def parse_name(name: str) -> tuple[int, float] | None:
-    """``(step, val_loss)`` of a checkpoint name, or None for any other file."""
+    """``(step, val_loss)`` of a checkpoint name (``inf`` when it has none), or None for any other file."""
     match = _NAME.match(name)
-    return (int(match.group(1)), float(match.group(2))) if match else None
+    if not match:
+        return None
+    return int(match.group(1)), math.inf if match.group(2) is None else float(match.group(2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +214,8 @@ class CheckpointManager:
             for name in remove_stale_temp(directory):
                 log.warning("removed %s, left by a save that did not finish", directory / name)
         self.store = store or DcpStore(
-            world.world_size, pin_memory=world.device.type == "cuda", pause=os.environ.get(PAUSE_VAR)
+            world.world_size, pin_memory=world.device.type == "cuda",
+            pause=fault.save_pause(os.environ, directory.parent, world.rank),
         )
         self._pending: _PendingSave | None = None
         self._closed = False

@@ -9,11 +9,8 @@ in the save's collectives, so rank 0 decides and the ranks agree through one all
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-SIGNAL_DELAY_VAR = "HPCSWEEP_SIGNAL_DELAY_S"
-"""Environment variable carrying the launcher's ``signal_delay_s`` into the trial: how long before
-the time limit the stop signal comes, i.e. how long a stop may take to save."""
 SLOW_SAVE_FRACTION = 0.5
 """Warn when finishing a step and saving would take this share of ``signal_delay_s`` or more:
 the save at a stop takes longer than a periodic one when the file system is busy."""
@@ -59,12 +56,6 @@ class SaveSchedule:
     def saved(self) -> None:
         """A save began now: the minutes count from here."""
         self.last_save = self.clock()
-
-
-def signal_delay_from_env(env: Mapping[str, str]) -> int | None:
-    """The launcher's ``signal_delay_s`` (None outside Slurm, or when the launcher did not say)."""
-    raw = env.get(SIGNAL_DELAY_VAR, "").strip()
-    return int(raw) if raw.isdigit() else None
 
 
 def first_save_message(save_s: float, step_s: float, size_bytes: int, signal_delay_s: int | None) -> tuple[bool, str]:

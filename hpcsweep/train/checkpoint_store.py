@@ -18,9 +18,7 @@ classes DCP's metadata is made of, as ``torch.load(weights_only=True)`` does for
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import threading
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,10 +31,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 log = logging.getLogger(__name__)
-
-PAUSE_VAR = "HPCSWEEP_TEST_PAUSE_IN_SAVE"
-"""Test hook: ``STEP:MARKER`` makes rank 0 stop inside the save of checkpoint STEP, after its
-shard is written and before the index is, touch MARKER and wait there for ever (a test kills it)."""
 
 _METADATA_CLASSES = {
     ("torch.distributed.checkpoint.metadata", name)
@@ -82,7 +76,7 @@ class SafeFileSystemReader(dcp.FileSystemReader):
 
 
 class _PausingWriter(dcp.FileSystemWriter):
-    """A writer that runs ``pause`` once this rank's shard is written (the test hook)."""
+    """A writer that runs ``pause`` once this rank's shard is written (``HPCSWEEP_FAULT=hang_in_save``)."""
 
     def __init__(self, path: Path, pause: Callable[[], None]) -> None:
         super().__init__(path)
@@ -142,7 +136,9 @@ class DcpStore:
     itself). ``pin_memory`` stages into pinned memory, reused from save to save (CUDA).
     """
 
-    def __init__(self, world_size: int, *, pin_memory: bool, pause: str | None = None) -> None:
+    def __init__(
+        self, world_size: int, *, pin_memory: bool, pause: tuple[int, Callable[[], None]] | None = None
+    ) -> None:
         self.group = dist.new_group(backend="gloo") if world_size > 1 else None
         if self.group is None:
             # DCP warns on every save and load of a single process, which is what no_dist asks for.
@@ -150,7 +146,7 @@ class DcpStore:
         self.rank = dist.get_rank() if world_size > 1 else 0
         self._stager = DefaultStager(StagingOptions(pin_memory, False, False, False))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcsweep-checkpoint")
-        self._pause_at = _parse_pause(pause)
+        self._pause_at = pause
 
     def stage(self, state: Mapping[str, Any]) -> dict[str, Any]:
         return self._stager.stage(dict(state))
@@ -176,22 +172,8 @@ class DcpStore:
         self._stager.close()
 
     def _writer(self, directory: Path, step: int) -> dcp.FileSystemWriter:
-        if self._pause_at is None or self._pause_at[0] != step or self.rank != 0:
+        if self._pause_at is None or self._pause_at[0] != step:
             return dcp.FileSystemWriter(directory)
-        marker = self._pause_at[1]
-
-        def pause() -> None:
-            log.warning("test hook %s: pausing inside the save of step %d", PAUSE_VAR, step)
-            marker.write_text(str(os.getpid()))
-            threading.Event().wait()
-
-        return _PausingWriter(directory, pause)
+        return _PausingWriter(directory, self._pause_at[1])
 
 
-def _parse_pause(raw: str | None) -> tuple[int, Path] | None:
-    if not raw:
-        return None
-    step, _, marker = raw.partition(":")
-    if not step.isdigit() or not marker:
-        raise ValueError(f"{PAUSE_VAR}={raw!r}: expected STEP:MARKER_PATH")
-    return int(step), Path(marker)

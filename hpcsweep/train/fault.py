@@ -1,10 +1,17 @@
-"""``HPCSWEEP_FAULT``: inject one crash or hang into a trial, to test that a cluster fails fast and retries.
+"""``HPCSWEEP_FAULT``: inject one fault into a trial, to test that a cluster fails fast, retries, stops and resumes.
 
-    HPCSWEEP_FAULT=crash,step=5,rank=3   rank 3 dies of SIGSEGV after step 5 (a worker crash: retried)
-    HPCSWEEP_FAULT=hang,step=5,rank=1    rank 1 stops making progress after step 5 (a hang: retried)
+    HPCSWEEP_FAULT=crash,step=5,rank=3          rank 3 dies of SIGSEGV after step 5 (a worker crash: retried)
+    HPCSWEEP_FAULT=hang,step=5,rank=1           rank 1 stops making progress after step 5 (a hang: retried)
+    HPCSWEEP_FAULT=stop,step=5,rank=0           a stop request after step 5, as a stop signal would make
+                                                (every rank saves and stops; the runner decides what follows)
+    HPCSWEEP_FAULT=hang_in_save,step=6,rank=0   rank 0 stops for ever inside the save of step 6, after its
+                                                shard is written and before the checkpoint is complete
+                                                (a save killed half-way, once the process is killed)
 
-The fault fires once per trial dir: the rank writes a marker file into the trial dir first, so the
-retry of the trial runs clean. Parsing is pure (``parse_fault``); the step hook is ``fault_hooks``.
+The fault fires once per trial dir: the rank writes a marker file into the trial dir first
+(``fault_injected.txt``, which also tells a test that the fault has fired), so the retry or resume of
+the trial runs clean. Parsing is pure (``parse_fault``); the step hook is ``fault_hooks``, the save's
+pause ``save_pause``.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ log = logging.getLogger(__name__)
 FAULT_VAR = "HPCSWEEP_FAULT"
 MARKER_FILE = "fault_injected.txt"
 """In the trial dir once the fault has fired: it never fires there again."""
-KINDS = ("crash", "hang")
+KINDS = ("crash", "hang", "stop", "hang_in_save")
+STOP_REASON = "fault"
+"""The stop reason of ``stop``: not a signal's, so under Slurm the runner requeues as after a time limit."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """Which fault to inject (``crash`` or ``hang``), after which step, on which global rank."""
+    """Which fault to inject (one of ``KINDS``), at which step, on which global rank."""
 
     kind: str
     step: int
@@ -86,26 +95,50 @@ def _hang() -> None:
     threading.Event().wait()
 
 
+def _stop() -> None:
+    from hpcsweep.control.stop import STOP_REQUESTED
+
+    STOP_REQUESTED.set(STOP_REASON)
+
+
+def _fire_once(fault: Fault, marker: Path, rank: int, step: int) -> bool:
+    """Write the marker and say so in the log, unless the fault fired in this trial dir before."""
+    if marker.exists():
+        return False
+    marker.write_text(f"{fault.describe()}\n")
+    log.warning("%s=%s: injecting a %s on rank %d at step %d", FAULT_VAR, fault.describe(), fault.kind, rank, step)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    return True
+
+
 def fault_hooks(
     env: Mapping[str, str], trial_dir: Path, rank: int, fire: Mapping[str, Callable[[], None]] | None = None
 ) -> list[Callable[[Any, int], None]]:
     """A step hook that injects ``HPCSWEEP_FAULT`` on its rank after its step, unless it already fired
     in ``trial_dir``; no hook without the variable or on other ranks. ``fire`` replaces the faults (tests)."""
     fault = fault_from_env(env)
-    if fault is None or fault.rank != rank:
+    if fault is None or fault.rank != rank or fault.kind == "hang_in_save":
         return []
-    actions = dict(fire or {"crash": _crash, "hang": _hang})
+    actions = dict(fire or {"crash": _crash, "hang": _hang, "stop": _stop})
     marker = trial_dir / MARKER_FILE
 
     def inject(trainer: Any, step: int) -> None:
-        if step != fault.step or marker.exists():
-            return
-        marker.write_text(f"{fault.describe()}\n")
-        log.warning(
-            "%s=%s: injecting a %s on rank %d after step %d", FAULT_VAR, fault.describe(), fault.kind, rank, step
-        )
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        actions[fault.kind]()
+        if step == fault.step and _fire_once(fault, marker, rank, step):
+            actions[fault.kind]()
 
     return [inject]
+
+
+def save_pause(env: Mapping[str, str], trial_dir: Path, rank: int) -> tuple[int, Callable[[], None]] | None:
+    """``(step, pause)`` for ``hang_in_save`` on this rank: the checkpoint store calls ``pause`` inside the
+    save of ``step``, once this rank's shard is written; None for any other fault or rank."""
+    fault = fault_from_env(env)
+    if fault is None or fault.rank != rank or fault.kind != "hang_in_save":
+        return None
+
+    def pause() -> None:
+        if _fire_once(fault, trial_dir / MARKER_FILE, rank, fault.step):
+            threading.Event().wait()
+
+    return fault.step, pause

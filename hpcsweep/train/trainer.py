@@ -29,7 +29,7 @@ from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.train import data, gpu_choices, metrics, model, optim
 from hpcsweep.train.checkpoint import CheckpointManager
-from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message, signal_delay_from_env
+from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,
@@ -37,14 +37,10 @@ from hpcsweep.train.distributed import (
     mean_over_ranks,
     node_name,
 )
-from hpcsweep.train.stop import EXIT_REQUEUE, STOP_REQUESTED, StopRequest
+from hpcsweep.control.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from hpcsweep.control.stop import STOP_REQUESTED, StopRequest
 
 log = logging.getLogger(__name__)
-
-EXIT_OK = 0
-"""The trial completed, stopped early, or was already done."""
-EXIT_FAILED = 1
-"""The trial raised; metrics.json says ``failed`` and holds the error."""
 
 StepHook = Callable[["Trainer", int], None]
 """Called on every rank after each optimizer step with the number of steps done."""
@@ -67,9 +63,11 @@ class Trainer:
         stop_event: StopRequest = STOP_REQUESTED,
         hooks: Sequence[StepHook] = (),
         restarts: int = 0,
+        signal_delay_s: int | None = None,
+        search_trial: Path | None = None,
     ) -> None:
         self.cfg, self.world, self.trial_dir = cfg, world, trial_dir
-        self.stop_event, self.hooks = stop_event, tuple(hooks)
+        self.stop_event, self.hooks, self.signal_delay_s = stop_event, tuple(hooks), signal_delay_s
         tcfg = cfg.trainer
         self.is_writer = world.rank == metrics.logging_rank(world.world_size)
         self.device_facts = gpu_choices.device_facts(world.device)
@@ -81,12 +79,14 @@ class Trainer:
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        # Buffers (rotary tables, the routing bias) never change: no broadcast.
+        # Buffers (rotary tables, the routing bias) never change: no sync before each forward. They are
+        # equal on every rank from the start, so the sync at construction changes nothing; the older
+        # spelling, broadcast_buffers=False, filled every worker's log with a deprecation warning.
         find_unused = gpu_choices.find_unused_parameters(
             self.choices.deterministic, (name for name, _ in self.model.named_parameters())
         )
         self.ddp_model = (
-            DistributedDataParallel(self.model, broadcast_buffers=False, find_unused_parameters=find_unused)
+            DistributedDataParallel(self.model, forward_sync_buffers=False, find_unused_parameters=find_unused)
             if world.is_distributed
             else self.model
         )
@@ -111,8 +111,9 @@ class Trainer:
         self.step_seconds = 0.0
         self.first_save_logged = False
         self.val_loss: float | None = None
+        self.evaluated_at: int | None = None
         # A search trial reports each evaluation to its study, which may prune it.
-        self.pruning = pruning_reporter(os.environ)
+        self.pruning = pruning_reporter(search_trial)
         self.report = metrics_file.new_report(
             max_steps=tcfg.max_steps, world_size=world.world_size, restarts=restarts, env=os.environ
         )
@@ -146,7 +147,8 @@ class Trainer:
         self.save_schedule.saved()
         self.ckpt.save(
             model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
-            step=self.step, val_loss=self.val_loss, wait=wait,
+            # A checkpoint's name carries the loss of its own step, not of the last evaluation before it.
+            step=self.step, val_loss=self.val_loss if self.evaluated_at == self.step else None, wait=wait,
         )
 
     def log_first_save(self) -> None:
@@ -156,7 +158,7 @@ class Trainer:
         self.first_save_logged = True
         if self.is_writer:
             save_s, size = self.ckpt.first_save
-            warn, line = first_save_message(save_s, self.step_seconds, size, signal_delay_from_env(os.environ))
+            warn, line = first_save_message(save_s, self.step_seconds, size, self.signal_delay_s)
             log.log(logging.WARNING if warn else logging.INFO, "%s", line)
 
     def resume(self) -> bool:
@@ -258,10 +260,12 @@ class Trainer:
                 # The reason is known on the ranks that saw the signal or stop file, maybe not on rank 0.
                 reasons = all_gather_objects(self.world, self.stop_event.reason)
                 reason = next((r for r in reasons if r), None)
-                log.info("stop requested (%s): saved at step %d, exiting for requeue", reason, self.step)
+                # Whether the trial is requeued is its runner's decision, not this worker's (a local stop never is).
+                log.info("stop requested (%s): saved at step %d, stopped", reason, self.step)
+                self.report_speed_if_unlogged()
                 self.write_report(last_stop_reason=reason)
                 self.stop_event.clear()
-                return EXIT_REQUEUE
+                return EXIT_STOPPED
         return self.finish("completed")
 
     def log_train(self, loss: torch.Tensor, grad_norm: torch.Tensor, steps_per_s: float) -> None:
@@ -284,7 +288,7 @@ class Trainer:
 
     def log_eval(self, val_loss: float) -> bool:
         """Report a validation loss; True when early stopping says stop."""
-        self.val_loss = val_loss
+        self.val_loss, self.evaluated_at = val_loss, self.step
         stop = self.early.update(val_loss)
         self.logger.log({"val/loss": val_loss, "hparams/best_val_loss": self.early.best}, self.step)
         self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
@@ -308,10 +312,24 @@ class Trainer:
             log.info("step %d: pruned by the search's pruner", self.step)
         return prune
 
+    def report_speed_if_unlogged(self) -> None:
+        """Give metrics.json a ``tokens_per_s`` when no log window ended in this run (it stopped first).
+
+        Measured over the steps this run did; a run that did none says so in ``tokens_per_s_unknown``.
+        """
+        if self.report.get("tokens_per_s") is not None:
+            return
+        if self.step_seconds > 0:
+            self.report.update(tokens_per_s=self.tokens_per_step / self.step_seconds,
+                               tokens_per_s_over="the steps before the stop: no log window ended")
+        else:
+            self.report.update(tokens_per_s_unknown="stopped before its first step")
+
     def finish(self, status: str) -> int:
         """Save the final checkpoint and report the final weights (hashed on the one rank that reports)."""
         self.save(status, wait=True)
         self.log_first_save()
+        self.report_speed_if_unlogged()
         if self.is_writer:
             self.report.update(status=status, weights_sha256=metrics.weights_sha256(self.model.state_dict()))
         self.write_report()

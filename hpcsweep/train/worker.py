@@ -1,4 +1,4 @@
-"""The worker entry torchrun runs: ``python -m hpcsweep.train TRIAL_DIR``.
+"""The worker entry torchrun runs: ``python -m hpcsweep.train TRIAL_DIR ATTEMPT_FILE``.
 
 Wiring only: read and validate ``TRIAL_DIR/config.yaml``, export what CUDA must see before its
 first cuBLAS call (``CUBLAS_WORKSPACE_CONFIG`` for a deterministic trial), join the process group,
@@ -9,9 +9,9 @@ nodes.
 
 Stops: as a torchrun worker (``main``), USR2, SIGTERM and SIGINT (a terminal's Ctrl-C reaches
 every worker) set ``STOP_REQUESTED`` (see ``hpcsweep.trial.preempt``), and so does this node's stop file, which the runner writes when it is
-signalled. Test hook: ``HPCSWEEP_TEST_STOP_AT_STEP=k`` sets ``STOP_REQUESTED`` after step k,
-exactly as a preemption signal handler would, so tests exercise the real save-and-requeue path.
-``HPCSWEEP_FAULT`` injects a crash or a hang once per trial dir (``hpcsweep.train.fault``).
+signalled. ``HPCSWEEP_FAULT`` injects a crash, a hang, a stop request (``stop``: exactly as a stop
+signal handler would, so tests exercise the real save-and-requeue path) or a save that never ends,
+once per trial dir (``hpcsweep.train.fault``).
 
 For the runner's failure handling and hang watchdog, a worker leaves its progress, its Python
 stacks and its traceback in the node's worker dir (``hpcsweep.train.worker_records``).
@@ -25,7 +25,6 @@ import os
 import sys
 import traceback
 import typing
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,10 @@ import torch
 import yaml
 
 from hpcsweep.config import TrainerConfig, TrialConfig, trial_config_from_dict
+from hpcsweep.control import stop
 from hpcsweep.files import metrics_file
-from hpcsweep.train import fault, gpu_choices, stop, worker_records
+from hpcsweep.files.attempt_file import read_attempt
+from hpcsweep.train import fault, gpu_choices, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
     GpusNotUsable,
@@ -48,13 +49,12 @@ from hpcsweep.train.distributed import (
 from hpcsweep.train.trainer import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_REQUEUE,
+    EXIT_STOPPED,
     STOP_REQUESTED,
-    StepHook,
     Trainer,
 )
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REQUEUE", "STOP_REQUESTED", "main", "run_trial"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
 # What a resumed run keeps of the last one's metrics.json: how it stopped, and every failure so far.
 CARRIED = ("last_stop_reason", "stop_to_exit_s", "failures")
@@ -72,12 +72,17 @@ def setup_logging(trial_dir: Path, rank: int) -> None:
     )
 
 
-def run_trial(trial_dir: Path) -> int:
-    """Train (or resume) the trial in ``trial_dir``; returns the process exit code."""
+def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
+    """Train (or resume) the trial in ``trial_dir``; returns the process exit code.
+
+    ``attempt_file`` is what this node's runner wrote for its workers (``hpcsweep.files.attempt_file``);
+    None for a worker started without one.
+    """
     trial_dir = Path(trial_dir)
+    attempt = read_attempt(attempt_file)
     rank, local_rank, _ = ranks_from_env(os.environ)
     setup_logging(trial_dir, rank)
-    records = worker_records.worker_dir_from_env(os.environ)
+    records = attempt.worker_dir
     if records is not None:
         worker_records.write_progress(records, rank=rank, local_rank=local_rank, node=node_name(os.environ), step=0)
     cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
@@ -97,19 +102,19 @@ def run_trial(trial_dir: Path) -> int:
     trainer = None
     try:
         hooks = [
-            *stop_at_step_hooks(os.environ),
-            *stop.stop_file_hooks(os.environ, STOP_REQUESTED),
+            *stop.stop_file_hooks(attempt.stop_file, STOP_REQUESTED),
             # The fault before the progress record: a hung rank's last step is one behind the others'.
             *fault.fault_hooks(os.environ, trial_dir, rank),
             *worker_records.progress_hooks(records, rank=rank, local_rank=local_rank, node=node_name(os.environ)),
         ]
-        trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts)
+        trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts,
+                          signal_delay_s=attempt.signal_delay_s, search_trial=attempt.search_trial)
         # Why and how fast the last run stopped, and its failures, stay on record after the resume.
         trainer.report.update({k: previous[k] for k in CARRIED if previous and k in previous})
         trainer.resume()
         code = trainer.fit()
         trainer.close()
-        # torchrun kills the other workers as soon as one exits non-zero (EXIT_REQUEUE): leave
+        # torchrun kills the other workers as soon as one exits non-zero (EXIT_STOPPED): leave
         # together, after rank 0 has written the checkpoint, metrics.json and TensorBoard events.
         barrier(world)
         # Everything is saved: from here torchrun's SIGTERM (sent once a first worker has exited)
@@ -147,32 +152,20 @@ def cuda_env_for(tcfg: TrainerConfig) -> dict[str, str]:
     return gpu_choices.cuda_env(deterministic, device_type, os.environ)
 
 
-def stop_at_step_hooks(env: Mapping[str, str]) -> list[StepHook]:
-    """The ``HPCSWEEP_TEST_STOP_AT_STEP`` hook, when that variable is set."""
-    if "HPCSWEEP_TEST_STOP_AT_STEP" not in env:
-        return []
-    stop_at = int(env["HPCSWEEP_TEST_STOP_AT_STEP"])
-
-    def request_stop(trainer: Trainer, step: int) -> None:
-        if step == stop_at:
-            STOP_REQUESTED.set("test_hook")
-
-    return [request_stop]
-
-
 def main(argv: list[str] | None = None) -> typing.NoReturn:
-    """``python -m hpcsweep.train TRIAL_DIR``: train, then exit the process with the trial's exit code."""
+    """``python -m hpcsweep.train TRIAL_DIR [ATTEMPT_FILE]``: train, then exit the process with the trial's exit code."""
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.train", description=__doc__.splitlines()[0])
     parser.add_argument("trial_dir", type=Path, help="directory holding config.yaml")
+    parser.add_argument("attempt_file", type=Path, nargs="?", help="what this node's runner wrote for its workers")
     args = parser.parse_args(argv)
-    records = worker_records.worker_dir_from_env(os.environ)
+    records = read_attempt(args.attempt_file).worker_dir
     stacks = None if records is None else worker_records.enable_stack_dumps(records, ranks_from_env(os.environ)[1])
     try:
         with stop.stop_signals_handled(STOP_REQUESTED.set):
             # The runner starts workers with the stop signals blocked: one that came during imports
             # is delivered here, to the handler.
             stop.unblock_stop_signals()
-            code = run_trial(args.trial_dir)
+            code = run_trial(args.trial_dir, args.attempt_file)
     finally:
         if stacks is not None:
             worker_records.disable_stack_dumps(stacks)

@@ -1,7 +1,7 @@
 """What each worker leaves for its node's runner: step progress, Python stacks, its traceback.
 
-The runner of node N exports ``HPCSWEEP_WORKER_DIR=TRIAL_DIR/workers/nodeN`` (emptied before each
-run); each worker writes there, under its local rank:
+The runner of node N names ``TRIAL_DIR/workers/nodeN`` (emptied before each run) in the node's
+attempt file (``hpcsweep.files.attempt_file``); each worker writes there, under its local rank:
 
 - ``localL.progress.json``: its pid, global rank, node and last finished step, rewritten after
   every step. The runner's hang watchdog reads how long ago a step finished, and whom to signal.
@@ -9,7 +9,7 @@ run); each worker writes there, under its local rank:
   SIGBUS, SIGABRT, ...) and whenever the worker gets ``STACKS_SIGNAL``; a hang shows here.
 - ``localL.error.txt``: the traceback of the exception that ended the worker.
 
-Without the variable (a worker run by hand, the in-process trial) nothing is written.
+Without a runner (a worker run by hand) nothing is written.
 """
 
 from __future__ import annotations
@@ -19,22 +19,14 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from hpcsweep.files.atomic import atomic_write_json
 
-WORKER_DIR_VAR = "HPCSWEEP_WORKER_DIR"
-"""Environment variable naming the directory where this node's workers leave their records."""
-
 STACKS_SIGNAL = signal.SIGQUIT
 """Makes a worker write every thread's Python stack: not a stop signal, and not USR1, which NCCL may catch."""
-
-
-def worker_dir_for(trial_dir: Path, node_rank: int) -> Path:
-    """The directory node ``node_rank``'s workers write their records to."""
-    return trial_dir / "workers" / f"node{node_rank}"
 
 
 def progress_path(worker_dir: Path, local_rank: int) -> Path:
@@ -47,12 +39,6 @@ def stacks_path(worker_dir: Path, local_rank: int) -> Path:
 
 def error_path(worker_dir: Path, local_rank: int) -> Path:
     return worker_dir / f"local{local_rank}.error.txt"
-
-
-def worker_dir_from_env(env: Mapping[str, str]) -> Path | None:
-    """This node's worker dir, or None when the runner set none."""
-    raw = env.get(WORKER_DIR_VAR)
-    return Path(raw) if raw else None
 
 
 def write_progress(worker_dir: Path, *, rank: int, local_rank: int, node: str, step: int) -> None:

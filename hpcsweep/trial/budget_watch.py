@@ -24,22 +24,24 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpcsweep.config import TrialConfig
+from hpcsweep.control.stop import BUDGET, write_stop_file
 from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import SWEEP_FILE, SweepRecord, read_sweep_record
-from hpcsweep.files.trial_files import METRICS_FILE
+from hpcsweep.files.trial_files import METRICS_FILE, TrialFiles
 from hpcsweep.files.usage_file import USAGE_FILE, start_run, touch_run
 from hpcsweep.files.wait import wait_for
 from hpcsweep.results.budget import budget_reached, query_sweep_usage
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.usage import Usage
-from hpcsweep.train.stop import BUDGET, stop_file_for, write_stop_file
 from hpcsweep.trial.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
 
 POLL_VAR = "HPCSWEEP_BUDGET_POLL_S"
-"""Seconds between two looks at the sweep's spending (default ``DEFAULT_POLL_S``)."""
+"""Seconds between two looks at the sweep's spending (default ``DEFAULT_POLL_S``): a site's setting, in the
+environment of the login node and the jobs, since each look is one ``sacct`` call on the site's controller
+(and the login node's budget horizon must match the trials' look)."""
 DEFAULT_POLL_S = 60.0
 ARRAY_JOB_VAR = "SLURM_ARRAY_JOB_ID"
 """Set in a Slurm array task: a trial of a sweep, whose ``sweep.json`` may not be written yet."""
@@ -115,7 +117,7 @@ def stop_running_trials(sweep_dir: Path, record: SweepRecord) -> None:
     """
     for trial_dir in _trial_dirs(sweep_dir, record):
         if (read_metrics(trial_dir / METRICS_FILE) or {}).get("status") == "running":
-            write_stop_file(stop_file_for(trial_dir, 0), BUDGET)
+            write_stop_file(TrialFiles(trial_dir).stop_file(0), BUDGET)
 
 
 def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float, starting_units: int = 0) -> bool:

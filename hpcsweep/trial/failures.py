@@ -24,11 +24,11 @@ from typing import Any, Literal
 from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import now_iso
-from hpcsweep.files.trial_files import METRICS_FILE
+from hpcsweep.files.trial_files import METRICS_FILE, TrialFiles
 from hpcsweep.files.wait import wait_for
 from hpcsweep.slurm.cluster_info import parse_fields
 from hpcsweep.slurm.env import SlurmJobEnv, expand_nodelist
-from hpcsweep.train import stop, worker_records
+from hpcsweep.control import stop
 from hpcsweep.trial.failure_class import (
     Failure,
     classify_exit_code,
@@ -39,26 +39,12 @@ from hpcsweep.trial.failure_class import (
 
 log = logging.getLogger(__name__)
 
-MAX_RETRIES_VAR = "HPCSWEEP_MAX_RETRIES"
-"""Environment variable carrying ``hydra.launcher.max_retries`` into the trial."""
-DEFAULT_MAX_RETRIES = 2
 
 # How long a failed node waits for the other nodes' reports before choosing the root cause, and
 # how long the nodes that did not claim the decision wait for it to be carried out.
 REPORT_WAIT_S = 5.0
 DECISION_WAIT_S = 30.0
 TRACEBACK_LINES = 60
-
-
-class TrialRetried(SystemExit):
-    """Leave after an infrastructure failure whose retry is queued, without a result for Hydra or submitit."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(stop.EXIT_REQUEUE)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,16 +59,6 @@ class WorkerExit:
 
 
 # ----- pure decisions ---------------------------------------------------------------------------
-
-
-def max_retries_from_env(env: Mapping[str, str]) -> int:
-    """``hydra.launcher.max_retries`` from ``HPCSWEEP_MAX_RETRIES`` (default 2)."""
-    raw = env.get(MAX_RETRIES_VAR, "").strip()
-    if not raw:
-        return DEFAULT_MAX_RETRIES
-    if not raw.isdigit():
-        raise ValueError(f"{MAX_RETRIES_VAR}={raw!r} is not allowed: a whole number >= 0")
-    return int(raw)
 
 
 def tail(text: str, lines: int = TRACEBACK_LINES) -> str:
@@ -255,9 +231,10 @@ def settle_failure(
     fields for a trial that failed before it reported anything. A ``fail`` decision's message is
     the trial's error, traceback included.
     """
-    workers_dir = worker_records.worker_dir_for(trial_dir, node_rank).parent
+    files = TrialFiles(trial_dir)
+    workers_dir = files.workers_dir
     atomic_write_json(
-        worker_records.worker_dir_for(trial_dir, node_rank) / "failure.json",
+        files.worker_dir(node_rank) / "failure.json",
         [dataclasses.asdict(f) for f in failures],
     )
     wait_for(lambda: len(list(workers_dir.glob("node*/failure.json"))) >= nnodes or None, REPORT_WAIT_S)

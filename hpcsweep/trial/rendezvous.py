@@ -4,9 +4,9 @@ Inside a Slurm job the head node is the first host of the job's nodelist and the
 from the job id, so every node of a trial computes the same rendezvous without talking to the
 others. Outside Slurm the trial runs on one node at 127.0.0.1.
 
-Resolving a node *name* to an address is left to the caller: :func:`master_address` returns
-``HPCSWEEP_HEAD_ADDR`` when set (the local test cluster runs every "node" on one host, where
-``node3`` is not in DNS), else the head node name, which torchrun resolves itself.
+Resolving a node *name* to an address is left to the caller: the runner dials the name through DNS,
+or the controller's ``NodeAddr`` for it where DNS does not know it (the local test cluster runs every
+"node" on one host, where ``node3`` is not in DNS).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from 32768 (``net.ipv4.ip_local_port_range``); NCCL and gloo open many outgoing 
 so a rendezvous port inside that range could already be taken by one of them."""
 DEFAULT_LOCAL_PORT = 29500
 """Port outside Slurm when ``MASTER_PORT`` is not set (torchrun's own default)."""
-HEAD_ADDR_VAR = "HPCSWEEP_HEAD_ADDR"
-"""Environment variable that overrides the head node's address."""
 
 
 @dataclass(frozen=True)
@@ -92,12 +90,6 @@ def rendezvous_port(job_id: str, task_id: str | None) -> int:
     return PORT_MIN + offset % span
 
 
-def master_address(head_node: str, env: Mapping[str, str]) -> str:
-    """The address agents dial to reach ``head_node``: ``env["HPCSWEEP_HEAD_ADDR"]`` if set, else the name."""
-    override = env.get(HEAD_ADDR_VAR, "").strip()
-    return override or head_node
-
-
 def rendezvous_from_env(
     env: Mapping[str, str],
     nproc_per_node: int,
@@ -136,7 +128,7 @@ def rendezvous_from_env(
     else:
         port = rendezvous_port(job.job_id, None)
     return Rendezvous(
-        master_addr=master_address(hosts[0], env),
+        master_addr=hosts[0],
         master_port=port,
         nnodes=job.num_nodes,
         node_rank=job.node_id,

@@ -35,10 +35,13 @@ class SlurmLauncher(BaseSubmititLauncher):
         otherwise). A trial's failure is its JobReturn's (FAILED); ``run_trials`` raises it once the
         task's other trials have run.
         """
+        from hpcsweep.control.outcome import leaving_outcome
         from hpcsweep.search.trial_slot import search_slot
 
         with search_slot(self.config, sweep_overrides, job_num) as slot:
-            return slot.ran(super().__call__(slot.overrides, job_dir_key, job_num, job_id, singleton_state))
+            result = super().__call__(slot.overrides, job_dir_key, job_num, job_id, singleton_state)
+            # A trial that leaves to be requeued has not ended: its study trial stays RUNNING.
+            return result if leaving_outcome(result) is not None else slot.ran(result)
 
     def run_trials(self, trials: Sequence[tuple[Sequence[str], int]], singleton_state: Any) -> dict[int, JobReturn]:
         """An array task: its trials one after another in this process; each JobReturn by job number.
@@ -47,15 +50,25 @@ class SlurmLauncher(BaseSubmititLauncher):
         runner; a stop signal checkpoints the trial in flight and requeues the task, which then goes
         on from it. A failed trial does not stop the others; the first failure is raised at the end,
         so that Slurm's accounting says FAILED.
+
+        This is the array task's edge: a trial whose app returns an ``Outcome`` that ends the task
+        (a requeue, retry or stop) ends the process here, once, with its exit code and requeue
+        (``hpcsweep.control.exit_codes``), before submitit writes a result.
         """
+        from hpcsweep.control import exit_codes
+        from hpcsweep.control.outcome import leaving_outcome
         from hpcsweep.sweep.hooks import hook_of
 
         returns: dict[int, JobReturn] = {}
         # One context for the whole task, so a signal between two trials stops the next one.
         with hook_of(self.task_function).task_context(self.params):
             for overrides, job_num in trials:
-                returns[job_num] = self(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}",
-                                        singleton_state)
+                result = self(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}", singleton_state)
+                leaving = leaving_outcome(result)
+                if leaving is not None:
+                    log.info("trial #%d: %s", job_num, leaving.message)
+                    exit_codes.leave(leaving)
+                returns[job_num] = result
         failed = [num for num, result in returns.items() if result.status == JobStatus.FAILED]
         if failed:
             if len(returns) > 1:

@@ -14,10 +14,12 @@ import threading
 from pathlib import Path
 
 from .conftest import (
+    SMALL_TRIAL,
     STOPPABLE_TRIAL,
     only_sweep_dir,
     read_json,
     run_hpcsweep,
+    sacct_states,
     slurm,
     wait_for,
     wait_until_ended,
@@ -110,3 +112,25 @@ def test_eight_trials_packed_four_per_task_survive_a_stop_with_unpacked_weights(
     status = subprocess.run([sys.executable, "-m", "hpcsweep.status", str(sweep_dir)], env=slurm_env,
                             capture_output=True, text=True, timeout=60, check=False)
     assert status.returncode == 0 and "8 trials, 8 completed" in status.stdout, status.stdout + status.stderr
+
+
+def test_packed_trials_each_run_with_their_own_nccl_preset(tmp_path, slurm_env):
+    """Two trials in one array task, one after another in one process: the second must not inherit the
+    first's NCCL variables (ethernet's NCCL_IB_DISABLE=1 would outrank a100_ib's own 0)."""
+    result = run_hpcsweep(
+        ["-m", "nccl=ethernet,a100_ib", "hydra.launcher.trials_per_task=2", *SMALL_TRIAL],
+        tmp_path, slurm_env, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep = read_json(only_sweep_dir(tmp_path) / "sweep.json")
+    (array,) = sweep["arrays"]
+    task = sweep["trials"][0]["job_id"]  # one task: a job of its own, or task 0 of an array of one
+    assert [t["job_id"] for t in sweep["trials"]] == [task, task]
+    assert wait_until_ended(slurm_env, task, timeout=300) == "COMPLETED"
+    assert set(sacct_states(slurm_env, str(array["array_job_id"]))) == {task}, "the two trials ran in other tasks"
+
+    records = [read_json(Path(t["trial_dir"]) / "environment.json") for t in sweep["trials"]]
+    assert [record["nccl_preset"] for record in records] == ["ethernet", "a100_ib"]
+    ethernet, a100_ib = (record["nccl"] for record in records)
+    assert (ethernet["NCCL_IB_DISABLE"], ethernet["NCCL_SOCKET_NTHREADS"]) == ("1", "4")
+    assert (a100_ib["NCCL_IB_DISABLE"], a100_ib["NCCL_CROSS_NIC"]) == ("0", "0"), a100_ib

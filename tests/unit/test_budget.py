@@ -16,7 +16,7 @@ from hpcsweep.slurm.job_states import parse_sacct
 from hpcsweep.slurm.usage import Usage, nodes_from_tres, run_hours, units_from_tres
 from hpcsweep.sweep.budget import check_budget, worst_case_hours, worst_case_line
 from hpcsweep.sweep.hooks import Allocation, SweepTrial
-from hpcsweep.train.stop import read_stop_file
+from hpcsweep.control.stop import read_stop_file
 from hpcsweep.trial import budget_watch
 from hpcsweep.trial.rendezvous import Rendezvous
 

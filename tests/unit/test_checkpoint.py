@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from hpcsweep.files.attempt_file import WorkerAttempt, write_attempt
 from hpcsweep.train import worker as train
 from hpcsweep.train.checkpoint import (
     RESUME_DIR,
@@ -164,12 +165,12 @@ def test_an_old_format_trial_dir_resumes_exactly(tmp_path, monkeypatch):
     straight = make_trial(tmp_path / "straight", ckpt_every=0)
     assert train.run_trial(straight) == 0
     trial = make_trial(tmp_path / "old", ckpt_every=0)
-    monkeypatch.setenv("HPCSWEEP_TEST_STOP_AT_STEP", "4")
-    assert train.run_trial(trial) == train.EXIT_REQUEUE
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=4,rank=0")
+    assert train.run_trial(trial) == train.EXIT_STOPPED
     old_file = write_old_format(trial)
     assert old_file.is_file() and old_file.name.startswith("step00000004-")
 
-    monkeypatch.delenv("HPCSWEEP_TEST_STOP_AT_STEP")
+    monkeypatch.delenv("HPCSWEEP_FAULT")
     assert train.run_trial(trial) == 0
     assert f"resumed from {old_file.name} at step 4" in (trial / "train.log").read_text()
     assert read_metrics(trial)["weights_sha256"] == read_metrics(straight)["weights_sha256"]
@@ -180,13 +181,13 @@ def test_an_old_format_trial_dir_resumes_exactly(tmp_path, monkeypatch):
 
 def test_a_truncated_newest_checkpoint_is_refused_with_the_reason(tmp_path, monkeypatch):
     trial = make_trial(tmp_path / "trial", ckpt_every=2)
-    monkeypatch.setenv("HPCSWEEP_TEST_STOP_AT_STEP", "4")
-    assert train.run_trial(trial) == train.EXIT_REQUEUE
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=4,rank=0")
+    assert train.run_trial(trial) == train.EXIT_STOPPED
     newest = checkpoint_paths(trial / "checkpoints")[0]
     shard = newest / RESUME_DIR / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
-    monkeypatch.delenv("HPCSWEEP_TEST_STOP_AT_STEP")
+    monkeypatch.delenv("HPCSWEEP_FAULT")
     assert train.run_trial(trial) == train.EXIT_FAILED
     error = "\n".join(read_metrics(trial)["error"])
     # The older checkpoint keeps its weights only: resuming from it would not be exact, and
@@ -194,13 +195,21 @@ def test_a_truncated_newest_checkpoint_is_refused_with_the_reason(tmp_path, monk
     assert f"{shard}: " in error and "the index needs" in error and "move the directory away" in error
 
 
-def test_saving_by_minutes_logs_the_first_save_time(tmp_path, monkeypatch):
-    monkeypatch.setenv("HPCSWEEP_SIGNAL_DELAY_S", "120")
+def test_saving_by_minutes_logs_the_first_save_time(tmp_path):
     trial = make_trial(tmp_path / "t", ckpt_every=0, ckpt_every_min=1e-9, keep_top_k=10)
-    assert train.run_trial(trial) == 0
+    attempt_file = tmp_path / "attempt.json"  # as the runner writes it under Slurm
+    write_attempt(attempt_file, WorkerAttempt(signal_delay_s=120))
+    assert train.run_trial(trial, attempt_file) == 0
     # Every step is "due" by the clock; the final save is step 6.
     assert [parse_name(p.name)[0] for p in checkpoint_paths(trial / "checkpoints")] == [6, 5, 4, 3, 2, 1]
     log = (trial / "train.log").read_text()
     assert log.count("checkpoint preflight: the first save took ") == 1
     assert "a stop signal comes signal_delay_s=120 s before the time limit" in log
     assert json.loads((trial / "metrics.json").read_text())["status"] == "completed"
+
+
+def test_a_checkpoint_name_carries_the_loss_of_its_own_step_or_none():
+    assert checkpoint_name(44, None) == "step00000044.pt" and checkpoint_name(25, 5.156744) == "step00000025-val5.156744.pt"
+    # names of earlier versions still resume
+    assert parse_name("step00000044-val5.156744.pt") == (44, 5.156744)
+    assert parse_name("step00000004-valinf.pt") == (4, float("inf"))

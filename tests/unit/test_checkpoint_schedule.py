@@ -3,7 +3,7 @@
 import pytest
 
 from hpcsweep.config import TrainerConfig
-from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message, save_due, signal_delay_from_env
+from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message, save_due
 
 
 @pytest.mark.parametrize(
@@ -56,8 +56,6 @@ def test_first_save_message_warns_when_a_stop_would_not_fit():
     assert warn and "a stop needs about 61 s of the 120 s" in line and "hydra.launcher.signal_delay_s" in line
     warn, line = first_save_message(55.0, 6.0, 2**30, None)
     assert not warn and "no launcher signal_delay_s" in line
-    assert signal_delay_from_env({"HPCSWEEP_SIGNAL_DELAY_S": "120"}) == 120
-    assert signal_delay_from_env({}) is None
 
 
 def test_ckpt_every_min_is_checked():

@@ -215,9 +215,9 @@ def test_the_launcher_key_defaults_to_on():
 PROBE = """
 import json, os
 import hpcsweep, hpcsweep.configs, hydra_plugins.hpcsweep_plugins.config as plugins
-from hpcsweep.trial.runner import environment_record
+from hpcsweep.trial.records import environment_record
 from hpcsweep.trial.rendezvous import Rendezvous
-record = environment_record(Rendezvous("localhost", 29500, 1, 0, 1, "probe"), {}, {})
+record = environment_record(Rendezvous("localhost", 29500, 1, 0, 1, "probe"), "none", {}, None)
 print(json.dumps({"hpcsweep": hpcsweep.__file__, "configs": list(hpcsweep.configs.__path__),
                   "plugins": plugins.__file__, "code_snapshot": record["code_snapshot"]}))
 """

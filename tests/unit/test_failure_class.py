@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from hpcsweep.trial import failure_class as fc
+from hpcsweep.trial.attempt import Caps
 from hpcsweep.trial.failure_class import Failure
 from hpcsweep.trial.failures import (
     FailureDecision,
     decide_after_failure,
     excluded_after,
-    max_retries_from_env,
     retries_so_far,
 )
 
@@ -139,15 +139,15 @@ def test_retries_so_far_counts_the_retried_failures():
 
 
 @pytest.mark.parametrize(
-    ("env", "expected"), [({}, 2), ({"HPCSWEEP_MAX_RETRIES": "0"}, 0), ({"HPCSWEEP_MAX_RETRIES": " 5 "}, 5)]
+    ("launcher", "expected"), [({}, 2), ({"max_retries": 0}, 0), ({"max_retries": 5}, 5), ({"max_retries": None}, 2)]
 )
-def test_max_retries_comes_from_the_environment(env, expected):
-    assert max_retries_from_env(env) == expected
+def test_max_retries_comes_from_the_launchers_config(launcher, expected):
+    assert Caps.from_launcher(launcher).max_retries == expected
 
 
-def test_a_bad_max_retries_names_the_variable():
-    with pytest.raises(ValueError, match=r"HPCSWEEP_MAX_RETRIES='-1' is not allowed: a whole number >= 0"):
-        max_retries_from_env({"HPCSWEEP_MAX_RETRIES": "-1"})
+def test_a_bad_max_retries_names_the_key():
+    with pytest.raises(ValueError, match=r"hydra.launcher.max_retries=-1 is not allowed: a whole number >= 0"):
+        Caps.from_launcher({"max_retries": -1})
 
 
 def test_the_failed_node_joins_the_job_s_excluded_nodes():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from hpcsweep.files.metrics_file import read_metrics
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.slurm.env import slurm_job_env
-from hpcsweep.train import worker_records
 from hpcsweep.trial import failures
 from hpcsweep.trial.failure_class import COMMUNICATION, SIGNAL, Failure
 
@@ -29,7 +29,7 @@ def test_the_crashed_rank_is_recorded_once_and_retried_off_its_node(tmp_path, mo
     requeued = []
     monkeypatch.setattr(failures, "requeue_excluding", lambda job, node: requeued.append((job.job_label, node)))
     for rank in (0, 1):
-        worker_records.worker_dir_for(tmp_path, rank).mkdir(parents=True)
+        TrialFiles(tmp_path).worker_dir(rank).mkdir(parents=True)
     crash = Failure(SIGNAL, "node2", 3, -11, "Fatal Python error: Segmentation fault\n  File fault.py in _crash", 10.0)
     broken = Failure(COMMUNICATION, "node1", 0, 1, "RuntimeError: Connection closed by peer", 9.0)
 
@@ -48,8 +48,8 @@ def test_the_crashed_rank_is_recorded_once_and_retried_off_its_node(tmp_path, mo
 
     # The retry crashes again: max_retries=1 is spent, the trial fails with the traceback in error.
     for rank in (0, 1):
-        (worker_records.worker_dir_for(tmp_path, rank) / "failure.json").unlink()
-    worker_records.worker_dir_for(tmp_path, 0).joinpath("failure.json").write_text(
+        (TrialFiles(tmp_path).worker_dir(rank) / "failure.json").unlink()
+    TrialFiles(tmp_path).worker_dir(0).joinpath("failure.json").write_text(
         json.dumps([{"kind": COMMUNICATION, "node": "node3", "rank": 0, "exit_code": 1, "traceback": "", "at": 1.0}])
     )
     final = settle(tmp_path, 1, [crash], restarts=1)

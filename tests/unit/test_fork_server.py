@@ -69,7 +69,7 @@ def test_a_fork_server_that_cannot_start_falls_back_to_fresh_interpreters_saying
         from pathlib import Path
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
         from hpcsweep.sweep.fork_server import TrialStarter
-        from hpcsweep.train.stop import stop_signals_blocked
+        from hpcsweep.control.stop import stop_signals_blocked
 
         with stop_signals_blocked():
             starter = TrialStarter("forkserver", preload=["kills_the_server"])

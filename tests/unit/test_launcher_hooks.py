@@ -28,8 +28,7 @@ from hpcsweep.sweep.hooks import (
 from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
 from hpcsweep.sweep.slurm_submit import await_results, launch_on_slurm
 from hpcsweep.sweep.sweep_trials import SweepConfigError, check_trials
-from hpcsweep.train.checkpoint_schedule import SIGNAL_DELAY_VAR
-from hpcsweep.trial.preempt import MAX_REQUEUES_VAR
+from hpcsweep.trial.attempt import Caps
 
 from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 
@@ -157,15 +156,15 @@ def test_a_refused_trial_stops_the_slurm_sweep_before_any_slurm_command(fake_slu
     assert fake_slurm.calls("scontrol") == [] and fake_slurm.calls("sacct") == []
 
 
-def test_hpcsweeps_task_context_carries_the_requeue_cap_and_the_signal_delay(monkeypatch):
-    monkeypatch.delenv(MAX_REQUEUES_VAR, raising=False)
-    monkeypatch.delenv(SIGNAL_DELAY_VAR, raising=False)
+def test_the_requeue_cap_and_the_signal_delay_come_from_the_launcher_not_the_environment():
     launcher = {"max_num_timeout": 3, "signal_delay_s": 90}
+    before = dict(os.environ)
     with TrialHook().task_context(launcher):
-        assert MAX_REQUEUES_VAR not in os.environ and SIGNAL_DELAY_VAR not in os.environ
+        assert dict(os.environ) == before
     with HpcsweepTrials().task_context(launcher):
-        assert os.environ[MAX_REQUEUES_VAR] == "3"
-        assert os.environ[SIGNAL_DELAY_VAR] == "90"
+        assert dict(os.environ) == before
+    caps = Caps.from_launcher(launcher)
+    assert (caps.max_requeues, caps.signal_delay_s, caps.max_retries) == (3, 90, 2)
 
 
 class FinishedJob:

@@ -16,7 +16,7 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search")
+SHARED = ("config", "files", "slurm", "search", "control")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
 """What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
@@ -25,6 +25,7 @@ ALLOWED = {
     "files": {"config", "files"},
     "slurm": {"config", "slurm"},
     "search": {"config", "files", "slurm", "search"},
+    "control": {"files", "slurm", "control"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
 }
 

@@ -18,13 +18,12 @@ from hpcsweep.config import NcclConfig
 from hpcsweep.trial.nccl import (
     AUTO_PRESET,
     DEBUG_VARS,
-    PRESET_VAR,
     PRESETS,
     list_gpu_models,
     list_ib_devices,
     nccl_env,
+    nccl_settings,
     parse_gpu_model,
-    render_env_block,
     resolve_preset,
 )
 
@@ -36,7 +35,7 @@ COMPUTE_HCAS = ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx
 H100 = ("NVIDIA H100 80GB HBM3",) * 8
 A100 = ("NVIDIA A100-SXM4-80GB",) * 8
 
-# golden file stem → render_env_block arguments
+# golden file stem → nccl_settings arguments
 GOLDEN_CASES = {
     "nccl_a100_ib": dict(preset="a100_ib", ib_devices=IB_DEVICES),
     "nccl_a100_ib_hca": dict(preset="a100_ib", ib_devices=IB_DEVICES, ib_hca=COMPUTE_HCAS),
@@ -49,21 +48,29 @@ GOLDEN_CASES = {
     "nccl_auto_h100": dict(preset="auto", ib_devices=IB_DEVICES, gpu_models=H100),
     "nccl_auto_no_ib": dict(preset="auto", gpu_models=H100),
     "nccl_a100_ib_debug": dict(
-        preset="a100_ib", debug=True, topo_file="/etc/nccl/a100 topo.xml", pg_timeout_s=600
+        preset="a100_ib", debug=True, topo_file="/etc/nccl/a100 topo.xml"
     ),
 }
+
+
+def env_block(preset: str, **options) -> str:
+    """The preset's variables as ``NAME=value  # reason`` lines, under the preset it resolved to."""
+    used = resolve_preset(preset, options.get("ib_devices", ()), options.get("gpu_models", ()))
+    lines = [f"# NCCL preset {preset}" + ("" if used == preset else f" ({used} here)")]
+    lines += [f"{s.name}={s.value}  # {s.reason}" for s in nccl_settings(preset, **options)]
+    return "\n".join(lines) + "\n"
 
 
 def regenerate() -> None:
     """Rewrite every golden file from the current presets."""
     GOLDEN_DIR.mkdir(exist_ok=True)
     for stem, kwargs in GOLDEN_CASES.items():
-        (GOLDEN_DIR / f"{stem}.txt").write_text(render_env_block(**kwargs))
+        (GOLDEN_DIR / f"{stem}.txt").write_text(env_block(**kwargs))
 
 
 @pytest.mark.parametrize("stem", GOLDEN_CASES)
 def test_golden(stem):
-    text = render_env_block(**GOLDEN_CASES[stem])
+    text = env_block(**GOLDEN_CASES[stem])
     path = GOLDEN_DIR / f"{stem}.txt"
     if os.environ.get("HPCSWEEP_REGENERATE_GOLDEN") == "1":
         path.write_text(text)
@@ -105,19 +112,18 @@ def test_resolve_preset(preset, ib_devices, gpu_models, expected):
     assert resolve_preset(preset, ib_devices, gpu_models) == expected
 
 
-def test_auto_exports_the_resolved_preset_and_records_it():
-    assert nccl_env("auto", inherited={}) == {PRESET_VAR: "none", "HPCSWEEP_PG_TIMEOUT_S": "1800"}
-    with_ib = nccl_env("auto", ib_devices=IB_DEVICES)
-    assert with_ib == {**nccl_env("a100_ib", ib_devices=IB_DEVICES)} and with_ib[PRESET_VAR] == "a100_ib"
-    assert nccl_env("auto", ib_devices=IB_DEVICES, gpu_models=H100)[PRESET_VAR] == "h100_ib"
-    # an earlier trial's record in the environment is not "inherited" into this one
-    assert nccl_env("auto", inherited={PRESET_VAR: "a100_ib"})[PRESET_VAR] == "none"
+def test_auto_exports_the_resolved_preset():
+    assert nccl_env("auto", inherited={}) == {}
+    assert nccl_env("auto", ib_devices=IB_DEVICES) == nccl_env("a100_ib", ib_devices=IB_DEVICES)
+    assert nccl_env("auto", ib_devices=IB_DEVICES, gpu_models=H100) == nccl_env("h100_ib", ib_devices=IB_DEVICES)
+    # nothing hpcsweep's own is exported: no variable carries a setting of hpcsweep's to its workers
+    for preset in [*PRESETS, AUTO_PRESET]:
+        assert not [name for name in nccl_env(preset, ib_devices=IB_DEVICES, debug=True) if name.startswith("HPCSWEEP_")]
 
 
 def test_every_line_has_a_reason():
     for kwargs in GOLDEN_CASES.values():
-        for line in render_env_block(**kwargs).splitlines()[1:]:
-            assert line.startswith("export ")
+        for line in env_block(**kwargs).splitlines()[1:]:
             assert len(line.split("  # ", 1)[1]) > 10
 
 
@@ -138,8 +144,7 @@ def test_what_the_presets_leave_to_nccl():
 def test_h100_and_a100_ib_presets_differ_only_in_their_name():
     # Nothing left in the IB presets depends on the GPU generation (NVLink SHARP is NCCL's call):
     # a variable that should differ has to be added to one of them on purpose, and this test changed.
-    a100, h100 = nccl_env("a100_ib"), nccl_env("h100_ib")
-    assert {**a100, PRESET_VAR: "h100_ib"} == h100
+    assert nccl_env("a100_ib") == nccl_env("h100_ib")
 
 
 def test_ib_hca_is_opt_in_exact_and_checked_against_the_node():
@@ -188,11 +193,8 @@ def test_precedence_preset_inherited_debug_overrides():
     assert (roce["NCCL_IB_GID_INDEX"], "NCCL_SOCKET_IFNAME" in roce) == ("3", False)  # the site's own stays its own
 
 
-def test_pg_timeout_and_topo_file():
-    env = nccl_env("none", pg_timeout_s=90, topo_file="/t.xml")
-    assert env == {PRESET_VAR: "none", "NCCL_TOPO_FILE": "/t.xml", "HPCSWEEP_PG_TIMEOUT_S": "90"}
-    with pytest.raises(ValueError, match="nccl.pg_timeout_s"):
-        nccl_env("none", pg_timeout_s=0)
+def test_topo_file():
+    assert nccl_env("none", topo_file="/t.xml") == {"NCCL_TOPO_FILE": "/t.xml"}
 
 
 def test_unknown_preset_names_key_and_allowed_values():
@@ -203,11 +205,6 @@ def test_unknown_preset_names_key_and_allowed_values():
 def test_bad_override_name():
     with pytest.raises(ValueError, match="nccl.overrides"):
         nccl_env("none", overrides={"NCCL IB": "1"})
-
-
-def test_shell_quoting():
-    block = render_env_block("none", overrides={"X": "a b'c"})
-    assert "export X='a b'\"'\"'c'  # nccl.overrides" in block
 
 
 def test_list_ib_devices(tmp_path):

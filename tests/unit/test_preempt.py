@@ -9,17 +9,19 @@ import pytest
 import torch
 
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.train import stop
-from hpcsweep.train.stop import (
+from hpcsweep.control import exit_codes, stop
+from hpcsweep.control.exit_codes import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_STOPPED
+from hpcsweep.control.stop import (
     BUDGET,
-    EXIT_INTERRUPTED,
-    EXIT_REQUEUE,
     INTERRUPTED,
     PREEMPTED,
     TIME_LIMIT,
     StopRequest,
 )
-from hpcsweep.trial import preempt, runner
+from hpcsweep.control.outcome import Outcome
+from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.trial import preempt, runner, settle
+from hpcsweep.trial.attempt import Caps, build_attempt, free_port
 
 from .trial_dirs import trial_config
 
@@ -39,11 +41,11 @@ def test_other_signals_are_not_stops(signum):
         stop.stop_reason(signum)
 
 
-def test_the_cap_comes_from_the_environment():
-    assert preempt.max_requeues_from_env({}) is None
-    assert preempt.max_requeues_from_env({"HPCSWEEP_MAX_REQUEUES": "2"}) == 2
-    with pytest.raises(ValueError, match="HPCSWEEP_MAX_REQUEUES"):
-        preempt.max_requeues_from_env({"HPCSWEEP_MAX_REQUEUES": "-1"})
+def test_the_cap_comes_from_the_launchers_config():
+    assert Caps.from_launcher({}).max_requeues is None
+    assert Caps.from_launcher({"max_num_timeout": 2}).max_requeues == 2
+    with pytest.raises(ValueError, match=r"hydra.launcher.max_num_timeout=-1 is not allowed"):
+        Caps.from_launcher({"max_num_timeout": -1})
 
 
 @pytest.mark.parametrize(
@@ -62,14 +64,14 @@ def test_a_trial_starting_beyond_its_cap_fails(requeues, cap, over):
     [
         ([0], "completed", "completed"),
         ([0, 0], "stopped_early", "completed"),
-        ([EXIT_REQUEUE], "running", "stopped"),
+        ([EXIT_STOPPED], "running", "stopped"),
         # torchrun terminates the other workers once one exits: their codes are -SIGTERM.
-        ([EXIT_REQUEUE, -signal.SIGTERM], "running", "stopped"),
-        ([EXIT_REQUEUE, EXIT_REQUEUE], "running", "stopped"),
+        ([EXIT_STOPPED, -signal.SIGTERM], "running", "stopped"),
+        ([EXIT_STOPPED, EXIT_STOPPED], "running", "stopped"),
         # Ctrl-C reaches every worker; one may leave after a second one, the others stop.
-        ([EXIT_REQUEUE, EXIT_INTERRUPTED], "running", "stopped"),
-        ([1, EXIT_REQUEUE], "running", "failed"),
-        ([EXIT_REQUEUE], "failed", "failed"),
+        ([EXIT_STOPPED, EXIT_INTERRUPTED], "running", "stopped"),
+        ([1, EXIT_STOPPED], "running", "failed"),
+        ([EXIT_STOPPED], "failed", "failed"),
         ([1], "failed", "failed"),
         ([0], "failed", "failed"),
         ([-signal.SIGKILL], "running", "failed"),
@@ -125,16 +127,15 @@ def test_a_real_signal_calls_the_handler_and_the_old_handler_comes_back():
     assert (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGINT)) == before
 
 
-def test_a_second_ctrl_c_aborts_without_keyboard_interrupt():
+def test_a_second_ctrl_c_aborts_as_a_keyboard_interrupt():
     before = signal.getsignal(signal.SIGINT)
     got = []
-    with pytest.raises(stop.StopAborted) as info:
+    with pytest.raises(KeyboardInterrupt, match="interrupted again while stopping"):
         with stop.stop_signals_handled(got.append):
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGINT)
     assert got == [INTERRUPTED, PREEMPTED]
-    assert info.value.code == EXIT_INTERRUPTED
     assert signal.getsignal(signal.SIGINT) is before
 
 
@@ -161,46 +162,53 @@ def test_a_signal_blocked_in_a_thread_reaches_the_main_thread():
 
 
 def test_the_stop_file_hook_sets_the_stop_with_its_reason(tmp_path):
-    path = stop.stop_file_for(tmp_path, 1)
+    path = TrialFiles(tmp_path).stop_file(1)
     request = stop.StopRequest()
-    (hook,) = stop.stop_file_hooks({stop.STOP_FILE_VAR: str(path)}, request)
+    (hook,) = stop.stop_file_hooks(path, request)
     hook(None, 1)
     assert not request.is_set()
     stop.write_stop_file(path, PREEMPTED)
     hook(None, 2)
     assert request.reason == PREEMPTED
-    assert stop.stop_file_hooks({}, request) == []
+    assert stop.stop_file_hooks(None, request) == []
 
 
-def test_requeued_passes_through_except_exception():
-    with pytest.raises(preempt.TrialRequeued) as info:
+def test_leaving_for_a_requeue_passes_through_except_exception(monkeypatch):
+    requeued = []
+    monkeypatch.setattr(exit_codes, "requeue_job", requeued.append)
+    with pytest.raises(SystemExit) as info:
         try:
-            raise preempt.TrialRequeued("requeueing")
+            exit_codes.leave(Outcome("requeue", "requeueing", requeue_job="77_1"))
         except Exception:  # noqa: BLE001  (what Hydra's run_job and submitit's process_job catch)
-            pytest.fail("TrialRequeued must not be an Exception")
-    assert info.value.code == EXIT_REQUEUE
+            pytest.fail("leaving for a requeue must not be an Exception")
+    assert type(info.value) is SystemExit and info.value.code == EXIT_REQUEUE and requeued == ["77_1"]
 
 
 def test_after_a_stop_other_nodes_exit_0_and_leave_the_record_and_requeue_to_node_0(tmp_path, monkeypatch):
     # srun --kill-on-bad-exit would otherwise end node 0 before it has recorded the stop and requeued.
     from hpcsweep.files.metrics_file import write_metrics
-    from hpcsweep.slurm.env import slurm_job_env
 
     write_metrics(tmp_path / "metrics.json", {"status": "running", "step": 7})
     before = (tmp_path / "metrics.json").read_text()
     requeued = []
-    monkeypatch.setattr(preempt, "requeue_job", requeued.append)
-    job = slurm_job_env({"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2"})
+    monkeypatch.setattr(exit_codes, "requeue_job", requeued.append)
+    job = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2"}
     signalled = StopRequest()
     signalled.set(TIME_LIMIT)
-    with pytest.raises(preempt.NodeFinished) as info:
-        runner.after_stop(tmp_path, job, 1, 20, signalled)
-    assert info.value.code == 0
+    node1 = build_attempt(small_trial(), tmp_path, {**job, "SLURM_NODEID": "1"}, caps=Caps(max_requeues=20))
+    other = settle.after_stop(node1, signalled)
+    assert other.kind == "node_done" and exit_codes.carry_out(other) == 0
     assert (tmp_path / "metrics.json").read_text() == before and requeued == []
-    with pytest.raises(preempt.TrialRequeued) as info:
-        runner.after_stop(tmp_path, job, 0, 20, signalled)
-    assert info.value.code == EXIT_REQUEUE and requeued == ["77"]
-    assert runner.read_metrics(tmp_path)["last_stop_reason"] == TIME_LIMIT
+    node0 = build_attempt(small_trial(), tmp_path, {**job, "SLURM_NODEID": "0"}, caps=Caps(max_requeues=20))
+    first = settle.after_stop(node0, signalled)
+    assert first.kind == "requeue" and exit_codes.carry_out(first) == EXIT_REQUEUE and requeued == ["77"]
+    assert metrics_of(tmp_path)["last_stop_reason"] == TIME_LIMIT
+
+
+def metrics_of(trial_dir):
+    from hpcsweep.files.metrics_file import read_metrics
+
+    return read_metrics(trial_dir / "metrics.json")
 
 
 def small_trial():
@@ -212,18 +220,17 @@ def small_trial():
 
 
 @pytest.mark.parametrize(("signum", "reason", "code"), [
-    (signal.SIGUSR2, TIME_LIMIT, EXIT_REQUEUE), (signal.SIGINT, INTERRUPTED, EXIT_INTERRUPTED),
+    (signal.SIGUSR2, TIME_LIMIT, EXIT_STOPPED), (signal.SIGINT, INTERRUPTED, EXIT_INTERRUPTED),
 ])
 def test_a_signal_to_a_local_in_process_trial_saves_and_marks_it_stopped(tmp_path, monkeypatch, signum, reason, code):
     trial_dir = tmp_path / "trial"
     # The hook stands in for the signal arriving mid-run: a real signal to this process.
-    monkeypatch.setattr(stop, "stop_file_hooks", lambda env, stop: [
+    monkeypatch.setattr(stop, "stop_file_hooks", lambda path, stop: [
         lambda trainer, step: os.kill(os.getpid(), signum) if step == 3 else None
     ])
-    with pytest.raises(preempt.TrialStopped) as info:
-        runner.run_trial_on_this_node(small_trial(), trial_dir, env={})
-    assert (info.value.code, info.value.reason, info.value.step) == (code, reason, 3)
-    metrics = runner.read_metrics(trial_dir)
+    outcome = runner.run_trial_on_this_node(small_trial(), trial_dir, env={})
+    assert (outcome.kind, exit_codes.exit_code(outcome), outcome.reason, outcome.step) == ("stopped", code, reason, 3)
+    metrics = metrics_of(trial_dir)
     assert (metrics["status"], metrics["step"], metrics["last_stop_reason"]) == ("stopped", 3, reason)
     assert metrics["stop_to_exit_s"] < 30
     assert not stop.STOP_REQUESTED.is_set()
@@ -232,22 +239,21 @@ def test_a_signal_to_a_local_in_process_trial_saves_and_marks_it_stopped(tmp_pat
 def test_a_slurm_time_limit_signal_leaves_for_requeue(tmp_path, monkeypatch):
     trial_dir = tmp_path / "trial"
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(runner.free_port())}
-    monkeypatch.setattr(stop, "stop_file_hooks", lambda env, stop: [
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    monkeypatch.setattr(stop, "stop_file_hooks", lambda path, stop: [
         lambda trainer, step: os.kill(os.getpid(), signal.SIGUSR2) if step == 3 else None
     ])
-    monkeypatch.setattr(preempt, "requeue_job", lambda label: None)  # covered by tests/cluster
-    with pytest.raises(preempt.TrialRequeued):
-        runner.run_trial_on_this_node(small_trial(), trial_dir, env=env)
-    metrics = runner.read_metrics(trial_dir)
+    outcome = runner.run_trial_on_this_node(small_trial(), trial_dir, env=env)
+    assert (outcome.kind, outcome.requeue_job) == ("requeue", "77")  # the edge requeues: tests/cluster
+    metrics = metrics_of(trial_dir)
     assert (metrics["status"], metrics["step"], metrics["last_stop_reason"]) == ("running", 3, TIME_LIMIT)
 
 
 def test_a_trial_requeued_beyond_its_cap_fails_before_training(tmp_path):
     trial_dir = tmp_path / "trial"
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
-           "SLURM_RESTART_COUNT": "2", "HPCSWEEP_MAX_REQUEUES": "1", "MASTER_ADDR": "127.0.0.1"}
-    with pytest.raises(runner.TrialFailed, match="max_num_timeout=1"):
-        runner.run_trial_on_this_node(small_trial(), trial_dir, env=env)
-    metrics = runner.read_metrics(trial_dir)
+           "SLURM_RESTART_COUNT": "2", "MASTER_ADDR": "127.0.0.1"}
+    outcome = runner.run_trial_on_this_node(small_trial(), trial_dir, env=env, caps=Caps(max_requeues=1))
+    assert outcome.kind == "failed" and "max_num_timeout=1" in outcome.message
+    metrics = metrics_of(trial_dir)
     assert metrics["status"] == "failed" and "requeued 2 times" in metrics["error"]

@@ -7,7 +7,6 @@ from hpcsweep.trial.rendezvous import (
     PORT_MAX,
     PORT_MIN,
     Rendezvous,
-    master_address,
     rendezvous_from_env,
     rendezvous_port,
 )
@@ -79,10 +78,10 @@ def test_hostnames_callable_is_used():
     assert rdzv.master_addr == "head"
 
 
-def test_head_addr_override():
+def test_the_head_is_the_first_node_by_name_whatever_the_environment_says():
+    # The runner resolves the name (DNS, else the controller's NodeAddr); no variable overrides it.
     env = array_env(0) | {"HPCSWEEP_HEAD_ADDR": "127.0.0.1"}
-    assert rendezvous_from_env(env, 1).master_addr == "127.0.0.1"
-    assert master_address("node3", {}) == "node3"
+    assert rendezvous_from_env(env, 1).master_addr == rendezvous_from_env(array_env(0), 1).master_addr != "127.0.0.1"
 
 
 def test_master_port_from_login_shell_is_ignored_inside_slurm():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpcsweep.trial.runner import worker_threads
+from hpcsweep.trial.launch import worker_threads
 
 
 @pytest.mark.parametrize(

@@ -128,6 +128,8 @@ def test_the_journal_opens_with_plain_optuna(search):
 def test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune(search, tmp_path):
     from hpcsweep.train.checkpoint import trial_already_done
 
+    from hpcsweep.files.attempt_file import WorkerAttempt, write_attempt
+
     from .test_trainer_ddp import make_trial, torchrun
     from .trial_dirs import read_metrics
 
@@ -140,7 +142,9 @@ def test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune(search, t
     trial_slot.choose(files, plan, 1)
     trial = make_trial(tmp_path / "trial")
 
-    assert torchrun(trial, HPCSWEEP_SEARCH_TRIAL=str(files.trial(1))) == 0, (trial / "torchrun.err").read_text()[-3000:]
+    attempt_file = trial / "attempt" / "node0.json"  # as the runner writes it for a search trial
+    write_attempt(attempt_file, WorkerAttempt(search_trial=files.trial(1)))
+    assert torchrun(trial, attempt_file=attempt_file) == 0, (trial / "torchrun.err").read_text()[-3000:]
     metrics = read_metrics(trial)
     assert (metrics["status"], metrics["step"]) == ("pruned", 5)
     assert trial_already_done(trial, metrics)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from hpcsweep.train.checkpoint import RESUME_DIR, WEIGHTS_DIR, checkpoint_paths, parse_name
-from hpcsweep.train.checkpoint_store import PAUSE_VAR, read_metadata
+from hpcsweep.train.checkpoint_store import read_metadata
+from hpcsweep.train.fault import MARKER_FILE
 
 from .test_trainer_ddp import free_port
 from .trial_dirs import make_trial_dir, read_metrics
@@ -99,8 +100,8 @@ def test_every_rank_writes_its_share_and_reads_its_own_rng(straight):
 
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_no_temp_file(straight, tmp_path):
     trial = make_trial_dir(tmp_path / "killed", SETTINGS)
-    marker = tmp_path / "paused"
-    proc = start_torchrun(trial, **{PAUSE_VAR: f"6:{marker}"})
+    marker = trial / MARKER_FILE  # written as rank 0 pauses inside the save
+    proc = start_torchrun(trial, HPCSWEEP_FAULT="hang_in_save,step=6,rank=0")
     deadline = time.monotonic() + 240
     while not marker.exists():
         assert proc.poll() is None, "training ended before the save of step 6 paused"
@@ -114,13 +115,13 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_no_temp_file(
         time.sleep(0.1)
     checkpoints = trial / "checkpoints"
     temp = [p.name for p in checkpoints.iterdir() if p.name.startswith(".tmp-")]
-    assert temp and temp[0].startswith(".tmp-step00000006-")  # the kill did land inside the save
+    assert temp == [".tmp-step00000006.pt"]  # the kill did land inside the save (no evaluation at step 6)
     assert [parse_name(p.name)[0] for p in checkpoint_paths(checkpoints)] == [3]
 
     assert run_torchrun(trial) == 0
     log = (trial / "train.log").read_text()
     assert f"removed {checkpoints / temp[0]}, left by a save that did not finish" in log
-    assert "resumed from step00000003-" in log and "resumed from step00000003-" in (trial / "logs" / "rank1.log").read_text()
+    assert "resumed from step00000003.pt" in log and "resumed from step00000003.pt" in (trial / "logs" / "rank1.log").read_text()
     assert not [p for p in checkpoints.rglob(".tmp-*")]
     done, reference = read_metrics(trial), read_metrics(straight)
     assert (done["status"], done["step"]) == ("completed", 10)

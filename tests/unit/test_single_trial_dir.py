@@ -12,7 +12,7 @@ from hpcsweep.results.table import load_sweep, single_trial_record
 from .fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 from .sweep_fixtures import metrics, trained_config
 
-# environment.json as hpcsweep.trial.runner.environment_record writes it under `sbatch slurm/train.sbatch`
+# environment.json as hpcsweep.trial.records.environment_record writes it under `sbatch slurm/train.sbatch`
 SBATCH_ENVIRONMENT = {
     "commit": "0123abc", "dirty": False, "recorded_at": "2026-01-01T00:00:00+00:00", "hostname": "node1",
     "python": "3.11.2", "torch": "2.4.0", "rendezvous": {"MASTER_ADDR": "node1"}, "nccl": {},

@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from hpcsweep.control.exit_codes import EXIT_STOPPED
 from hpcsweep.train import worker as train
 
 from .trial_dirs import make_trial_dir, read_metrics
@@ -41,14 +42,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(trial: Path, **env: str) -> int:
-    """``torchrun --nproc-per-node=2 -m hpcsweep.train TRIAL``, as production launches it.
+def torchrun(trial: Path, attempt_file: Path | None = None, **env: str) -> int:
+    """``torchrun --nproc-per-node=2 -m hpcsweep.train TRIAL [ATTEMPT_FILE]``, as production launches it.
 
-    torchrun exits 1 when a worker exits non-zero, EXIT_REQUEUE included; metrics.json tells.
+    torchrun exits 1 when a worker exits non-zero, EXIT_STOPPED included; metrics.json tells.
     """
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "hpcsweep.train", str(trial),
+        *([] if attempt_file is None else [str(attempt_file)]),
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300)
@@ -69,7 +71,7 @@ def two_rank_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
     straight = make_trial(root / "straight")
     resumed = make_trial(root / "resumed")
-    codes = [torchrun(straight), torchrun(resumed, HPCSWEEP_TEST_STOP_AT_STEP="5")]
+    codes = [torchrun(straight), torchrun(resumed, HPCSWEEP_FAULT="stop,step=5,rank=0")]
     stopped = read_metrics(resumed)
     codes.append(torchrun(resumed))
     return straight, resumed, codes, stopped
@@ -79,7 +81,7 @@ def test_two_ranks_stop_and_resume_exactly(two_rank_runs):
     straight, resumed, codes, stopped = two_rank_runs
     assert codes == [0, 1, 0]
     assert (stopped["status"], stopped["step"]) == ("running", 5)
-    assert "exitcode  : 3" in (resumed / "torchrun.err").read_text()
+    assert f"exitcode  : {EXIT_STOPPED}" in (resumed / "torchrun.err").read_text()
     done, reference = read_metrics(resumed), read_metrics(straight)
     assert (done["status"], done["step"], done["restarts"], done["world_size"]) == ("completed", 10, 1, 2)
     assert done["weights_sha256"] == reference["weights_sha256"]

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from hpcsweep.train import worker as train
+from hpcsweep.train.checkpoint import parse_name
 from hpcsweep.train.data import write_token_file
 
 from .trial_dirs import make_trial_dir, read_metrics
@@ -39,7 +40,7 @@ def test_a_stalled_val_loss_stops_early_and_a_rerun_does_nothing(tmp_path):
     assert train.run_trial(trial) == 0
     assert "already stopped_early: nothing to do" in (trial / "train.log").read_text()
     assert read_metrics(trial) == first  # not rewritten: nothing ran
-    assert [p.name.split("-")[0] for p in (trial / "checkpoints").glob("*.pt")] == ["step00000006"]
+    assert [parse_name(p.name)[0] for p in (trial / "checkpoints").glob("*.pt")] == [6]
 
 
 def test_a_completed_trial_is_not_trained_twice(tmp_path):
@@ -69,3 +70,14 @@ def test_a_failing_trial_reports_failed_with_the_error(tmp_path):
     report = read_metrics(trial)
     assert report["status"] == "failed"
     assert "model.vocab_size=256 is not allowed" in "\n".join(report["error"])
+
+
+def test_a_trial_stopped_before_its_first_log_window_still_says_how_fast_it_ran(tmp_path, monkeypatch):
+    trial = make_trial(tmp_path / "t", **{"trainer.log_every": 50, "trainer.eval_every": 50})
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=3,rank=0")
+    assert train.run_trial(trial) == train.EXIT_STOPPED
+    stopped = read_metrics(trial)
+    assert stopped["step"] == 3 and stopped["tokens_per_s"] > 0, stopped
+    assert stopped["tokens_per_s_over"] == "the steps before the stop: no log window ended"
+    # No evaluation at step 3: its checkpoint's name carries no loss of another step.
+    assert [p.name for p in (trial / "checkpoints").glob("*.pt")] == ["step00000003.pt"]

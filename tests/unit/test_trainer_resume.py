@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hpcsweep.train import worker as train
+from hpcsweep.train.checkpoint import parse_name
 
 from .trial_dirs import make_trial_dir, read_metrics
 
@@ -37,14 +38,14 @@ def test_stop_and_resume_gives_the_same_weights(tmp_path, monkeypatch, arch):
     assert train.run_trial(straight) == 0
 
     resumed = make_trial(tmp_path / "resumed", **overrides)
-    monkeypatch.setenv("HPCSWEEP_TEST_STOP_AT_STEP", "4")
-    assert train.run_trial(resumed) == train.EXIT_REQUEUE
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=4,rank=0")
+    assert train.run_trial(resumed) == train.EXIT_STOPPED
     stopped = read_metrics(resumed)
     assert (stopped["status"], stopped["step"], stopped["weights_sha256"]) == ("running", 4, None)
-    assert [p.name.split("-")[0] for p in (resumed / "checkpoints").glob("*.pt")] == ["step00000004"]
+    assert [parse_name(p.name)[0] for p in (resumed / "checkpoints").glob("*.pt")] == [4]
     assert not train.STOP_REQUESTED.is_set()
 
-    monkeypatch.delenv("HPCSWEEP_TEST_STOP_AT_STEP")
+    monkeypatch.delenv("HPCSWEEP_FAULT")
     assert train.run_trial(resumed) == 0
     done, reference = read_metrics(resumed), read_metrics(straight)
     assert (done["status"], done["step"], done["restarts"]) == ("completed", 8, 1)

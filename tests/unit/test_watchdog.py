@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train import worker_records
 from hpcsweep.trial.failure_class import HANG
 from hpcsweep.trial.watchdog import HangWatchdog, check_interval, hung_rank, stalled_for
@@ -42,7 +43,7 @@ stuck_in_a_collective()
 
 
 def test_a_hung_worker_gets_its_stack_logged_and_is_killed(tmp_path, caplog):
-    worker_dir = worker_records.worker_dir_for(tmp_path, 0)
+    worker_dir = TrialFiles(tmp_path).worker_dir(0)
     worker_dir.mkdir(parents=True)
     proc = subprocess.Popen([sys.executable, "-c", HUNG_WORKER, str(worker_dir)])
     try:

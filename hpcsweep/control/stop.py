@@ -2,7 +2,8 @@
 the node's stop file the workers watch, and the signal handlers that turn one into the other.
 
 The decision what to do after a stop (requeue, leave it to Slurm, fail) is the trial's, in
-``hpcsweep.trial.preempt``; here is only what a worker needs to notice a stop and leave cleanly.
+``hpcsweep.trial.preempt``; here is only what every process (the sweep, the runner, each worker)
+needs to notice a stop and leave cleanly.
 """
 
 from __future__ import annotations
@@ -37,14 +38,6 @@ BUDGET = "budget"
 """The sweep's GPU-hour budget is spent: stop with a checkpoint, and nothing requeues the trial."""
 
 
-EXIT_REQUEUE = 3
-"""Exit code of a process that stopped after a checkpoint so that its trial is requeued."""
-
-
-EXIT_INTERRUPTED = 128 + signal.SIGINT
-"""Exit code of a command stopped by Ctrl-C (the shell's convention for death by SIGINT)."""
-
-
 # USR2 is submitit's and Slurm-launched PyTorch's usual warning signal; USR1 is avoided because
 # NCCL may catch it. SIGINT is a stop too, so that Ctrl-C checkpoints instead of raising
 # KeyboardInterrupt mid-step.
@@ -53,10 +46,6 @@ SIGNAL_REASONS: Mapping[signal.Signals, str] = {
     signal.SIGTERM: PREEMPTED,
     signal.SIGINT: INTERRUPTED,
 }
-
-
-STOP_FILE_VAR = "HPCSWEEP_STOP_FILE"
-"""Environment variable naming the stop file the workers of this node watch."""
 
 
 def stop_reason(signum: int) -> str:
@@ -90,11 +79,6 @@ STOP_REQUESTED = StopRequest()
 """Set by a signal handler (or a stop file) to make the trainer save and exit after this step."""
 
 
-def stop_file_for(trial_dir: Path, node_rank: int) -> Path:
-    """The stop file the workers of node ``node_rank`` watch."""
-    return trial_dir / "stop" / f"node{node_rank}.json"
-
-
 def write_stop_file(path: Path, reason: str) -> None:
     """Ask this node's workers to stop (atomically, so a worker never reads half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,11 +93,11 @@ def read_stop_file(path: Path) -> str | None:
         return None
 
 
-def stop_file_hooks(env: Mapping[str, str], stop: StopRequest) -> list[Callable[[Any, int], None]]:
-    """A step hook that sets ``stop`` once this node's stop file appears (none without the variable)."""
-    if not env.get(STOP_FILE_VAR):
+def stop_file_hooks(path: Path | None, stop: StopRequest) -> list[Callable[[Any, int], None]]:
+    """A step hook that sets ``stop`` once this node's stop file ``path`` appears (none without a file:
+    a worker started without a runner)."""
+    if path is None:
         return []
-    path = Path(env[STOP_FILE_VAR])
 
     def check_stop_file(trainer: Any, step: int) -> None:
         if not stop.is_set() and path.exists():
@@ -128,7 +112,8 @@ def stop_signals_handled(on_stop: Callable[[str], None]) -> Iterator[None]:
 
     Replaces submitit's handlers (USR2 would requeue and ``sys.exit`` mid-step, SIGTERM is
     ignored) and Python's KeyboardInterrupt for the duration of the trial. A second SIGINT in
-    the block raises ``StopAborted``. Must run in the main thread.
+    the block raises ``KeyboardInterrupt``, as Python's own handler would: leave now, without the
+    checkpoint of this step. Must run in the main thread.
     """
     interrupts = 0
 
@@ -138,7 +123,7 @@ def stop_signals_handled(on_stop: Callable[[str], None]) -> Iterator[None]:
         if reason == INTERRUPTED:
             interrupts += 1
             if interrupts > 1:
-                raise StopAborted()
+                raise KeyboardInterrupt("interrupted again while stopping")
         on_stop(reason)
 
     with stop_signals_routed_to(handler):
@@ -187,13 +172,3 @@ def leave_on_terminate() -> None:
 def unblock_stop_signals() -> None:
     """Let stop signals in (a pending one is delivered now); call once the handlers are installed."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNAL_REASONS)
-
-
-class StopAborted(SystemExit):
-    """A second Ctrl-C while stopping: leave at once, without the checkpoint of this step."""
-
-    def __init__(self) -> None:
-        super().__init__(EXIT_INTERRUPTED)
-
-    def __str__(self) -> str:
-        return "interrupted again while stopping: left without a checkpoint of this step"

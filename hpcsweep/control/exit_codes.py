@@ -1,0 +1,100 @@
+"""The one place where a trial's ``Outcome`` becomes an exit code and a ``scontrol requeue``.
+
+Every process that runs a trial ends through here: the command (``python -m hpcsweep``, a single run or a
+local sweep), each Slurm array task (``SlurmLauncher.run_trials``, inside submitit), and a local sweep's
+trial process (``hpcsweep.sweep.local_trial``). Each code has one meaning:
+
+====  ============================================================================================
+code  meaning
+====  ============================================================================================
+0     done: the trial completed, was pruned, or is not trained in this attempt (it had ended, or the
+      budget is spent); or a node other than node 0 whose share of a stop is done
+1     the trial failed, and nothing retries it
+2     refused before anything ran: a bad key or value (``hpcsweep.sweep``'s refusals)
+3     requeue: stopped with a checkpoint, and its Slurm job runs again (requeued here, or by Slurm
+      after a preemption); the process leaves without a result, so submitit records none
+4     retry: an infrastructure failure, and the job is requeued off the failed node
+5     stopped with a checkpoint, and nothing restarts it: run the same trial dir (or sweep) again to
+      resume. A training worker exits 5 after its checkpointed stop; its runner decides what follows
+130   interrupted by Ctrl-C (the shell's 128 + SIGINT): stopped with a checkpoint, or, after a second
+      Ctrl-C, without the checkpoint of that step
+====  ============================================================================================
+
+A node other than node 0 leaves a stop with 0: a non-zero exit would make srun's ``--kill-on-bad-exit``
+end node 0 before it has recorded the stop and requeued the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from typing import NoReturn
+
+from hpcsweep.control.outcome import Outcome
+from hpcsweep.control.stop import INTERRUPTED
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_REQUEUE = 3
+EXIT_RETRY = 4
+EXIT_STOPPED = 5
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+_CODES = {
+    "completed": EXIT_OK,
+    "skipped": EXIT_OK,
+    "pruned": EXIT_OK,
+    "node_done": EXIT_OK,
+    "failed": EXIT_FAILED,
+    "requeue": EXIT_REQUEUE,
+    "retry": EXIT_RETRY,
+    "aborted": EXIT_INTERRUPTED,
+}
+
+
+def exit_code(outcome: Outcome) -> int:
+    """The exit code of a process whose trial ended as ``outcome`` (the table above)."""
+    if outcome.kind == "stopped":
+        return EXIT_INTERRUPTED if outcome.reason == INTERRUPTED else EXIT_STOPPED
+    return _CODES[outcome.kind]
+
+
+def requeue_job(job_label: str) -> None:
+    """``scontrol requeue`` the job (``ARRAYID_TASK`` for an array task); log, not raise, a refusal.
+
+    Slurm refuses a job that is already pending or completing: then it is being requeued already.
+    """
+    from hpcsweep.slurm import commands
+
+    try:
+        commands.requeue(job_label)
+        log.info("requeued job %s", job_label)
+    except commands.SlurmCommandError as err:
+        log.warning("requeue of job %s refused (already requeued?): %s", job_label, err)
+
+
+def carry_out(outcome: Outcome) -> int:
+    """Do what ``outcome`` still asks of Slurm (its requeue), and return the process's exit code."""
+    if outcome.requeue_job is not None:
+        requeue_job(outcome.requeue_job)
+    return exit_code(outcome)
+
+
+def leave(outcome: Outcome, line: str | None = None) -> NoReturn:
+    """End this process as ``outcome`` says: the requeue, ``line`` on stderr (if any), then the exit code.
+
+    A plain ``SystemExit``: Hydra's ``run_job`` and submitit's ``process_job`` catch ``Exception`` only, so no
+    result is recorded for a trial that runs again.
+    """
+    leave_with(carry_out(outcome), line)
+
+
+def leave_with(code: int, line: str | None = None) -> NoReturn:
+    """End this process with ``code`` (one of the table's), after ``line`` on stderr (if any)."""
+    if line:
+        print(line, file=sys.stderr)
+    raise SystemExit(code)

@@ -1,0 +1,107 @@
+"""What an attempt writes into its trial dir before training: the resolved config and the environment record."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcsweep.config import TrialConfig, trial_config_to_dict
+from hpcsweep.files import metrics_file
+from hpcsweep.files.atomic import atomic_write_text
+from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
+from hpcsweep.files.sweep_record import now_iso
+from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.slurm.env import SlurmJobEnv
+from hpcsweep.trial.identity import check_resume, differences_text
+from hpcsweep.trial.rendezvous import Rendezvous
+
+log = logging.getLogger(__name__)
+
+
+def git_state(source_dir: Path) -> dict[str, Any]:
+    """The commit and dirty flag of the checkout ``source_dir`` is in (nulls outside git)."""
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(source_dir), *args], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def environment_record(
+    rdzv: Rendezvous, nccl_preset: str, nccl_vars: Mapping[str, str], job: SlurmJobEnv | None
+) -> dict[str, Any]:
+    """What a trial ran under: code version, rendezvous, NCCL preset (``auto`` resolved) and variables,
+    Slurm job and restarts.
+
+    ``code_snapshot`` names the sweep's code snapshot this code was imported from (its path,
+    commit and diff hash), or is null when the trial runs the installed code.
+    """
+    import torch
+
+    code_dir = snapshot_dir_of(__file__)
+    return {
+        **git_state(Path(__file__).resolve().parent),
+        "code_snapshot": None if code_dir is None else read_snapshot_record(code_dir),
+        "recorded_at": now_iso(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "rendezvous": rdzv.as_env(),
+        "nccl_preset": nccl_preset,
+        "nccl": dict(nccl_vars),
+        "slurm": None
+        if job is None
+        else {
+            "job_id": job.job_id,
+            "job_label": job.job_label,
+            "array_job_id": job.array_job_id,
+            "array_task_id": job.array_task_id,
+            "nodelist": job.nodelist,
+            "node_name": job.node_name,
+            "restart_count": job.restart_count,
+        },
+    }
+
+
+def write_trial_config(trial: TrialConfig, files: TrialFiles) -> None:
+    """Write the resolved ``config.yaml`` the workers read."""
+    text = yaml.safe_dump(trial_config_to_dict(trial), sort_keys=False)
+    atomic_write_text(files.config, text)
+
+
+def check_trial_config(trial: TrialConfig, files: TrialFiles, force: bool, keeps_records: bool) -> None:
+    """Refuse (``ConfigMismatch``) to resume the trial dir under another training config.
+
+    With ``force``, log the differences and keep the old ``config.yaml`` aside (the node that
+    ``keeps_records``), so the trial dir still records every config it was trained with.
+    """
+    differences = check_resume(files.root, trial, force)
+    if not differences:
+        return
+    log.warning("resume.force=true: resuming %s with a different config: %s", files.root,
+                differences_text(differences))
+    if keeps_records:
+        stamp = now_iso().replace(":", "").replace("+0000", "Z")
+        aside = files.config_aside(stamp)
+        atomic_write_text(aside, files.config.read_text())
+        log.warning("the config it was trained with is kept as %s", aside.name)
+
+
+def read_metrics(files: TrialFiles) -> dict[str, Any]:
+    """The trial's ``metrics.json``; ``{}`` before the first write, or if it cannot be read (the
+    exit codes alone then say how the trial ended)."""
+    return metrics_file.read_metrics(files.metrics) or {}
