@@ -170,17 +170,17 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     An app that returns a ``hpcsweep.control.outcome.Outcome`` whose process must leave (hpcsweep's,
     after a stop) has stopped: its message and exit code (``hpcsweep.control.exit_codes``) go to the sweep.
     """
-    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
     from hydra.core.singleton import Singleton
 
     from hpcsweep.control import exit_codes, stop
     from hpcsweep.control.outcome import leaving_outcome
     from hpcsweep.search.trial_slot import search_slot
+    from hpcsweep.sweep.hydra_private import basic_launcher
 
     with open(spec["context_file"], "rb") as handle:
         hydra_context, config, task_function, singleton_state = pickle.load(handle)
     Singleton.set_state(singleton_state)
-    launcher = BasicLauncher()
+    launcher = basic_launcher()
     launcher.setup(hydra_context=hydra_context, task_function=task_function, config=config)
     num = int(spec["num"])
     refused = let_held_stop_signals_in()
