@@ -40,9 +40,10 @@ START_METHOD_KEY = "hydra.launcher.start_method"
 START_METHODS = ("forkserver", "spawn")
 DEFAULT_START_METHOD = "forkserver"
 
-PRELOAD = ("omegaconf", "hydra", "hydra._internal.core_plugins.basic_launcher", "cloudpickle")
-"""What the fork server imports for every app's trials, before the app's hook's ``preload``
-(hpcsweep's: torch and transformers). Third-party only; a module that is missing is skipped."""
+PRELOAD = ("omegaconf", "hydra", "cloudpickle")
+"""What the fork server imports for every app's trials, besides Hydra's basic launcher
+(``hydra_private.BASIC_LAUNCHER_MODULE``) and before the app's hook's ``preload`` (hpcsweep's:
+torch and transformers). Third-party only; a module that is missing is skipped."""
 
 
 def start_method_of(params: Mapping[str, Any]) -> str:

@@ -51,6 +51,10 @@ def basic_sweeper_class() -> type:
     return BasicSweeper
 
 
+BASIC_LAUNCHER_MODULE = "hydra._internal.core_plugins.basic_launcher"
+"""The module of Hydra's basic launcher, for a process that imports it ahead (the local fork server)."""
+
+
 def basic_launcher() -> Any:
     """Hydra's basic launcher (one job at a time, in this process), not yet set up."""
     from hydra._internal.core_plugins.basic_launcher import BasicLauncher

@@ -38,6 +38,7 @@ from hpcsweep.files.sweep_record import (
 from hpcsweep.sweep.budget import announce_local_budget
 from hpcsweep.sweep.fork_server import PRELOAD, TrialStarter, start_method_of
 from hpcsweep.sweep.hooks import SweepStopped, SweepTrial, hook_of
+from hpcsweep.sweep.hydra_private import BASIC_LAUNCHER_MODULE
 from hpcsweep.sweep.local_slots import LocalPlan, plan_local_run, trial_gpu_count, visible_gpu_ids
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 
@@ -150,7 +151,7 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
         exit_with_config_error(err, "no trial was run")
     # Started first, so that its imports overlap with writing the sweep's files.
     with stop_signals_blocked():
-        starter = TrialStarter(start_method, (*PRELOAD, *hook.preload))
+        starter = TrialStarter(start_method, (*PRELOAD, BASIC_LAUNCHER_MODULE, *hook.preload))
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     record = local_sweep_record(sweep_dir, trials, previous_record(sweep_dir))
     write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget))
