@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import BudgetView
 from hpcsweep.results.failure import submitit_logs, tail
 from hpcsweep.results.table import (
@@ -152,7 +153,7 @@ def read_step_tokens(
     every poll, but parses it again only when it changed.
     """
     try:
-        text = (trial_dir / "config.yaml").read_text()
+        text = TrialFiles(trial_dir).config.read_text()
     except FileNotFoundError:
         return None
     parsed = {} if parsed is None else parsed
@@ -213,7 +214,7 @@ def render_logs(sweep_dir: Path, num: int, lines: int = LOG_LINES) -> str:
     if trial is None:
         return f"no trial #{num} in {sweep_dir}\n"
     trial_dir = resolve_trial_dir(sweep_dir, trial)
-    paths = [trial_dir / "train.log", *submitit_logs(sweep_dir, trial.job_id, ".err")[-1:]]
+    paths = [TrialFiles(trial_dir).train_log, *submitit_logs(sweep_dir, trial.job_id, ".err")[-1:]]
     parts = []
     for path in paths:
         text = tail(path)

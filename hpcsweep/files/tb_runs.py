@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-TB_DIR = "tb"
+from hpcsweep.files.trial_files import TB_DIR
+
 HYDRA_FILE = Path(".hydra") / "hydra.yaml"
 MAX_RUN_NAME = 200
 """Longest run name in characters (ASCII, so bytes): room for a dozen overrides, below the 255 a name may have."""

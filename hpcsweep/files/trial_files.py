@@ -9,6 +9,12 @@ METRICS_FILE = "metrics.json"
 """The trial's state, rewritten atomically as it runs (``hpcsweep.files.metrics_file``)."""
 ENVIRONMENT_FILE = "environment.json"
 """What the trial ran under: code version, rendezvous, NCCL variables, Slurm job, code snapshot."""
+TRAIN_LOG = "train.log"
+"""Rank 0's log (the other ranks log to ``logs/rankN.log``)."""
+TB_DIR = "tb"
+"""The trial's TensorBoard folder (its run is a folder below it: ``hpcsweep.files.tb_runs``)."""
+CHECKPOINT_DIR = "checkpoints"
+"""The trial's checkpoints (``hpcsweep.train.checkpoint``)."""
 TRIAL_FILES = (METRICS_FILE, CONFIG_FILE, ENVIRONMENT_FILE)
 """Files a trial dir holds once it has started: without sweep.json, they make it a sweep of one."""
 
@@ -37,7 +43,19 @@ class TrialFiles:
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / CHECKPOINT_DIR
+
+    @property
+    def tb(self) -> Path:
+        return self.root / TB_DIR
+
+    @property
+    def train_log(self) -> Path:
+        return self.root / TRAIN_LOG
+
+    def rank_log(self, rank: int) -> Path:
+        """The log of worker ``rank``: ``train.log`` for rank 0."""
+        return self.train_log if rank == 0 else self.root / "logs" / f"rank{rank}.log"
 
     @property
     def torchrun_logs(self) -> Path:

@@ -10,6 +10,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpcsweep.files.trial_files import TrialFiles
+
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out-of-memory handler", "oom_kill")
 OOM_ADVICE = "out of memory: set trainer.grad_checkpointing=true or reduce data.batch_size"
 TAIL_BYTES = 64 * 1024
@@ -70,7 +72,7 @@ def trial_error_text(
     recorded = error_text(metrics_error)
     if recorded.strip():
         return recorded
-    candidates = [trial_dir / "train.log", trial_dir / "hpcsweep.log", *reversed(submitit_logs(sweep_dir, job_id, ".err"))]
+    candidates = [TrialFiles(trial_dir).train_log, trial_dir / "hpcsweep.log", *reversed(submitit_logs(sweep_dir, job_id, ".err"))]
     for path in candidates:
         text = tail(path)
         if _EXCEPTION_LINE.search(text) or _SLURM_LINE.search(text) or any(m in text for m in OOM_MARKERS):

@@ -26,7 +26,7 @@ from hpcsweep.files.sweep_record import (
     read_sweep_record,
 )
 from hpcsweep.files.tb_runs import run_event_files
-from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE
+from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, TrialFiles
 from hpcsweep.files.usage_file import USAGE_FILE, read_runs
 from hpcsweep.results.budget import usage_of_local_trials, usage_of_states
 from hpcsweep.results.failure import summarize_error, trial_error_text
@@ -334,7 +334,7 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     tasks = Counter(trial.job_id for trial in record.trials if trial.job_id)
     read = []
     for trial, trial_dir in zip(record.trials, trial_dirs):
-        metrics = read_metrics(trial_dir / "metrics.json")
+        metrics = read_metrics(TrialFiles(trial_dir).metrics)
         job = jobs.get(trial.job_id) if trial.job_id else None
         if trial.job_id and tasks[trial.job_id] > 1:
             job = packed_trial_job(job, (metrics or {}).get("status"))

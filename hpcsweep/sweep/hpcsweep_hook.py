@@ -64,9 +64,10 @@ def trial_allocation(trial: TrialConfig) -> Allocation:
 def log_resume_state(trials: Sequence[SweepTrial]) -> None:
     """Say which trials of a resumed sweep have ended and which resume, before anything runs."""
     from hpcsweep.files.metrics_file import read_metrics
+    from hpcsweep.files.trial_files import TrialFiles
 
     for trial in trials:
-        metrics = read_metrics(trial.trial_dir / "metrics.json")
+        metrics = read_metrics(TrialFiles(trial.trial_dir).metrics)
         if metrics:
             log.info("trial #%d: %s at step %s before this run", trial.num, metrics.get("status"), metrics.get("step"))
 

@@ -26,7 +26,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 
 from hpcsweep.files.metrics_file import read_metrics, write_metrics
-
 from hpcsweep.files.sweep_record import (
     SWEEP_FILE,
     SweepRecord,
@@ -35,6 +34,7 @@ from hpcsweep.files.sweep_record import (
     read_sweep_record,
     write_sweep_record,
 )
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.sweep.budget import announce_local_budget
 from hpcsweep.sweep.fork_server import PRELOAD, TrialStarter, start_method_of
 from hpcsweep.sweep.hooks import SweepStopped, SweepTrial, hook_of
@@ -105,7 +105,7 @@ NOT_STARTED = "not_started"
 def record_not_started(trials: Sequence[SweepTrial]) -> None:
     """Say in each trial's metrics.json that it never started (where it has none of its own)."""
     for trial in trials:
-        path = trial.trial_dir / "metrics.json"
+        path = TrialFiles(trial.trial_dir).metrics
         if read_metrics(path) is None:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_metrics(path, {"status": NOT_STARTED, "step": 0})
@@ -114,7 +114,7 @@ def record_not_started(trials: Sequence[SweepTrial]) -> None:
 def forget_not_started(trials: Sequence[SweepTrial]) -> None:
     """Remove what ``record_not_started`` wrote: those trials run now, as if for the first time."""
     for trial in trials:
-        path = trial.trial_dir / "metrics.json"
+        path = TrialFiles(trial.trial_dir).metrics
         if (read_metrics(path) or {}).get("status") == NOT_STARTED:
             path.unlink()
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from hpcsweep.files.metrics_file import read_metrics
 from hpcsweep.files.sweep_record import SweepRecord, now_iso, read_sweep_record, write_sweep_record
-from hpcsweep.files.trial_files import METRICS_FILE
+from hpcsweep.files.trial_files import METRICS_FILE, TrialFiles
 from hpcsweep.results.budget import budget_reached, hours_text
 from hpcsweep.results.table import load_sweep, resolve_trial_dir
 from hpcsweep.slurm import commands
@@ -150,7 +150,7 @@ def check_budget_left(budget: float | None, spent_hours: float, units: int, hori
 def forget_skipped_start(trial_dir: Path) -> None:
     """Remove the metrics.json of a trial the budget skipped before it trained: it starts afresh."""
     metrics = read_metrics(trial_dir / METRICS_FILE)
-    if metrics and metrics.get("status") == "skipped_budget" and not any((trial_dir / "checkpoints").glob("*")):
+    if metrics and metrics.get("status") == "skipped_budget" and not any(TrialFiles(trial_dir).checkpoints.glob("*")):
         (trial_dir / METRICS_FILE).unlink()
 
 

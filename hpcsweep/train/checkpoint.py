@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train import fault
 from hpcsweep.train.checkpoint_store import CheckpointStore, DcpStore, check_complete
 from hpcsweep.train.distributed import WorldInfo, broadcast_object
@@ -396,7 +397,7 @@ def trial_already_done(trial_dir: Path, metrics: dict[str, Any] | None) -> bool:
     """True when metrics.json says the trial ended and its final checkpoint says so too."""
     if not metrics or metrics.get("status") not in DONE_STATUSES:
         return False
-    paths = checkpoint_paths(trial_dir / "checkpoints")
+    paths = checkpoint_paths(TrialFiles(trial_dir).checkpoints)
     if not paths:
         return False
     try:

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpcsweep.config import TrialConfig
 from hpcsweep.files import metrics_file, tb_runs
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.train import data, gpu_choices, metrics, model, optim
@@ -96,7 +97,7 @@ class Trainer:
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
-        self.ckpt = CheckpointManager(trial_dir / "checkpoints", keep_top_k=tcfg.keep_top_k, world=world)
+        self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world)
         self.save_schedule = SaveSchedule(
             tcfg.ckpt_every, tcfg.ckpt_every_min, is_coordinator=self.is_writer, agree=lambda flag: any_rank(world, flag)
         )
@@ -340,7 +341,7 @@ class Trainer:
         """Rewrite metrics.json (rank 0 only)."""
         if self.is_writer:
             self.report.update(step=self.step, **extra)
-            metrics_file.write_metrics(self.trial_dir / "metrics.json", self.report)
+            metrics_file.write_metrics(TrialFiles(self.trial_dir).metrics, self.report)
 
     def close(self) -> None:
         """Wait for the save under way, flush and close the logger (safe to call twice)."""

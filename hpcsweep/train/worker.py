@@ -35,6 +35,7 @@ from hpcsweep.config import TrainerConfig, TrialConfig, trial_config_from_dict
 from hpcsweep.control import stop
 from hpcsweep.files import metrics_file
 from hpcsweep.files.attempt_file import read_attempt
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train import fault, gpu_choices, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
@@ -62,7 +63,7 @@ CARRIED = ("last_stop_reason", "stop_to_exit_s", "failures")
 
 def setup_logging(trial_dir: Path, rank: int) -> None:
     """Rank 0 logs to ``train.log`` and stderr; rank N to ``logs/rankN.log``."""
-    path = trial_dir / "train.log" if rank == 0 else trial_dir / "logs" / f"rank{rank}.log"
+    path = TrialFiles(trial_dir).rank_log(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     handlers: list[logging.Handler] = [logging.FileHandler(path)]
     if rank == 0:
@@ -85,8 +86,8 @@ def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
     records = attempt.worker_dir
     if records is not None:
         worker_records.write_progress(records, rank=rank, local_rank=local_rank, node=node_name(os.environ), step=0)
-    cfg = trial_config_from_dict(yaml.safe_load((trial_dir / "config.yaml").read_text()))
-    previous = metrics_file.read_metrics(trial_dir / "metrics.json")
+    cfg = trial_config_from_dict(yaml.safe_load(TrialFiles(trial_dir).config.read_text()))
+    previous = metrics_file.read_metrics(TrialFiles(trial_dir).metrics)
     if trial_already_done(trial_dir, previous):
         log.info("trial in %s is already %s: nothing to do", trial_dir, previous["status"])
         return EXIT_OK
@@ -142,7 +143,7 @@ def write_failed(
     report = report or metrics_file.new_report(
         max_steps=cfg.trainer.max_steps, world_size=world_size, restarts=restarts, env=os.environ
     )
-    metrics_file.write_metrics(trial_dir / "metrics.json", {**report, "status": "failed", "error": error})
+    metrics_file.write_metrics(TrialFiles(trial_dir).metrics, {**report, "status": "failed", "error": error})
 
 
 def cuda_env_for(tcfg: TrainerConfig) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_from_dict, trial_config_to_dict
-from hpcsweep.files.trial_files import CONFIG_FILE
+from hpcsweep.files.trial_files import CONFIG_FILE, TrialFiles
 
 FREE_KEYS: tuple[str, ...] = (
     # Logging, checkpoints and retention: no effect on the computation or the RNG streams.
@@ -103,7 +103,7 @@ def mismatch_message(trial_dir: Path, differences: list[Difference]) -> str:
 
 def has_checkpoint(trial_dir: Path) -> bool:
     """True when the trial dir holds a checkpoint, i.e. running it again would resume it."""
-    return any((trial_dir / "checkpoints").glob("step*.pt"))
+    return any(TrialFiles(trial_dir).checkpoints.glob("step*.pt"))
 
 
 def stored_config(trial_dir: Path) -> dict[str, Any] | None:
