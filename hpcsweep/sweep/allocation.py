@@ -11,7 +11,7 @@ from hpcsweep.sweep.hooks import Allocation
 # Launcher keys that are ours, not submitit's.
 _OWN_KEYS = {
     "wait", "submitit_folder", "max_num_timeout", "max_retries", "max_array_size", "local_parallelism",
-    "budget_gpu_hours", "trials_per_task", "_target_",
+    "budget_gpu_hours", "trials_per_task", "start_method", "_target_",
 }
 # Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
 # ``executor_parameters`` passes on itself.
