@@ -11,7 +11,7 @@ from hpcsweep.sweep.hooks import Allocation
 # Launcher keys that are ours, not submitit's.
 _OWN_KEYS = {
     "wait", "submitit_folder", "max_num_timeout", "max_retries", "max_array_size", "local_parallelism",
-    "budget_gpu_hours", "trials_per_task", "start_method", "_target_",
+    "budget_gpu_hours", "trials_per_task", "start_method", "code_snapshot", "_target_",
 }
 # Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
 # ``executor_parameters`` passes on itself.
@@ -20,7 +20,7 @@ _SIZE_KEYS = {
     "additional_parameters", "exclude",
 }
 # Launcher keys submitit names without the "slurm_" prefix.
-_BASE_KEYS = {"timeout_min", "cpus_per_task", "name", "stderr_to_stdout"}
+_BASE_KEYS = {"timeout_min", "cpus_per_task", "name", "stderr_to_stdout", "mem_gb"}
 
 
 def check_option_values(params: Mapping[str, Any]) -> None:

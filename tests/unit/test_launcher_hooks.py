@@ -199,3 +199,23 @@ def test_waiting_returns_each_packed_trials_own_job_return():
     returns = await_results({0: task, 1: task, 2: FinishedJob(failed)}, trials)
     assert returns[0] is first and returns[1] is second
     assert (returns[2].status, returns[2]._return_value) == (JobStatus.FAILED, failed)
+
+
+def test_every_launcher_key_reaches_submitit_as_one_of_its_parameters_or_not_at_all():
+    """A key of hpcsweep's own (``start_method``, ``trials_per_task``, ...) passed on to submitit
+    fails every Slurm submit with ``NameError: Unknown argument``; a submitit key left out is lost."""
+    import dataclasses
+
+    from submitit.auto.auto import AutoExecutor
+    from submitit.slurm.slurm import SlurmExecutor
+
+    from hydra_plugins.hpcsweep_plugins.config import AutoLauncherConf, SlurmLauncherConf
+
+    generic = set(AutoExecutor._typed_parameters())
+    for conf in (SlurmLauncherConf, AutoLauncherConf):
+        params = {field.name: "x" for field in dataclasses.fields(conf)}
+        params.update(additional_parameters={}, exclude=None, nodes=1, tasks_per_node=1, gpus_per_node=1)
+        out = executor_parameters(Allocation(), params)
+        unknown = {key for key in out if key not in generic and key.removeprefix("slurm_")
+                   not in SlurmExecutor._valid_parameters()}
+        assert unknown == set(), f"{conf.__name__}: submitit refuses {sorted(unknown)}"
