@@ -238,8 +238,8 @@ class Tour:
         for line in expected:
             assert any(output_pattern(line).search(printed) for printed in out.splitlines()), f"no `{line}` in {where}"
         if re.search(r"python -m hpcsweep -m ", text) and not command.transcript:
-            launcher = "local" if command.local else "slurm"
-            assert f"launcher: {launcher}" in out, where
+            chose = ": running locally" if command.local else "launcher: slurm ("
+            assert chose in out, where
         self.note_new_sweeps()
 
 
