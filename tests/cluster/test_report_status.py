@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 
+import numpy as np
+
 from .conftest import SMALL_TRIAL, only_sweep_dir, run_hpcsweep, sacct_states, wait_for
 
-# A corpus of 100 tokens is a valid config but too short for seq_len 32: that trial fails when it
-# loads its data, on the compute node, after submission.
-TOKENS = ("20000", "40000", "60000", "100")
+# Four token files; the last one's header understates its vocabulary (256, where its ids go to
+# 4,999). Nothing before the run reads every token, so that trial passes every check before submit
+# and fails at its first batch on the compute node (an id past the embedding: the trial's own
+# data, not where it ran, so it is not retried).
+CORPORA = ("a", "b", "c", "bad")
+
+
+def write_corpora(folder) -> list[str]:
+    paths = []
+    for name in CORPORA:
+        path = folder / f"{name}.bin"
+        ids = np.arange(5_000, dtype=np.uint16) if name == "bad" else np.random.default_rng(len(name)).integers(
+            0, 256, 20_000, dtype=np.uint16)
+        ids.tofile(path)
+        path.with_suffix(".json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256, "num_tokens": len(ids)}))
+        paths.append(str(path))
+    return paths
 
 
 def hpcsweep_tool(module: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -20,7 +37,9 @@ def hpcsweep_tool(module: str, args: list[str], env: dict[str, str]) -> subproce
 
 
 def test_report_and_status_of_a_sweep_with_a_failed_trial(tmp_path, slurm_env):
-    result = run_hpcsweep(["-m", f"data.synthetic_tokens={','.join(TOKENS)}", *SMALL_TRIAL], tmp_path, slurm_env, timeout=120)
+    paths = write_corpora(tmp_path)
+    result = run_hpcsweep(["-m", "data=file", f"data.path={','.join(paths)}", "model.vocab_size=256", *SMALL_TRIAL],
+                          tmp_path, slurm_env, timeout=120)
     assert result.returncode == 0, result.stderr
     sweep_dir = only_sweep_dir(tmp_path)
 
@@ -32,7 +51,7 @@ def test_report_and_status_of_a_sweep_with_a_failed_trial(tmp_path, slurm_env):
     def finished():
         states = sacct_states(slurm_env, array_id)
         ended = [s for s in states.values() if s not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING")]
-        return len(ended) == len(TOKENS)
+        return len(ended) == len(CORPORA)
 
     wait_for(finished, timeout=300, what=f"array {array_id} to finish", interval=2)
 
@@ -40,17 +59,17 @@ def test_report_and_status_of_a_sweep_with_a_failed_trial(tmp_path, slurm_env):
     report = hpcsweep_tool("hpcsweep.report", [str(sweep_dir), "--csv", str(out_csv), "--plot", str(out_png)], slurm_env)
     assert report.returncode == 0, report.stderr
     rows = list(csv.DictReader(out_csv.open()))
-    assert len(rows) == len(TOKENS)
-    by_tokens = {row["data.synthetic_tokens"]: row for row in rows}
-    assert [by_tokens[t]["status"] for t in TOKENS] == ["completed", "completed", "completed", "failed"]
-    assert rows[-1]["data.synthetic_tokens"] == "100"  # failed trials sort last
-    assert "longer than a split of the corpus" in by_tokens["100"]["error"]
+    assert len(rows) == len(CORPORA)
+    by_path = {row["data.path"]: row for row in rows}
+    assert [by_path[p]["status"] for p in paths] == ["completed", "completed", "completed", "failed"]
+    assert rows[-1]["data.path"] == paths[-1]  # failed trials sort last
+    assert "IndexError: index out of range in self" in by_path[paths[-1]]["error"]
     assert all(row["slurm_state"] for row in rows)
-    assert all(float(by_tokens[t]["best_val_loss"]) > 0 for t in TOKENS[:3])
-    assert "#3 failed: ValueError: data.seq_len=32 is not allowed" in report.stdout
+    assert all(float(by_path[p]["best_val_loss"]) > 0 for p in paths[:3])
+    assert "#3 failed: IndexError: index out of range in self" in report.stdout
     assert out_png.stat().st_size > 1000
 
     status = hpcsweep_tool("hpcsweep.status", [str(sweep_dir), "--logs", "3"], slurm_env)
     assert status.returncode == 1, status.stdout + status.stderr
     assert "3 completed, 1 failed" in status.stdout
-    assert "error: ValueError: data.seq_len=32 is not allowed" in status.stdout
+    assert "error: IndexError: index out of range in self" in status.stdout

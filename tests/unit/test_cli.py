@@ -125,5 +125,5 @@ def test_a_misspelt_launcher_key_gets_the_closest_key_and_the_launcher_not_hydra
     local = refused(["-m", "hydra/launcher=local", "hydra.launcher.local_paralelism=2"], tmp_path)
     assert local.stderr == ("hydra.launcher.local_paralelism is not a key of the local launcher; did you mean "
                             "hydra.launcher.local_parallelism? (keys of the local launcher: budget_gpu_hours, "
-                            "local_parallelism)\n")
+                            "local_parallelism, start_method)\n")
     assert list(tmp_path.iterdir()) == []

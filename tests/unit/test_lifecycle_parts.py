@@ -88,7 +88,7 @@ def test_hpcsweeps_launchers_are_named_by_their_option():
 
     keys = launcher_keys()
     assert set(keys) == {"auto", "slurm", "local", "hpcsweep_auto", "hpcsweep_slurm", "hpcsweep_local"}
-    assert "array_parallelism" in keys["slurm"] and keys["local"] == ["_target_", "budget_gpu_hours", "local_parallelism"]
+    assert "array_parallelism" in keys["slurm"] and keys["local"] == ["_target_", "budget_gpu_hours", "local_parallelism", "start_method"]
     assert unknown_launcher_key_message("hydra.launcher.x", "hpcsweep_slurm", keys["slurm"]).startswith(
         "hydra.launcher.x is not a key of the Slurm launcher")
 
