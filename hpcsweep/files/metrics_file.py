@@ -43,7 +43,7 @@ def new_report(*, max_steps: int, world_size: int, restarts: int, env: Mapping[s
         "world_size": world_size,
         "nodes": [],
         "ranks": [],
-        "started_at": now_iso(),
+        "started_at": now_iso("milliseconds"),
         "weights_sha256": None,
         "error": None,
     }
@@ -53,4 +53,5 @@ def write_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
     """Rewrite metrics.json with ``metrics`` and a fresh ``updated_at``."""
     if metrics["status"] not in STATUSES:
         raise ValueError(f"status={metrics['status']!r} is not one of {STATUSES}")
-    atomic_write_json(path, {**metrics, "updated_at": now_iso()})
+    # Milliseconds: a trial's own GPU-hours are updated_at - started_at, and a short run lasts under a second.
+    atomic_write_json(path, {**metrics, "updated_at": now_iso("milliseconds")})

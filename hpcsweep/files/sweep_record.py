@@ -36,9 +36,9 @@ LOCK_FILE = ".sweep.json.lock"
 SCHEMA_VERSION = 1
 
 
-def now_iso() -> str:
-    """The current UTC time, ISO-8601 with seconds."""
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+def now_iso(timespec: str = "seconds") -> str:
+    """The current UTC time, ISO-8601 with seconds (or ``timespec``, as ``datetime.isoformat`` takes it)."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec=timespec)
 
 
 @dataclass(frozen=True)
