@@ -22,12 +22,15 @@ from omegaconf import DictConfig
 from hpcsweep.config import TrialConfig, resume_config_from_dict
 from hpcsweep.control import exit_codes, stop
 from hpcsweep.control.outcome import Outcome, ends_the_task
+from hpcsweep.offline import stay_offline
 from hpcsweep.sweep.hooks import trial_hook
 from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
 from hpcsweep.sweep.prepare import validate_composed
 from hpcsweep.sweep.resume_hint import stopped_line, this_trial
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
 
+# Before anything imports transformers (hpcsweep.offline says why); nothing above does.
+stay_offline()
 log = logging.getLogger("hpcsweep")
 
 

@@ -185,9 +185,25 @@ class ModelConfig:
     proved with); on CUDA ``sdpa`` (fused, never the full score matrix), or ``flash_attention_2``
     where the ``flash_attn`` package is installed, precision is bf16/fp16 and the trial is not
     deterministic (see ``hpcsweep.train.gpu_choices``)."""
+    # ----- a pretrained model from a local folder (hpcsweep.model_folder) -----
+    path: str | None = None
+    """A Hugging Face model folder on the shared file system (``config.json``, safetensors weights,
+    tokenizer), loaded with ``from_pretrained(local_files_only=True)``; null: the built-in model
+    above. With a path the architecture is the folder's: every key of ``FOLDER_ARCHITECTURE_KEYS``
+    must keep its default (a changed one is refused, naming it). ``model=pretrained`` sets it."""
+    trust_remote_code: bool = False
+    """Run the model code a folder ships (a ``config.json`` with an ``auto_map``, as DeepSeek-MoE-16B
+    has). Without it such a folder is refused before submit: that code runs on every compute node."""
+    random_init: bool = False
+    """With ``model.path``: build the folder's architecture from its ``config.json`` at a random init
+    (seeded by ``trainer.seed``) and ignore any weights, i.e. pretraining at the folder's size. A
+    config-only folder (no weight files) needs it; without it that folder is refused."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "model.lr", self.lr, "a learning rate > 0, e.g. 3e-4")
+        if self.path is not None:
+            self._check_folder_keys()
+            return
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
             value = getattr(self, name)
             _require(value >= 1, f"model.{name}", value, "an integer >= 1")
@@ -210,6 +226,34 @@ class ModelConfig:
             self.num_experts_per_tok,
             f"1..model.n_routed_experts={self.n_routed_experts}",
         )
+
+    def _check_folder_keys(self) -> None:
+        _require(bool(self.path), "model.path", self.path, "a model folder, or null for the built-in model")
+        defaults = _model_defaults()
+        for name in FOLDER_ARCHITECTURE_KEYS:
+            value = getattr(self, name)
+            _require(
+                value == defaults[name],
+                f"model.{name}",
+                value,
+                f"its default ({defaults[name]!r}) with model.path={self.path}: the architecture comes from "
+                "the folder's config.json (model=pretrained leaves every such key at its default)",
+            )
+
+
+FOLDER_ARCHITECTURE_KEYS: tuple[str, ...] = (
+    "arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+    "max_position_embeddings", "dropout", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+    "moe_intermediate_size", "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "v_head_dim",
+)
+"""The ``model.*`` keys of the built-in architecture: with ``model.path`` the folder's ``config.json``
+sets them, so each must keep its default."""
+
+
+@functools.cache
+def _model_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 @dataclass(kw_only=True)
@@ -418,6 +462,8 @@ class TrialConfig:
     topology: TopologyConfig
 
     def __post_init__(self) -> None:
+        if self.model.path is not None:
+            return  # the folder's sizes count: hpcsweep.model_folder checks them against the data
         _require(
             self.data.seq_len <= self.model.max_position_embeddings,
             "data.seq_len",
@@ -435,13 +481,20 @@ class TrialConfig:
 
 
 def check_corpus_fits(
-    data: DataConfig, model_vocab_size: int, *, num_tokens: int, corpus_vocab_size: int, source: str
+    data: DataConfig,
+    model_vocab_size: int,
+    *,
+    num_tokens: int,
+    corpus_vocab_size: int,
+    source: str,
+    vocab_key: str = "model.vocab_size",
 ) -> None:
     """Raise ``ValueError`` when a corpus of ``num_tokens`` ids below ``corpus_vocab_size`` cannot
-    train a model of ``model_vocab_size`` on sequences of ``data.seq_len`` (``source`` names it)."""
+    train a model of ``model_vocab_size`` on sequences of ``data.seq_len`` (``source`` names it;
+    ``vocab_key`` names where the model's vocabulary comes from)."""
     _require(
         corpus_vocab_size <= model_vocab_size,
-        "model.vocab_size",
+        vocab_key,
         model_vocab_size,
         f"{source} needs at least {corpus_vocab_size} (its vocabulary)",
     )

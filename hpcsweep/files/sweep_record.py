@@ -8,10 +8,14 @@ Schema (version 1)::
                  "launcher": {KEY: value, ...}}],
      "trials": [{"num": int, "overrides": [str], "trial_dir": str,
                  "job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601,
-                 "attempts": [{"job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}]}
+                 "attempts": [{"job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}],
+     "app": {KEY: value, ...}}
 
-``budget_gpu_hours``, ``attempts`` and an array's ``launcher`` came later and may be missing: no
-budget, one attempt (the trial's ``job_id`` and ``submitted_at``), settings not recorded.
+``budget_gpu_hours``, ``attempts``, an array's ``launcher`` and ``app`` came later and may be missing: no
+budget, one attempt (the trial's ``job_id`` and ``submitted_at``), settings not recorded, nothing
+recorded by the app. ``app`` is what the app's trial hook records about the sweep when it is
+submitted (``TrialHook.sweep_facts``; hpcsweep's: ``models``, the identity of each model folder its
+trials load, by ``model.path``).
 ``job_id`` and ``submitted_at`` are always the current attempt's; ``arrays`` lists every array
 ever submitted, retries included, each with the ``hydra.launcher`` settings it was submitted with
 (a retry's are the sweep's own, the first arrays', plus that retry's overrides).
@@ -99,6 +103,8 @@ class SweepRecord:
     arrays: list[ArrayRecord] = field(default_factory=list)
     budget_gpu_hours: float | None = None
     """``hydra.launcher.budget_gpu_hours`` of the latest submission (None: no budget)."""
+    app: dict[str, Any] = field(default_factory=dict)
+    """What the app's trial hook records about the sweep at submission (``TrialHook.sweep_facts``)."""
     version: int = SCHEMA_VERSION
 
     def job_ids(self) -> list[str]:
@@ -129,6 +135,7 @@ def parse_sweep_record(text: str) -> SweepRecord:
         trials=[_trial_record(trial) for trial in raw["trials"]],
         arrays=[ArrayRecord(**array) for array in raw.get("arrays", [])],
         budget_gpu_hours=raw.get("budget_gpu_hours"),
+        app=raw.get("app") or {},
     )
 
 

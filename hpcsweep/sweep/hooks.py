@@ -116,6 +116,10 @@ class TrialHook:
     def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
         """Validate the sweep as a whole once every trial passed ``check_trial``; ``ValueError``."""
 
+    def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
+        """What ``sweep.json`` records about the checked sweep for the app (its ``app`` entry): plain JSON."""
+        return {}
+
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int] | None:
         """``(first, last)``: the first step at which the trial reports its objective, and its last step.
 

@@ -104,6 +104,15 @@ class HpcsweepTrials(TrialHook):
         """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``)."""
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
 
+    def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
+        """``models``: the identity of each model folder the trials load, by ``model.path``, as submitted."""
+        from hpcsweep.sweep.prepare import identity_per_folder
+
+        identity_now = identity_per_folder()
+        models = {t.app_config[0].model.path: identity_now(t.app_config[0]) for t in trials}
+        models.pop(None, None)
+        return {"models": models} if models else {}
+
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int]:
         """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``."""
         trainer = trial.app_config[0].trainer

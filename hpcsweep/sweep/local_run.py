@@ -154,7 +154,7 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
         starter = TrialStarter(start_method, (*PRELOAD, BASIC_LAUNCHER_MODULE, *hook.preload))
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     record = local_sweep_record(sweep_dir, trials, previous_record(sweep_dir))
-    write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget))
+    write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget, app=hook.sweep_facts(trials)))
     log.info("sweep dir: %s (%d trials, running locally, %d at a time)", sweep_dir, len(trials), plan.parallelism)
     forget_not_started(trials)
     with tempfile.TemporaryDirectory(prefix="hpcsweep-local-") as folder:

@@ -7,7 +7,7 @@ A trial whose dir already holds a checkpoint is checked against the config it wa
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, trial_config_from_dict
 from hpcsweep.files.token_file import TokenFileError, read_token_header
+from hpcsweep.model_folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.trial.identity import (
     ConfigMismatch,
     differences_text,
     mismatch_message,
     resume_differences,
+    trial_model_identity,
 )
 
 log = logging.getLogger(__name__)
@@ -40,20 +42,50 @@ class PreparedTrial:
 
 def validate_composed(config: DictConfig | Mapping[str, Any]) -> TrialConfig:
     """Validate one composed Hydra config (the ``hydra`` node, resolved only at run time, is skipped),
-    its token file included."""
+    its model folder and token file included."""
     values: dict[str, Any] = {
         key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
         for key, value in config.items()
         if key != "hydra"
     }
     trial = trial_config_from_dict(values)
-    check_token_file(trial)
+    folder = check_pretrained_model(trial)
+    if folder is None:
+        check_token_file(trial, trial.model.vocab_size)
+    else:
+        check_token_file(trial, folder.vocab_size, vocab_key=f"{folder.key}: vocab_size")
     return trial
 
 
-def check_token_file(trial: TrialConfig) -> None:
+def check_pretrained_model(trial: TrialConfig) -> ModelFolder | None:
+    """The folder ``model.path`` names, checked (``hpcsweep.model_folder``) and against the data: its
+    ``max_position_embeddings`` bounds ``data.seq_len``, and its vocabulary is what the synthetic corpus
+    is drawn from. None for the built-in model, which ``TrialConfig`` checks itself."""
+    model, data = trial.model, trial.data
+    if model.path is None:
+        return None
+    folder = read_model_folder(model.path)
+    check_model_folder(folder, trust_remote_code=model.trust_remote_code, random_init=model.random_init)
+    if folder.vocab_size is None:
+        raise ValueError(f"{folder.key} is not allowed: its config.json has no integer vocab_size")
+    limit = folder.max_position_embeddings
+    if limit is not None and data.seq_len > limit:
+        raise ValueError(
+            f"data.seq_len={data.seq_len} is not allowed: at most {limit}, the max_position_embeddings of {folder.key}"
+        )
+    if data.kind == "synthetic":
+        check_corpus_fits(
+            data, folder.vocab_size, num_tokens=data.synthetic_tokens, corpus_vocab_size=folder.vocab_size,
+            source=f"the synthetic corpus (data.synthetic_tokens={data.synthetic_tokens})",
+            vocab_key=f"{folder.key}: vocab_size",
+        )
+    return folder
+
+
+def check_token_file(trial: TrialConfig, model_vocab_size: int, vocab_key: str = "model.vocab_size") -> None:
     """Raise ``ValueError`` naming ``data.path`` as typed when the trial's token file is missing or
-    unreadable, or when its corpus does not fit ``model.vocab_size`` and ``data.seq_len``."""
+    unreadable, or when its corpus does not fit the model's vocabulary (``model.vocab_size``, or that of
+    the folder ``model.path`` names) and ``data.seq_len``."""
     data = trial.data
     if data.kind != "file":
         return
@@ -64,11 +96,24 @@ def check_token_file(trial: TrialConfig) -> None:
         raise ValueError(f"data.path={data.path!r} is not allowed: {err}") from None
     check_corpus_fits(
         data,
-        trial.model.vocab_size,
+        model_vocab_size,
         num_tokens=header.num_tokens,
         corpus_vocab_size=header.vocab_size,
         source=data.path,
+        vocab_key=vocab_key,
     )
+
+
+def identity_per_folder() -> Callable[[TrialConfig], dict[str, Any] | None]:
+    """``trial_model_identity`` that reads each model folder once: a sweep's trials mostly share one."""
+    identities: dict[str | None, dict[str, Any] | None] = {}
+
+    def identity_now(config: TrialConfig) -> dict[str, Any] | None:
+        if config.model.path not in identities:
+            identities[config.model.path] = trial_model_identity(config)
+        return identities[config.model.path]
+
+    return identity_now
 
 
 def check_resumes(trials: Sequence[PreparedTrial]) -> None:
@@ -77,10 +122,11 @@ def check_resumes(trials: Sequence[PreparedTrial]) -> None:
     Every trial is checked, so the error says how many differ, not only the first.
     """
     refused: list[str] = []
+    identity_now = identity_per_folder()
     for trial in trials:
         label = f"trial #{trial.num} ({trial_label(trial.overrides)})"
         try:
-            differences = resume_differences(trial.trial_dir, trial.config)
+            differences = resume_differences(trial.trial_dir, trial.config, identity_now)
         except ConfigMismatch as err:
             if not trial.resume.force:
                 refused.append(f"{label}: {err}")

@@ -230,6 +230,7 @@ def launch_on_slurm(
         ],
         arrays=arrays,
         budget_gpu_hours=budget,
+        app=hook_of(launcher.task_function).sweep_facts(trials),
     )
     write_sweep_record(record)
     log.info("sweep dir: %s", sweep_dir)

@@ -2,7 +2,11 @@
 
 import sys
 
-from hpcsweep.train.worker import main
+from hpcsweep.offline import stay_offline
+
+stay_offline()  # before the worker imports transformers (hpcsweep.offline says why)
+
+from hpcsweep.train.worker import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,14 +1,23 @@
-"""Causal LMs built from a transformers config, never downloaded from a hub.
+"""Causal LMs built from a transformers config or loaded from a local folder, never downloaded from a hub.
 
 ``model.arch=deepseek_v3`` builds ``DeepseekV3ForCausalLM`` (MLA attention, MoE layers after the
 first ``first_k_dense_replace``); ``model.arch=llama`` builds a dense ``LlamaForCausalLM``.
 Weights are initialised locally from ``trainer.seed``.
+
+``model.path`` loads a Hugging Face folder instead (``from_pretrained``, ``local_files_only``): its
+safetensors are memory-mapped, so the trials of one node share one copy in the page cache, and
+nothing is read twice. ``model.random_init`` builds the folder's architecture from its
+``config.json`` at a seeded random init.
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
     LlamaConfig,
@@ -54,37 +63,75 @@ def hf_config(cfg: ModelConfig) -> PretrainedConfig:
     )
 
 
-def build_model(cfg: ModelConfig, seed: int, attn_implementation: str = "eager") -> PreTrainedModel:
-    """A freshly initialised model; the same ``seed`` gives the same weights bit for bit.
+def load_dtype(precision: str, *, frozen_base: bool, device: torch.device) -> torch.dtype:
+    """The dtype a model's weights are held in, for the resolved ``precision`` (``fp32``, ``bf16``, ``fp16``).
 
-    ``attn_implementation`` is the resolved kernel (``eager``, ``sdpa``, ``flash_attention_2``;
-    see ``hpcsweep.train.gpu_choices.resolve_attention``), never ``auto``. It changes no weight.
+    Weights that train are fp32 master weights whatever the precision (autocast computes in bf16 or
+    fp16 from them). A frozen base (``frozen_base``: only adapters train) is held in the compute dtype
+    instead, half the memory: bf16 for bf16, and fp16 for fp16 on CUDA (CPUs lack fp16 kernels).
     """
+    if frozen_base and precision == "bf16":
+        return torch.bfloat16
+    if frozen_base and precision == "fp16" and device.type == "cuda":
+        return torch.float16
+    return torch.float32
+
+
+def build_model(
+    cfg: ModelConfig, seed: int, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """The trial's model: built fresh, or loaded from ``model.path``, with weights in ``dtype``.
+
+    A built model (the built-in one, or a folder's with ``model.random_init``) is initialised from
+    ``seed``: the same seed gives the same weights bit for bit. ``attn_implementation`` is the resolved
+    kernel (``eager``, ``sdpa``, ``flash_attention_2``; see ``hpcsweep.train.gpu_choices.resolve_attention``),
+    never ``auto``. It changes no weight.
+    """
+    if cfg.path is not None:
+        return _from_folder(cfg, seed, attn_implementation, dtype)
     config = hf_config(cfg)
     torch.manual_seed(seed)
     model_cls = LlamaForCausalLM if cfg.arch == "llama" else DeepseekV3ForCausalLM
     config._attn_implementation = attn_implementation
-    return model_cls(config)
+    return model_cls(config).to(dtype)
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x active parameters plus the attention score term.
+def _from_folder(cfg: ModelConfig, seed: int, attn_implementation: str, dtype: torch.dtype) -> PreTrainedModel:
+    options = dict(trust_remote_code=cfg.trust_remote_code, attn_implementation=attn_implementation, dtype=dtype)
+    if cfg.random_init:
+        config = AutoConfig.from_pretrained(cfg.path, local_files_only=True, trust_remote_code=cfg.trust_remote_code)
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, **options)
+    return AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **options)
 
+
+_EXPERT_COUNTS = ("n_routed_experts", "num_local_experts", "num_experts")
+"""Where a transformers config keeps its routed experts per MoE layer (DeepSeek, Mixtral, Qwen-MoE)."""
+
+
+def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:
+    """Training FLOPs per token of the model ``config`` describes (a built-in one's ``hf_config``, or a
+    loaded folder's): 6 x active parameters plus the attention score term.
+
+    The parameters are counted on a model built on the meta device (no memory, no weights read).
     Active parameters count only ``num_experts_per_tok`` of the routed experts and leave out the
     input embedding (a lookup, not a matmul). The attention term is PaLM's ``12·L·H·Q·T``,
     generalised to separate query/key and value head widths: ``6·L·H·(d_qk + d_v)·T``.
     """
+    config = copy.deepcopy(config)
     with torch.device("meta"):
-        model = build_model(cfg, seed=0)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(getattr(config, "auto_map", None)))
+    experts = next((getattr(config, name) for name in _EXPERT_COUNTS if getattr(config, name, None)), None)
     active = 0.0
     for name, param in model.named_parameters():
         if "embed_tokens" in name:
             continue
-        share = cfg.num_experts_per_tok / cfg.n_routed_experts if ".mlp.experts." in name else 1.0
+        share = config.num_experts_per_tok / experts if experts and ".mlp.experts." in name else 1.0
         active += param.numel() * share
-    if cfg.arch == "llama":
-        d_qk = d_v = cfg.hidden_size // cfg.num_heads
+    heads = config.num_attention_heads
+    if getattr(config, "qk_nope_head_dim", None) is not None:  # MLA: DeepSeek-V2/V3
+        d_qk, d_v = config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim
     else:
-        d_qk, d_v = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
-    attention = 6 * cfg.num_layers * cfg.num_heads * (d_qk + d_v) * seq_len
+        d_qk = d_v = getattr(config, "head_dim", None) or config.hidden_size // heads
+    attention = 6 * config.num_hidden_layers * heads * (d_qk + d_v) * seq_len
     return 6 * active + attention

@@ -76,7 +76,8 @@ class Trainer:
             tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available()
         )
         gpu_choices.apply_backend_settings(self.choices, world.device.type)
-        self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation).to(world.device)
+        weights_dtype = model.load_dtype(self.choices.precision, frozen_base=False, device=world.device)
+        self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation, weights_dtype).to(world.device)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
@@ -92,7 +93,7 @@ class Trainer:
             else self.model
         )
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
-        self.corpus = data.load_corpus(cfg.data, cfg.model.vocab_size)
+        self.corpus = data.load_corpus(cfg.data, self.model.config.vocab_size)
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
@@ -106,7 +107,7 @@ class Trainer:
             hparams.write_trial_hparams(trial_dir, tb_dir)
         self.logger = metrics.build_logger(world.rank, world.world_size, tb_dir)
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
-        self.flops_per_token = model.flops_per_token(cfg.model, cfg.data.seq_len)
+        self.flops_per_token = model.flops_per_token(self.model.config, cfg.data.seq_len)
         self.peak_flops = metrics.peak_flops(self.device_facts.name, self.choices.precision, self.choices.tf32)
         self.step = 0
         self.step_seconds = 0.0

@@ -5,12 +5,19 @@ Resuming a checkpoint under a different identity would silently mix two configs 
 it is refused, naming the keys that differ, unless ``resume.force=true``. Keys outside the identity
 may differ freely between runs of one trial dir (``FREE_KEYS``; everything not listed there is part
 of the identity, so a key added later is protected by default).
+
+A trial that loads a model folder (``model.path``) is also trained *from* that folder: its identity
+(``hpcsweep.model_folder.model_identity``: config.json, weight names and sizes, a hash of the
+safetensors headers) is recorded in each attempt's ``environment.json``, and resuming after the
+folder changed is refused the same way, naming what changed. The path itself may change: a folder
+moved whole is the same model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+import json
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +25,10 @@ import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_from_dict, trial_config_to_dict
 from hpcsweep.files.trial_files import CONFIG_FILE, TrialFiles
+from hpcsweep.model_folder import identity_changes, model_identity, read_model_folder
+
+MODEL_RECORD_KEY = "model"
+"""The key of ``environment.json`` that holds the identity of the model folder the attempt trained from."""
 
 FREE_KEYS: tuple[str, ...] = (
     # Logging, checkpoints and retention: no effect on the computation or the RNG streams.
@@ -55,6 +66,18 @@ def _shown(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=1_000).strip().removesuffix("...").strip()
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelChange:
+    """The model folder a trial dir was trained from is not what it was: what differs, one phrase each."""
+
+    path: str
+    changes: tuple[str, ...]
+    key = "model.path"
+
+    def __str__(self) -> str:
+        return f"model.path={self.path} changed since the trial trained from it: {'; '.join(self.changes)}"
+
+
 class ConfigMismatch(ValueError):
     """A trial dir holds a checkpoint trained with another config; nothing was run."""
 
@@ -74,6 +97,8 @@ def is_free(key: str, stored: Mapping[str, Any], now: Mapping[str, Any]) -> bool
         return True
     if key in EVAL_KEYS:
         return not (stored.get("trainer.early_stop_patience") or now.get("trainer.early_stop_patience"))
+    if key == "model.path":  # the folder's contents are compared instead (``model_change``)
+        return None not in (stored.get(key), now.get(key))
     # The sweep-level check sees "auto" before a node resolves it; the runner checks again after.
     return key == "trainer.nproc_per_node" and "auto" in (stored.get(key), now.get(key))
 
@@ -88,17 +113,52 @@ def config_differences(stored: Mapping[str, Any], now: Mapping[str, Any]) -> lis
     ]
 
 
-def differences_text(differences: list[Difference]) -> str:
+def differences_text(differences: list[Difference | ModelChange]) -> str:
     """``model.lr=0.0001 (now 0.003), trainer.max_steps=400 (now 200)``."""
     return ", ".join(str(d) for d in differences)
 
 
-def mismatch_message(trial_dir: Path, differences: list[Difference]) -> str:
-    """The one-line refusal naming every differing key with both values."""
+def mismatch_message(trial_dir: Path, differences: list[Difference | ModelChange]) -> str:
+    """The one-line refusal naming every differing key with both values, and what changed in the model folder."""
+    model_changed = any(isinstance(d, ModelChange) for d in differences)
     return (
         f"trial dir {trial_dir} was trained with a different config: {differences_text(differences)}; "
-        "rerun with the same overrides, or add resume.force=true to resume it with the new config"
+        + ("put the model folder back as it was, " if model_changed else "")
+        + "rerun with the same overrides, or add resume.force=true to resume it with the new config"
     )
+
+
+def trial_model_identity(config: TrialConfig) -> dict[str, Any] | None:
+    """The identity of the model folder ``model.path`` names now; None for the built-in model."""
+    path = config.model.path
+    return None if path is None else model_identity(read_model_folder(path))
+
+
+def recorded_model_identity(trial_dir: Path) -> dict[str, Any] | None:
+    """The identity of the model folder the trial's last attempt trained from (its ``environment.json``)."""
+    try:
+        record = json.loads(TrialFiles(trial_dir).environment.read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get(MODEL_RECORD_KEY) if isinstance(record, dict) else None
+
+
+def model_change(
+    trial_dir: Path, config: TrialConfig, identity_now: Callable[[TrialConfig], dict[str, Any] | None]
+) -> ModelChange | None:
+    """How the folder ``model.path`` names differs from the one ``trial_dir`` was trained from; None
+    when it does not (or for the built-in model). ``ConfigMismatch`` when the trial dir has no record of it."""
+    if config.model.path is None:
+        return None
+    stored = recorded_model_identity(trial_dir)
+    if stored is None:
+        raise ConfigMismatch(
+            f"trial dir {trial_dir} has no record of the model folder it trained from (environment.json); "
+            f"add resume.force=true to resume it from model.path={config.model.path}"
+        )
+    now = identity_now(config)
+    changes = identity_changes(stored, now or {})
+    return ModelChange(config.model.path, tuple(changes)) if changes else None
 
 
 def has_checkpoint(trial_dir: Path) -> bool:
@@ -120,17 +180,28 @@ def stored_config(trial_dir: Path) -> dict[str, Any] | None:
         ) from None
 
 
-def resume_differences(trial_dir: Path, config: TrialConfig) -> list[Difference]:
-    """How ``config`` differs in training identity from what ``trial_dir`` was trained with.
+def resume_differences(
+    trial_dir: Path,
+    config: TrialConfig,
+    identity_now: Callable[[TrialConfig], dict[str, Any] | None] = trial_model_identity,
+) -> list[Difference | ModelChange]:
+    """How ``config`` differs in training identity from what ``trial_dir`` was trained with, its model
+    folder's contents included (``identity_now`` reads them; a sweep passes one that reads each folder once).
 
     Empty for a new trial dir, or one without a checkpoint. Raises ``ConfigMismatch`` when the
     stored config cannot be read.
     """
     stored = stored_config(trial_dir)
-    return [] if stored is None else config_differences(stored, trial_config_to_dict(config))
+    if stored is None:
+        return []
+    differences: list[Difference | ModelChange] = [*config_differences(stored, trial_config_to_dict(config))]
+    if stored["model"].get("path") is not None:
+        change = model_change(trial_dir, config, identity_now)
+        differences += [change] if change else []
+    return differences
 
 
-def check_resume(trial_dir: Path, config: TrialConfig, force: bool) -> list[Difference]:
+def check_resume(trial_dir: Path, config: TrialConfig, force: bool) -> list[Difference | ModelChange]:
     """Raise ``ConfigMismatch`` when ``config`` would resume ``trial_dir`` under another identity.
 
     With ``force``, return the differences instead (for the caller to log and record).

@@ -19,7 +19,7 @@ from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.slurm.env import SlurmJobEnv
-from hpcsweep.trial.identity import check_resume, differences_text
+from hpcsweep.trial.identity import MODEL_RECORD_KEY, check_resume, differences_text
 from hpcsweep.trial.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -42,13 +42,19 @@ def git_state(source_dir: Path) -> dict[str, Any]:
 
 
 def environment_record(
-    rdzv: Rendezvous, nccl_preset: str, nccl_vars: Mapping[str, str], job: SlurmJobEnv | None
+    rdzv: Rendezvous,
+    nccl_preset: str,
+    nccl_vars: Mapping[str, str],
+    job: SlurmJobEnv | None,
+    model: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a trial ran under: code version, rendezvous, NCCL preset (``auto`` resolved) and variables,
-    Slurm job and restarts.
+    Slurm job and restarts, and the model folder it trains from.
 
     ``code_snapshot`` names the sweep's code snapshot this code was imported from (its path,
-    commit and diff hash), or is null when the trial runs the installed code.
+    commit and diff hash), or is null when the trial runs the installed code. ``model`` is the
+    identity of the ``model.path`` folder (``hpcsweep.trial.identity.trial_model_identity``), null for
+    the built-in model; a resume compares the folder with it.
     """
     import torch
 
@@ -74,6 +80,7 @@ def environment_record(
             "node_name": job.node_name,
             "restart_count": job.restart_count,
         },
+        MODEL_RECORD_KEY: None if model is None else dict(model),
     }
 
 

@@ -53,12 +53,12 @@ def test_same_seed_same_weights_and_forward_is_deterministic():
 def test_flops_per_token_counts_active_experts_and_attention():
     dense = ModelConfig(arch="llama", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=4)
     params = sum(p.numel() for n, p in build_model(dense, 0).named_parameters() if "embed_tokens" not in n)
-    assert flops_per_token(dense, seq_len=32) == 6 * params + 6 * 2 * 4 * (16 + 16) * 32
+    assert flops_per_token(hf_config(dense), seq_len=32) == 6 * params + 6 * 2 * 4 * (16 + 16) * 32
 
     moe = group("deepseek_tiny")
     more_experts = ModelConfig(**{**moe.__dict__, "n_routed_experts": 8})
     # Doubling the routed experts doubles the expert parameters but not the active ones: only
     # the router (experts x hidden, in the one MoE layer) grows.
     router_growth = 6 * (8 - 4) * moe.hidden_size * (moe.num_layers - moe.first_k_dense_replace)
-    assert flops_per_token(more_experts, 64) == flops_per_token(moe, 64) + router_growth
-    assert flops_per_token(moe, 128) > flops_per_token(moe, 64)
+    assert flops_per_token(hf_config(more_experts), 64) == flops_per_token(hf_config(moe), 64) + router_growth
+    assert flops_per_token(hf_config(moe), 128) > flops_per_token(hf_config(moe), 64)
