@@ -228,7 +228,10 @@ class ModelConfig:
         )
 
     def _check_folder_keys(self) -> None:
-        _require(bool(self.path), "model.path", self.path, "a model folder, or null for the built-in model")
+        _require(
+            bool(self.path), "model.path", self.path,
+            "a Hugging Face model folder (model=pretrained model.path=/shared/models/NAME), or null for the built-in model",
+        )
         defaults = _model_defaults()
         for name in FOLDER_ARCHITECTURE_KEYS:
             value = getattr(self, name)

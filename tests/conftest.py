@@ -39,6 +39,9 @@ SLOW_TESTS = {
         "test_single_run_with_bad_value_exits_with_the_key",
     },
     "test_packaging.py": {"test_plain_install_runs_cfg_job_from_another_folder"},
+    "test_pretrained_model.py": {
+        "test_a_full_fine_tuning_trial_starts_from_the_saved_weights_and_refuses_a_changed_folder"
+    },
     "test_search_study.py": {"test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune"},
     "test_search_sweeper.py": {"test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes"},
     "test_trainer_learning.py": {"test_val_loss_falls_far_below_the_unigram_entropy"},

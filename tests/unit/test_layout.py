@@ -16,7 +16,7 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search", "control")
+SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offline")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
 """What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
@@ -26,6 +26,8 @@ ALLOWED = {
     "slurm": {"config", "slurm"},
     "search": {"config", "files", "slurm", "search"},
     "control": {"files", "slurm", "control"},
+    "model_folder": {"model_folder"},
+    "offline": {"offline"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
 }
 

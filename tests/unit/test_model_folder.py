@@ -111,6 +111,17 @@ def test_unknown_architectures_and_remote_code(model_folders, tmp_path):
     assert validate(remote, {"trust_remote_code": True}).model.trust_remote_code
 
 
+def test_model_pretrained_without_a_path_is_refused():
+    from hpcsweep.sweep.single_run import check_single_run
+
+    with pytest.raises(ValueError) as info:
+        check_single_run(["model=pretrained"])
+    assert str(info.value) == (
+        "model.path='' is not allowed: a Hugging Face model folder (model=pretrained "
+        "model.path=/shared/models/NAME), or null for the built-in model"
+    )
+
+
 def test_seq_len_beyond_the_folders_positions_and_a_size_key_beside_the_path(model_folders):
     folder = model_folders["single"]
     assert refusal(folder, data={"seq_len": 300}) == (
