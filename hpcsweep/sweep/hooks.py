@@ -117,7 +117,10 @@ class TrialHook:
         """Validate the sweep as a whole once every trial passed ``check_trial``; ``ValueError``."""
 
     def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
-        """What ``sweep.json`` records about the checked sweep for the app (its ``app`` entry): plain JSON."""
+        """What ``sweep.json`` records about the checked sweep for the app (its ``app`` entry): plain JSON.
+
+        Called before anything is submitted: a ``ValueError`` (naming the key) refuses the sweep.
+        """
         return {}
 
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int] | None:

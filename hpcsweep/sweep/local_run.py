@@ -147,6 +147,7 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
         plan = machine_plan(launcher.params, trials)
         start_method = start_method_of(launcher.params)
         budget = announce_local_budget(launcher.config.hydra.launcher)
+        app_facts = hook.sweep_facts(trials)
     except ValueError as err:
         exit_with_config_error(err, "no trial was run")
     # Started first, so that its imports overlap with writing the sweep's files.
@@ -154,7 +155,7 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
         starter = TrialStarter(start_method, (*PRELOAD, BASIC_LAUNCHER_MODULE, *hook.preload))
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     record = local_sweep_record(sweep_dir, trials, previous_record(sweep_dir))
-    write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget, app=hook.sweep_facts(trials)))
+    write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget, app=app_facts))
     log.info("sweep dir: %s (%d trials, running locally, %d at a time)", sweep_dir, len(trials), plan.parallelism)
     forget_not_started(trials)
     with tempfile.TemporaryDirectory(prefix="hpcsweep-local-") as folder:

@@ -214,6 +214,7 @@ def launch_on_slurm(
         slurm_config = commands.show_config()
         check_against_cluster(trials, params, slurm_config)
         budget = announce_budget(trials, params)
+        app_facts = hook_of(launcher.task_function).sweep_facts(trials)
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
@@ -230,7 +231,7 @@ def launch_on_slurm(
         ],
         arrays=arrays,
         budget_gpu_hours=budget,
-        app=hook_of(launcher.task_function).sweep_facts(trials),
+        app=app_facts,
     )
     write_sweep_record(record)
     log.info("sweep dir: %s", sweep_dir)
