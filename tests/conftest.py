@@ -38,6 +38,7 @@ SLOW_TESTS = {
         "test_local_sweep_runs_every_trial_and_writes_sweep_json",
         "test_single_run_with_bad_value_exits_with_the_key",
     },
+    "test_model_folder.py": {"test_the_entry_modules_keep_the_hub_offline_before_transformers_loads"},
     "test_packaging.py": {"test_plain_install_runs_cfg_job_from_another_folder"},
     "test_pretrained_model.py": {
         "test_a_full_fine_tuning_trial_starts_from_the_saved_weights_and_refuses_a_changed_folder"
