@@ -7,8 +7,8 @@ may differ freely between runs of one trial dir (``FREE_KEYS``; everything not l
 of the identity, so a key added later is protected by default).
 
 A trial that loads a model folder (``model.path``) is also trained *from* that folder: its identity
-(``hpcsweep.model_folder.model_identity``: config.json, weight names and sizes, a hash of the
-safetensors headers) is recorded in each attempt's ``environment.json``, and resuming after the
+(``hpcsweep.model_folder.model_identity``: config.json, weight names and sizes, a fingerprint of the
+safetensors headers and data) is recorded in each attempt's ``environment.json``, and resuming after the
 folder changed is refused the same way, naming what changed. The path itself may change: a folder
 moved whole is the same model.
 """
@@ -72,7 +72,6 @@ class ModelChange:
 
     path: str
     changes: tuple[str, ...]
-    key = "model.path"
 
     def __str__(self) -> str:
         return f"model.path={self.path} changed since the trial trained from it: {'; '.join(self.changes)}"

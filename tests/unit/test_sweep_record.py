@@ -44,7 +44,8 @@ def test_sweep_record_keeps_every_attempt_and_the_budget(tmp_path):
     assert (again.job_id, again.submitted_at) == ("60_0", "2026-11-29T16:00:00+00:00")
     assert [a.job_id for a in again.all_attempts()] == ["41_3", "52_0", "60_0"]
     record = SweepRecord(str(tmp_path), "slurm", "2026-11-29T14:00:00+00:00", [again],
-                         [ArrayRecord("41", [3]), ArrayRecord("52", [3]), ArrayRecord("60", [3])], budget_gpu_hours=12.5)
+                         [ArrayRecord("41", [3]), ArrayRecord("52", [3]), ArrayRecord("60", [3])], budget_gpu_hours=12.5,
+                         app={"models": {"/shared/models/x": {"weights": {"model.safetensors": 1024}}}})
     write_sweep_record(record)
     assert read_sweep_record(tmp_path) == record
     assert read_sweep_record(tmp_path).job_ids() == ["41", "52", "60"]
@@ -60,5 +61,5 @@ def test_sweep_json_written_before_attempts_still_reads(tmp_path):
                     "submitted_at": "2026-11-29T14:00:00+00:00"}],
     }))
     record = read_sweep_record(tmp_path)
-    assert record.budget_gpu_hours is None
+    assert record.budget_gpu_hours is None and record.app == {}
     assert [(a.job_id, a.submitted_at) for a in record.trials[0].all_attempts()] == [("41_0", "2026-11-29T14:00:00+00:00")]
