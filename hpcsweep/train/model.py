@@ -120,7 +120,10 @@ def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:
     """
     config = copy.deepcopy(config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(getattr(config, "auto_map", None)))
+        # The kernel changes no parameter; eager needs no package and no device to be chosen.
+        model = AutoModelForCausalLM.from_config(
+            config, trust_remote_code=bool(getattr(config, "auto_map", None)), attn_implementation="eager"
+        )
     experts = next((getattr(config, name) for name in _EXPERT_COUNTS if getattr(config, name, None)), None)
     active = 0.0
     for name, param in model.named_parameters():
