@@ -104,6 +104,12 @@ class HpcsweepTrials(TrialHook):
         """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``)."""
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
 
+    def check_cluster(self, trials: Sequence[SweepTrial], launcher: Mapping[str, Any], partition_gres: Sequence[str]) -> None:
+        """Every trial's memory plan fits the GPUs it will get (``hpcsweep.sweep.memory_check``)."""
+        from hpcsweep.sweep.memory_check import check_memory_plans
+
+        check_memory_plans(trials, launcher, partition_gres)
+
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int]:
         """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``."""
         trainer = trial.app_config[0].trainer
