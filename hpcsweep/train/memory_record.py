@@ -43,6 +43,13 @@ def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precisio
     return plan_record(plan_memory(shape, setup), setup, gpu)
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start this trial's CUDA peak afresh (trials packed into one process follow one another); on
+    CPU the resident-set peak cannot be reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def measured_peak(device: torch.device) -> dict[str, Any]:
     """metrics.json's ``memory_peak``: this process's peak so far, in bytes, and what measured it."""
     if device.type == "cuda":

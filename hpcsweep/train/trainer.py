@@ -123,6 +123,7 @@ class Trainer:
         self.report["ranks"] = ranks
         self.report["nodes"] = sorted({r["node"] for r in ranks})
         self.report.update(device_name=self.device_facts.name, **dataclasses.asdict(self.choices))
+        memory_record.reset_peak(world.device)
         self.report["memory_plan"] = memory_record.worker_memory_plan(
             cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation)
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
