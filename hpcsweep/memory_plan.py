@@ -125,8 +125,8 @@ def activation_bytes_per_token(shape: ModelShape, setup: TrainingSetup) -> dict[
     def low_rank_norm(width: int) -> float:  # an RMSNorm on a 16-bit latent (MLA), then one linear
         return (4 + 2 * e) * width
 
-    def gated_mlp(width: int, tokens_share: float = 1.0) -> float:
-        return tokens_share * (4 * e * width)
+    def gated_mlp(width: int) -> float:
+        return 4 * e * width
 
     def attention_core(q: int, k: int, v: int, out: int) -> float:
         if setup.fused_attention:  # q, k, v, the output and the fp32 log-sum-exp per head
@@ -150,8 +150,7 @@ def activation_bytes_per_token(shape: ModelShape, setup: TrainingSetup) -> dict[
     dense = norm(h, 2) + gated_mlp(shape.intermediate_size)
     k = shape.num_experts_per_tok
     moe = (
-        # The router and the shared experts' gate/up read the norm's output; each routed expert reads
-        # its own copy of its tokens (a gather, then autocast's cast).
+        # The router and the shared experts' gate and up read the norm's output.
         norm(h, 3)
         + 8 * shape.n_routed_experts  # router logits and scores, fp32
         # transformers' grouped_mm experts run in the weights' dtype, fp32, whatever autocast says:

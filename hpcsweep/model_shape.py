@@ -83,8 +83,19 @@ def shape_from_model_config(model: Any) -> ModelShape:
 
 
 def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
-    """The shape of a Hugging Face ``config.json`` (as a dict); ``ValueError`` for another ``model_type``."""
+    """The shape of a Hugging Face ``config.json`` (as a dict); ``ValueError`` for another ``model_type``
+    or a missing size."""
+    try:
+        return _shape_from_hf_config(config)
+    except KeyError as err:
+        raise ValueError(f"config.json has no {err.args[0]}, which the memory plan needs") from None
+
+
+def _shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
     model_type = config.get("model_type")
+    if model_type not in (*DENSE_MODEL_TYPES, *MLA_MODEL_TYPES):
+        allowed = ", ".join((*DENSE_MODEL_TYPES, *MLA_MODEL_TYPES))
+        raise ValueError(f"config.json model_type={model_type!r} has no memory plan: one of {allowed}")
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     common = dict(
         vocab_size=config["vocab_size"], hidden_size=hidden, intermediate_size=config["intermediate_size"],
@@ -95,22 +106,19 @@ def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
     )
     if model_type in DENSE_MODEL_TYPES:
         return ModelShape(arch="llama", **common)
-    if model_type in MLA_MODEL_TYPES:
-        return ModelShape(
-            arch="deepseek_v3", **common,
-            n_routed_experts=config.get("n_routed_experts") or 0,
-            num_experts_per_tok=config.get("num_experts_per_tok") or 0,
-            n_shared_experts=config.get("n_shared_experts") or 0,
-            moe_intermediate_size=config.get("moe_intermediate_size") or 0,
-            first_k_dense_replace=config.get("first_k_dense_replace") or 0,
-            # DeepSeek-V3's transformers class puts experts in every layer after the first k.
-            moe_layer_freq=(config.get("moe_layer_freq") or 1) if model_type == "deepseek_v2" else 1,
-            q_lora_rank=config.get("q_lora_rank"), kv_lora_rank=config["kv_lora_rank"],
-            qk_rope_head_dim=config["qk_rope_head_dim"], qk_nope_head_dim=config["qk_nope_head_dim"],
-            v_head_dim=config["v_head_dim"],
-        )
-    allowed = ", ".join((*DENSE_MODEL_TYPES, *MLA_MODEL_TYPES))
-    raise ValueError(f"config.json model_type={model_type!r} has no memory plan: one of {allowed}")
+    return ModelShape(
+        arch="deepseek_v3", **common,
+        n_routed_experts=config.get("n_routed_experts") or 0,
+        num_experts_per_tok=config.get("num_experts_per_tok") or 0,
+        n_shared_experts=config.get("n_shared_experts") or 0,
+        moe_intermediate_size=config.get("moe_intermediate_size") or 0,
+        first_k_dense_replace=config.get("first_k_dense_replace") or 0,
+        # DeepSeek-V3's transformers class puts experts in every layer after the first k.
+        moe_layer_freq=(config.get("moe_layer_freq") or 1) if model_type == "deepseek_v2" else 1,
+        q_lora_rank=config.get("q_lora_rank"), kv_lora_rank=config["kv_lora_rank"],
+        qk_rope_head_dim=config["qk_rope_head_dim"], qk_nope_head_dim=config["qk_nope_head_dim"],
+        v_head_dim=config["v_head_dim"],
+    )
 
 
 @dataclass(frozen=True)

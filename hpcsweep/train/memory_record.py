@@ -33,7 +33,10 @@ def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precisio
     """metrics.json's ``memory_plan`` for trial ``cfg`` on ``world_size`` workers of ``device``,
     with the resolved ``precision`` and ``attention`` kernel."""
     gpu = device_memory(device)
-    shape = shape_of_trial(cfg.model)
+    try:
+        shape = shape_of_trial(cfg.model)
+    except ValueError as err:  # a pretrained folder of an architecture the plan does not know
+        return {"verdict": "not planned", "error": str(err)}
     setup = replace(
         setup_of_trial(cfg, world_size=world_size, device=device.type),
         precision=precision, fused_attention=attention != "eager",

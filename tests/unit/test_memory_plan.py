@@ -307,3 +307,19 @@ def test_a_pretrained_folder_is_planned_from_its_config_json(tmp_path):
     model = SimpleNamespace(**vars(ModelConfig()), path=str(folder))
     assert total_parameters(shape_of_trial(model)) == sum(p.numel() for p in built.parameters())
     assert shape_of_trial(model).vocab_size == config["vocab_size"]
+
+
+def test_an_architecture_without_a_plan_is_named_and_not_refused(tmp_path, caplog):
+    with pytest.raises(ValueError, match=r"^config.json model_type='gpt2' has no memory plan: one of llama, "):
+        shape_from_hf_config({"model_type": "gpt2", "hidden_size": 8, "num_attention_heads": 2, "vocab_size": 8,
+                              "intermediate_size": 8, "num_hidden_layers": 1})
+    with pytest.raises(ValueError, match=r"^config.json has no kv_lora_rank, which the memory plan needs$"):
+        shape_from_hf_config({k: v for k, v in V2_LITE.items() if k != "kv_lora_rank"})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    trial = sweep_trial(0, {})
+    model = SimpleNamespace(**vars(trial.app_config[0].model), path=str(tmp_path))
+    odd = replace(trial, app_config=(SimpleNamespace(model=model, trainer=trial.app_config[0].trainer,
+                                                       data=trial.app_config[0].data), None))
+    with caplog.at_level(logging.WARNING, logger="hpcsweep.sweep.memory_check"):
+        check_memory_plans([odd], {"gpus_per_node": 8}, ["gpu:a100:8"])
+    assert "trial #0: memory plan not checked: config.json model_type='gpt2' has no memory plan" in caplog.text
