@@ -232,7 +232,7 @@ def memory_plan_checks(plan: Plan, trials: list[tuple[Size, dict[str, Any]]]) ->
         if plan.device == "cuda" and not MEMORY_BAND[0] <= ratio <= MEMORY_BAND[1]:
             raise CheckFailed(f"{size.label}: memory plan {estimate['tensors_bytes'] / 2**30:.2f} GB is x{ratio:.2f} "
                               f"the measured peak {peak['bytes'] / 2**30:.2f} GB ({peak['source']}); allowed "
-                              f"x{MEMORY_BAND[0]}..x{MEMORY_BAND[1]}: fix hpcsweep/memory_plan.py")
+                              f"x{MEMORY_BAND[0]}..x{MEMORY_BAND[1]}: fix hpcsweep/memory_plan/__init__.py")
         rows.append({"size": size.label, "plan_bytes": estimate["tensors_bytes"], "total_bytes": estimate["total_bytes"],
                      "peak_bytes": peak["bytes"], "peak_source": peak["source"], "ratio": ratio,
                      "compared": plan.device == "cuda", "parts": estimate["bytes"]})

@@ -1,7 +1,7 @@
 """Refuse, before submit, every trial whose memory plan does not fit the GPUs it will get.
 
 On Slurm only: the GPUs' memory comes from ``hydra.launcher.gpu_mem_gb``, ``hydra.launcher.gres``
-or the partition's GRES (``hpcsweep.gpu_memory``). A local run is not checked: there is no queue
+or the partition's GRES (``hpcsweep.memory_plan.gpu_memory``). A local run is not checked: there is no queue
 to wait in, and an out-of-memory trial fails within seconds (its ``metrics.json`` still holds its
 plan against the real GPU, and the measured peak).
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hpcsweep.gpu_memory import GIB, GpuMemory, gpu_memory
+from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory, gpu_memory
 from hpcsweep.memory_plan import (
     fits,
     plan_memory,

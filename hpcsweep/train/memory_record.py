@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hpcsweep.gpu_memory import GpuMemory
+from hpcsweep.memory_plan.gpu_memory import GpuMemory
 from hpcsweep.memory_plan import plan_memory, plan_record, resolve_parallel, setup_of_trial, shape_of_trial
 
 

@@ -65,7 +65,7 @@ class SlurmLauncherConf(SlurmQueueConf):
     # activations, overhead per GPU; docs/user/memory-plan.md) exceeds its GPUs' memory; false: no check.
     check_memory: bool = True
     # The memory of one GPU in GB, for sites whose GRES names carry no size (gpu:8, gpu:tesla);
-    # null: from the GRES type (a100 80, a100_40g 40, h100 80, h200 141, ...; hpcsweep.gpu_memory).
+    # null: from the GRES type (a100 80, a100_40g 40, h100 80, h200 141, ...; hpcsweep.memory_plan.gpu_memory).
     gpu_mem_gb: Optional[float] = None
 
 

@@ -16,7 +16,7 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search", "control")
+SHARED = ("config", "files", "slurm", "search", "control", "memory_plan")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
 """What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
@@ -26,6 +26,7 @@ ALLOWED = {
     "slurm": {"config", "slurm"},
     "search": {"config", "files", "slurm", "search"},
     "control": {"files", "slurm", "control"},
+    "memory_plan": {"config", "memory_plan"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
 }
 
@@ -191,7 +192,8 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
         ["hpcsweep.report"],
         ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
-        ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare"],
+        ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare",
+         "hpcsweep.sweep.memory_check"],
         ["hydra_plugins.hpcsweep_plugins.search_sweeper", "hpcsweep.search.study", "hpcsweep.search.trial_slot"],
     ],
 )

@@ -15,7 +15,7 @@ import yaml
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from hpcsweep.config import ModelConfig, trial_config_from_dict
-from hpcsweep.gpu_memory import GIB, GpuMemory, gpu_memory, gres_gpu_types
+from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory, gpu_memory, gres_gpu_types
 from hpcsweep.memory_plan import (
     DEFAULT_LORA_TARGETS,
     TrainingSetup,
@@ -27,7 +27,7 @@ from hpcsweep.memory_plan import (
     setup_of_trial,
     shape_of_trial,
 )
-from hpcsweep.model_shape import (
+from hpcsweep.memory_plan.model_shape import (
     active_parameters,
     lora_parameters,
     shape_from_hf_config,

@@ -1,6 +1,7 @@
 """A trial's memory per GPU, estimated from its config alone: on the login node, before submit.
 
-Pure arithmetic over a ``ModelShape`` (``hpcsweep.model_shape``) and a ``TrainingSetup``; no torch.
+Pure arithmetic over a ``ModelShape`` (``hpcsweep.memory_plan.model_shape``) and a ``TrainingSetup``,
+compared with a ``GpuMemory`` (``hpcsweep.memory_plan.gpu_memory``); no torch.
 The parts, per GPU (``docs/user/memory-plan.md`` gives the derivation):
 
 - **weights**: fp32 master weights (4 B/param; a LoRA base is frozen in bf16 under bf16/fp16, 2 B),
@@ -16,6 +17,8 @@ The parts, per GPU (``docs/user/memory-plan.md`` gives the derivation):
 FSDP divides weights, gradients and optimizer states by the world size and adds what it gathers
 unsharded at once: the root (embeddings, LM head) and two decoder layers (one prefetched) in the
 compute dtype, and one layer's fp32 gradient for the reduce-scatter.
+
+May import only ``config``; never a stage or a command module.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpcsweep.gpu_memory import GIB, GpuMemory
-from hpcsweep.model_shape import (
+from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory
+from hpcsweep.memory_plan.model_shape import (
     ModelShape,
     active_parameters,
     largest_layer_parameters,

@@ -113,7 +113,7 @@ def _of_types(names: list[str], source: str) -> GpuMemory | str:
     known = {name: gpu_type(name) for name in names}
     unknown = sorted(name for name, found in known.items() if found is None)
     if unknown:
-        return f"GRES type {unknown[0]!r} ({source}) is not in hpcsweep.gpu_memory.GPU_TYPES"
+        return f"GRES type {unknown[0]!r} ({source}) is not in hpcsweep.memory_plan.gpu_memory.GPU_TYPES"
     smallest = min(known.items(), key=lambda item: item[1].memory_gb)  # type: ignore[union-attr]
     name, found = smallest
     assert found is not None
