@@ -70,7 +70,8 @@ def memory_refusals(
 def check_memory_plans(trials: Sequence[SweepTrial], params: Mapping[str, Any], partition_gres: Sequence[str]) -> None:
     """Raise ``ValueError`` with the first refusal line (and how many more) when a trial cannot fit.
 
-    Logs the largest plan of the sweep; warns, and checks nothing, when the GPUs' memory is unknown.
+    Logs the largest plan of the sweep (at debug level: a retry's first line is its own); warns, and
+    checks nothing, when the GPUs' memory is unknown.
     """
     if not memory_check_enabled(params):
         return
@@ -84,5 +85,5 @@ def check_memory_plans(trials: Sequence[SweepTrial], params: Mapping[str, Any], 
         more = f" ({len(refused) - 1} more of the {len(trials)} trials do not fit either)" if len(refused) > 1 else ""
         raise ValueError(refused[0] + more)
     if largest is not None:
-        log.info("memory plan: at most ~%.1f GB/GPU (trial #%d) of %.0f GB per %s (%s)",
+        log.debug("memory plan: at most ~%.1f GB/GPU (trial #%d) of %.0f GB per %s (%s)",
                  largest[0], largest[1], gpu.gb, gpu.label, gpu.source)

@@ -114,9 +114,6 @@ def test_the_default_request_is_accepted(tmp_path, slurm_env):
         ["-m", "model.lr=1e-4,3e-4", "+hydra.launcher.additional_parameters.hold=true"], tmp_path, slurm_env, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    # Checked against the partition's GPUs before it was submitted (the default model fits easily).
-    output = result.stdout + result.stderr
-    assert "memory plan: at most ~" in output and "of 80 GB per A100 (the partition's GRES gpu:a100)" in output
     (array,) = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))["arrays"]
     array_id = array["array_job_id"]
     try:

@@ -273,7 +273,7 @@ def test_the_sweep_check_refuses_in_one_line_naming_how_many(caplog):
     assert line.endswith(" (1 more of the 3 trials do not fit either)")
     check_memory_plans(trials, {**params, "check_memory": False}, ["gpu:a100:8"])
     check_memory_plans(trials, {"gpus_per_node": 0}, ["gpu:a100:8"])  # a CPU partition: nothing to check
-    with caplog.at_level(logging.INFO, logger="hpcsweep.sweep.memory_check"):
+    with caplog.at_level(logging.DEBUG, logger="hpcsweep.sweep.memory_check"):
         check_memory_plans(trials, params, ["gpu:8"])
         check_memory_plans(trials[:1], params, ["gpu:h200:8"])
     assert "memory plans not checked: the partition's GPU GRES names no type; set hydra.launcher.gpu_mem_gb" in caplog.text
