@@ -215,6 +215,42 @@ def parameters(size: Size) -> int:
         return sum(p.numel() for p in model_lib.build_model(cfg, seed=0).parameters())
 
 
+MEMORY_BAND = (1.0, 1.5)
+"""On a GPU the plan's tensors (``memory_plan.tensors_bytes``) must lie within these multiples of the
+measured ``torch.cuda.max_memory_allocated``: never below it, at most 1.5x above."""
+
+
+def memory_plan_checks(plan: Plan, trials: list[tuple[Size, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The memory plan against the measured peak of each trial; on CPU informational (the resident
+    set also holds the interpreter and every library), on a GPU within ``MEMORY_BAND``."""
+    rows = []
+    for size, metrics in trials:
+        estimate, peak = metrics.get("memory_plan") or {}, metrics.get("memory_peak") or {}
+        if not estimate.get("tensors_bytes") or not peak.get("bytes"):
+            raise CheckFailed(f"{size.label}: metrics.json lacks memory_plan or memory_peak: {estimate!r}, {peak!r}")
+        ratio = estimate["tensors_bytes"] / peak["bytes"]
+        if plan.device == "cuda" and not MEMORY_BAND[0] <= ratio <= MEMORY_BAND[1]:
+            raise CheckFailed(f"{size.label}: memory plan {estimate['tensors_bytes'] / 2**30:.2f} GB is x{ratio:.2f} "
+                              f"the measured peak {peak['bytes'] / 2**30:.2f} GB ({peak['source']}); allowed "
+                              f"x{MEMORY_BAND[0]}..x{MEMORY_BAND[1]}: fix hpcsweep/memory_plan/__init__.py")
+        rows.append({"size": size.label, "plan_bytes": estimate["tensors_bytes"], "total_bytes": estimate["total_bytes"],
+                     "peak_bytes": peak["bytes"], "peak_source": peak["source"], "ratio": ratio,
+                     "compared": plan.device == "cuda", "parts": estimate["bytes"]})
+    return rows
+
+
+def memory_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One printed line per trial: the plan's tensors against the measured peak."""
+    return [
+        f"memory {row['size']:>8}: plan {row['plan_bytes'] / 2**30:.2f} GB of tensors "
+        f"({row['total_bytes'] / 2**30:.2f} GB with overhead) vs measured {row['peak_bytes'] / 2**30:.2f} GB "
+        f"({row['peak_source']}): x{row['ratio']:.2f}"
+        + (f" OK (allowed x{MEMORY_BAND[0]}..x{MEMORY_BAND[1]})" if row["compared"] else
+           " (CPU: the resident set counts the whole process; not compared)")
+        for row in rows
+    ]
+
+
 def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     """Every trial of the plan, checked; the numbers to print."""
     det = write_trial(workdir / "small-deterministic", plan, plan.small, deterministic=True)
@@ -251,6 +287,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     return {
         "device": fast_metrics.get("device_name") or "cpu",
         "sizes": rows,
+        "memory": memory_plan_checks(plan, [(plan.small, fast_metrics), (plan.large, large_metrics)]),
         "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
                          "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
         "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
@@ -269,6 +306,7 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
               f"{row['tokens']['seq_len']}, {row['precision']}, tf32={row['tf32']}, {row['attn_implementation']}): "
               f"{row['tokens_per_s']:.0f} tokens/s, MFU {mfu}; checkpoint {row['checkpoint_gb']:.2f} GB: "
               f"save {row['save_s']:.2f} s, resume {row['resume_s']:.2f} s (warm page cache)")
+    print("\n".join(memory_lines(result["memory"])))
     exact = result["exact_resume"]
     print(f"exact stop and resume (deterministic=true, stop at {exact['stop_at']} of {exact['max_steps']}): "
           f"weights sha256 equal: {exact['resumed'][:16]}... OK")

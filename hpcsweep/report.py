@@ -2,7 +2,8 @@
 
 Rows are sorted by ``--metric`` (default ``best_val_loss``, ascending); failed trials come last,
 each with the line that says why. ``mean tok/s`` is the throughput over the whole run, every
-attempt of a resumed trial included, from the trial's TensorBoard events. ``GPU-h`` is the
+attempt of a resumed trial included, from the trial's TensorBoard events. ``GB(plan/peak)`` is the
+memory plan's tensors per GPU against the peak rank 0 measured (``docs/user/memory-plan.md``). ``GPU-h`` is the
 GPU-hours the trial's allocations held and ``own GPU-h`` its own compute share; the line under the
 table gives the sweep's total, the figure ``status`` and the budget count (``hpcsweep.results.gpu_hours``). ``--csv``,
 ``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the
@@ -31,7 +32,7 @@ CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
     "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "own_gpu_hours", "world_size", "nodes", "error",
     "trial_dir",
-    "attempt", "last_stop_reason",
+    "attempt", "last_stop_reason", "memory_plan_bytes", "memory_peak_bytes",
 )
 
 
@@ -47,10 +48,18 @@ def _steps(row: TrialRow) -> str:
     return f"{row.step}/{row.max_steps}" if row.max_steps else str(row.step)
 
 
+def _memory(row: TrialRow) -> str:
+    """``18.5/16.2``: the memory plan's GB per GPU against the measured peak's."""
+    if row.memory_plan_bytes is None:
+        return "-"
+    peak = "-" if row.memory_peak_bytes is None else f"{row.memory_peak_bytes / 2**30:.1f}"
+    return f"{row.memory_plan_bytes / 2**30:.1f}/{peak}"
+
+
 def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells of the report table (numbers already formatted)."""
     header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts",
-              "GPU-h", "own GPU-h", "attempt"]
+              "GPU-h", "own GPU-h", "attempt", "GB(plan/peak)"]
     cells = [
         [
             str(row.num),
@@ -65,6 +74,7 @@ def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str
             _number(row.gpu_hours, 3),
             _number(row.own_gpu_hours, 3),
             str(row.attempt),
+            _memory(row),
         ]
         for row in rows
     ]

@@ -96,6 +96,10 @@ class TrialRow:
     """Which submission of the trial this is (``python -m hpcsweep.retry`` adds one)."""
     last_stop_reason: str = ""
     """Why the trial last stopped with a checkpoint (``time_limit``, ``preempted``, ``budget`` ...)."""
+    memory_plan_bytes: int | None = None
+    """The memory plan's tensors per GPU (metrics.json ``memory_plan.tensors_bytes``; ``hpcsweep.memory_plan``)."""
+    memory_peak_bytes: int | None = None
+    """What rank 0 measured: ``torch.cuda.max_memory_allocated`` on GPU, the peak resident set on CPU."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,8 @@ def build_row(
         never_starts=waiting.never_starts if waiting is not None else "",
         attempt=len(trial.all_attempts()),
         last_stop_reason=metrics.get("last_stop_reason") or "",
+        memory_plan_bytes=(metrics.get("memory_plan") or {}).get("tensors_bytes"),
+        memory_peak_bytes=(metrics.get("memory_peak") or {}).get("bytes"),
         **values,
     )
 

@@ -166,13 +166,14 @@ def check_request(
     The partition is the requested one, else the cluster's default. A partition with nodes of
     several configurations satisfies a request when enough nodes of ones that fit exist.
     """
-    partition = _chosen_partition(request.partition, partitions)
+    partition = chosen_partition(request.partition, partitions)
     _check_partition(request, partition)
     if qos is not None:
         _check_qos(request, qos)
 
 
-def _chosen_partition(name: str | None, partitions: Sequence[PartitionShape]) -> PartitionShape:
+def chosen_partition(name: str | None, partitions: Sequence[PartitionShape]) -> PartitionShape:
+    """The partition named ``name``, else the cluster's default; ``ValueError`` naming the key."""
     known = {p.name: p for p in partitions}
     if name is not None:
         if name not in known:

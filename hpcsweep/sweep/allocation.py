@@ -12,6 +12,7 @@ from hpcsweep.sweep.hooks import Allocation
 _OWN_KEYS = {
     "wait", "submitit_folder", "max_num_timeout", "max_retries", "max_array_size", "local_parallelism",
     "budget_gpu_hours", "trials_per_task", "start_method", "code_snapshot", "_target_",
+    "check_memory", "gpu_mem_gb",
 }
 # Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
 # ``executor_parameters`` passes on itself.

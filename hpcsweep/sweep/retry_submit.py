@@ -131,7 +131,7 @@ def plan_retry(
     check_budget_left(budget, sweep.usage.spent_hours if sweep.usage else 0.0,
                       sum(trial_units(t, params) for t in trials), horizon_s(poll_interval(os.environ)))
     slurm_config = commands.show_config()
-    check_against_cluster(trials, params, slurm_config)
+    check_against_cluster(trials, params, slurm_config, hook_of(launcher.task_function))
     return RetryPlan(sweep_dir, record, launcher, params, trials, slurm_config, budget, sweep_partition)
 
 

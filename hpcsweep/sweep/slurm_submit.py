@@ -29,6 +29,7 @@ from hpcsweep.slurm.partition_limits import (
     SINFO_FORMAT,
     QosLimits,
     check_request,
+    chosen_partition,
     parse_qos_limits,
     parse_sinfo_partitions,
 )
@@ -46,7 +47,7 @@ from hpcsweep.sweep.allocation import (
     executor_parameters,
 )
 from hpcsweep.sweep.budget import announce_budget
-from hpcsweep.sweep.hooks import Placement, SweepTrial, hook_of
+from hpcsweep.sweep.hooks import Placement, SweepTrial, TrialHook, hook_of
 from hpcsweep.sweep.snapshot import take_snapshot, with_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
@@ -102,8 +103,11 @@ def _qos_limits(name: str | None, slurm_config: str) -> QosLimits | None:
     return next((qos for qos in found if qos.name == name), None)
 
 
-def check_against_cluster(trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str) -> None:
-    """Raise ``ValueError`` when a distinct allocation of the sweep could never start.
+def check_against_cluster(
+    trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str, hook: TrialHook | None = None
+) -> None:
+    """Raise ``ValueError`` when a distinct allocation of the sweep could never start, or when the
+    app's ``hook`` refuses the sweep on the partition's nodes (hpcsweep's: a trial's memory plan).
 
     One ``sinfo`` call (and a ``sacctmgr`` one when a QOS is named and its limits are enforced).
     """
@@ -112,6 +116,9 @@ def check_against_cluster(trials: Sequence[SweepTrial], params: dict[str, Any], 
     qos = _qos_limits(params.get("qos"), slurm_config)
     for request in requests:
         check_request(request, partitions, qos)
+    if hook is not None and trials:
+        partition = chosen_partition(params.get("partition"), partitions)
+        hook.check_cluster(trials, params, [shape.gres for shape in partition.nodes])
 
 
 def _group_by_allocation(
@@ -207,12 +214,13 @@ def launch_on_slurm(
     """
     params = launcher.params
     try:
-        trials = check_trials(launcher, job_overrides, initial_job_idx, hook_of(launcher.task_function))
+        hook = hook_of(launcher.task_function)
+        trials = check_trials(launcher, job_overrides, initial_job_idx, hook)
         check_option_values(params)
         check_time_limit(params)
         trials_per_task(params)
         slurm_config = commands.show_config()
-        check_against_cluster(trials, params, slurm_config)
+        check_against_cluster(trials, params, slurm_config, hook)
         budget = announce_budget(trials, params)
         app_facts = hook_of(launcher.task_function).sweep_facts(trials)
     except ValueError as err:

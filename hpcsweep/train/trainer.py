@@ -28,7 +28,7 @@ from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
-from hpcsweep.train import data, gpu_choices, metrics, model, optim
+from hpcsweep.train import data, gpu_choices, memory_record, metrics, model, optim
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
@@ -124,6 +124,9 @@ class Trainer:
         self.report["ranks"] = ranks
         self.report["nodes"] = sorted({r["node"] for r in ranks})
         self.report.update(device_name=self.device_facts.name, **dataclasses.asdict(self.choices))
+        memory_record.reset_peak(world.device)
+        self.report["memory_plan"] = memory_record.worker_memory_plan(
+            cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation)
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
 
     # ----- checkpoints -------------------------------------------------------------------------
@@ -341,7 +344,7 @@ class Trainer:
     def write_report(self, **extra: Any) -> None:
         """Rewrite metrics.json (rank 0 only)."""
         if self.is_writer:
-            self.report.update(step=self.step, **extra)
+            self.report.update(step=self.step, memory_peak=memory_record.measured_peak(self.world.device), **extra)
             metrics_file.write_metrics(TrialFiles(self.trial_dir).metrics, self.report)
 
     def close(self) -> None:

@@ -61,6 +61,12 @@ class SlurmLauncherConf(SlurmQueueConf):
     # GPU-hours the whole sweep may spend, every run of every trial (node-hours on a partition
     # without GPUs); once spent, running trials stop with a checkpoint and no other starts. null: none.
     budget_gpu_hours: Optional[float] = None
+    # Refuse, before submitting, a trial whose memory plan (weights, gradients, optimizer states,
+    # activations, overhead per GPU; docs/user/memory-plan.md) exceeds its GPUs' memory; false: no check.
+    check_memory: bool = True
+    # The memory of one GPU in GB, for sites whose GRES names carry no size (gpu:8, gpu:tesla);
+    # null: from the GRES type (a100 80, a100_40g 40, h100 80, h200 141, ...; hpcsweep.memory_plan.gpu_memory).
+    gpu_mem_gb: Optional[float] = None
 
 
 @dataclass

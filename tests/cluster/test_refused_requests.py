@@ -1,5 +1,5 @@
 """A request the cluster can never satisfy, or data that cannot train the model, stops the sweep in one
-line; nothing is submitted (#11, #26).
+line; nothing is submitted (#11, #26), and so does a trial whose memory plan does not fit its GPUs (#23).
 
 Slurm itself would queue most of these jobs for ever (reason ``PartitionConfig``,
 ``PartitionTimeLimit``) or fail inside submitit with a traceback.
@@ -144,3 +144,43 @@ def test_the_sweep_driver_job_refuses_in_its_log(tmp_path, slurm_env):
     # Nothing but the driver itself was submitted (accounting may list the driver a moment late).
     assert all_job_ids(slurm_env) - before <= {driver}
     assert not list(tmp_path.glob("slurm-*.out"))
+
+
+# A dense model of Llama-2-7B's sizes, built in: full fine-tuning with AdamW needs ~180 GB a GPU
+# under DDP, more than the cluster's GPUs (declared as 80 GB A100s: Gres=gpu:a100:8).
+SEVEN_B = [
+    "model=llama_small", "model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=32",
+    "model.num_heads=32", "model.num_kv_heads=32", "model.vocab_size=32000", "model.max_position_embeddings=2048",
+    "data.seq_len=2048", "data.batch_size=1", "data.synthetic_tokens=100000",
+]
+
+
+def test_a_trial_that_cannot_fit_its_gpus_is_refused_with_its_fix(tmp_path, slurm_env):
+    before, queued = all_job_ids(slurm_env), queued_job_ids(slurm_env)
+    result = run_hpcsweep(["-m", "model.lr=1e-4", *SEVEN_B], tmp_path, slurm_env, timeout=120)
+    assert_refused(
+        result,
+        "trial #0: ~180 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~30 GB), "
+        "or trainer.parallel=fsdp over >= 3 GPUs; nothing was submitted",
+    )
+    assert all_job_ids(slurm_env) == before
+    assert queued_job_ids(slurm_env) <= queued
+    assert not list(tmp_path.glob("multirun/*/*/.submitit"))
+
+
+def test_check_memory_false_submits_the_trial_the_plan_refuses(tmp_path, slurm_env):
+    # Held, so the 7B trial never starts; only the check is skipped.
+    result = run_hpcsweep(
+        ["-m", "model.lr=1e-4", *SEVEN_B, "hydra.launcher.check_memory=false",
+         "+hydra.launcher.additional_parameters.hold=true"], tmp_path, slurm_env, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (array,) = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))["arrays"]
+    array_id = array["array_job_id"]
+    try:
+        # squeue names a one-task array by its job id alone.
+        assert queued_job_ids(slurm_env) & {array_id, f"{array_id}_0"}
+    finally:
+        slurm(slurm_env, "scancel", array_id)
+        wait_for(lambda: not queued_job_ids(slurm_env) & {array_id, f"{array_id}_0"},
+                 timeout=60, what=f"array {array_id} to leave the queue")

@@ -25,6 +25,7 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "FAIL" not in printed.err
     assert "exact stop and resume (deterministic=true, stop at 3 of 6): weights sha256 equal" in printed.out
     assert "fast path (deterministic=false)" in printed.out
+    assert "memory     tiny: plan " in printed.out and "(CPU: the resident set counts the whole process" in printed.out
     result = json.loads(out.read_text())
     assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
     assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
@@ -34,6 +35,25 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     exact = json.loads((tmp_path / "work" / "small-deterministic" / "metrics.json").read_text())
     assert (fast["deterministic"], exact["deterministic"]) == (False, True)
     assert (fast["precision"], fast["attn_implementation"], fast["tf32"], fast["mfu"]) == ("fp32", "eager", False, None)
+    # The memory plan as the trial ran (fp32, eager, one CPU worker) and the peak beside it.
+    assert (fast["memory_plan"]["setup"]["precision"], fast["memory_plan"]["setup"]["fused_attention"]) == ("fp32", False)
+    assert fast["memory_plan"]["verdict"] == "not compared" and fast["memory_peak"]["source"] == "ru_maxrss"
+    assert [row["size"] for row in result["memory"]] == ["tiny", "tiny-x2"]
+    assert all(0 < row["plan_bytes"] < row["peak_bytes"] for row in result["memory"])
+
+
+def test_gpu_check_fails_a_memory_plan_off_the_measured_peak():
+    check = runpy.run_path(str(SCRIPT))
+    size = check["Size"]("~125M", {}, {})
+    def metrics(plan_gb, peak_gb):
+        return {"memory_plan": {"tensors_bytes": plan_gb * 2**30, "total_bytes": (plan_gb + 2) * 2**30, "bytes": {}},
+                "memory_peak": {"bytes": peak_gb * 2**30, "source": "torch.cuda.max_memory_allocated"}}
+    gpu = check["GPU_PLAN"]
+    (row,) = check["memory_plan_checks"](gpu, [(size, metrics(12, 10))])
+    assert row["ratio"] == pytest.approx(1.2) and "x1.20 OK" in check["memory_lines"]([row])[0]
+    for plan_gb in (9, 16):
+        with pytest.raises(check["CheckFailed"], match=r"^~125M: memory plan .* the measured peak 10.00 GB"):
+            check["memory_plan_checks"](gpu, [(size, metrics(plan_gb, 10))])
 
 
 def test_gpu_check_fails_loudly_without_a_gpu(monkeypatch, capsys):

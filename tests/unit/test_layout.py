@@ -16,7 +16,7 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offline")
+SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offline", "memory_plan")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
 """What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
@@ -28,6 +28,7 @@ ALLOWED = {
     "control": {"files", "slurm", "control"},
     "model_folder": {"model_folder"},
     "offline": {"offline"},
+    "memory_plan": {"config", "memory_plan", "model_folder"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
 }
 
@@ -193,7 +194,8 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
         ["hpcsweep.report"],
         ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
-        ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare"],
+        ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare",
+         "hpcsweep.sweep.memory_check"],
         ["hydra_plugins.hpcsweep_plugins.search_sweeper", "hpcsweep.search.study", "hpcsweep.search.trial_slot"],
     ],
 )

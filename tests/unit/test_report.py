@@ -203,3 +203,13 @@ def test_tok_s_is_the_mean_over_every_attempt_in_old_and_new_trial_dirs(tmp_path
     assert total.startswith("GPU-hours: 0 allocated in all")  # a local sweep without usage.json files
     table = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
     assert [(r["mean_tokens_per_s"][:6], r["tokens_per_s"]) for r in table] == [("200.0", "200.0"), ("133.33", "400.0")]
+
+
+def test_report_shows_the_memory_plan_against_the_measured_peak(tmp_path, capsys):
+    measured = {**metrics("completed", best=1.0), "memory_plan": {"tensors_bytes": int(18.5 * 2**30)},
+                "memory_peak": {"bytes": int(16.2 * 2**30), "source": "torch.cuda.max_memory_allocated"}}
+    make_sweep(tmp_path, [(["model.lr=1e-4"], measured), (["model.lr=1e-3"], metrics("completed"))])
+    assert report.main([str(tmp_path)]) == 0
+    header, first, second = capsys.readouterr().out.splitlines()[:3]
+    assert header.split()[-1] == "GB(plan/peak)"
+    assert first.split()[-1] == "18.5/16.2" and second.split()[-1] == "-"

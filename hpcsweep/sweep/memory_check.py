@@ -1,0 +1,89 @@
+"""Refuse, before submit, every trial whose memory plan does not fit the GPUs it will get.
+
+On Slurm only: the GPUs' memory comes from ``hydra.launcher.gpu_mem_gb``, ``hydra.launcher.gres``
+or the partition's GRES (``hpcsweep.memory_plan.gpu_memory``). A local run is not checked: there is no queue
+to wait in, and an out-of-memory trial fails within seconds (its ``metrics.json`` still holds its
+plan against the real GPU, and the measured peak).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory, gpu_memory
+from hpcsweep.memory_plan import (
+    fits,
+    plan_memory,
+    refusal_line,
+    resolve_parallel,
+    setup_of_trial,
+    shape_of_trial,
+)
+from hpcsweep.sweep.allocation import gpus_asked
+from hpcsweep.sweep.hooks import SweepTrial
+
+log = logging.getLogger(__name__)
+
+
+def memory_check_enabled(params: Mapping[str, Any]) -> bool:
+    """``hydra.launcher.check_memory`` (absent: true); ``ValueError`` unless true or false."""
+    value = params.get("check_memory", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"hydra.launcher.check_memory={value!r} is not allowed: true or false")
+    return value
+
+
+def memory_refusals(
+    trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory
+) -> tuple[list[str], tuple[float, int] | None]:
+    """The refusal line of each trial that does not fit ``gpu``, and the largest plan (GB, trial number).
+
+    ``app_config`` of each trial is hpcsweep's ``(TrialConfig, ResumeConfig)``; a trial that asks
+    for no GPU is not checked.
+    """
+    refused: list[str] = []
+    largest: tuple[float, int] | None = None
+    for trial in trials:
+        config = trial.app_config[0]
+        per_node = gpus_asked(trial.allocation, params)
+        if per_node == 0:
+            continue
+        try:
+            shape = shape_of_trial(config.model)
+        except ValueError as err:  # a pretrained folder of an architecture the plan does not know
+            log.warning("trial #%d: memory plan not checked: %s", trial.num, err)
+            continue
+        setup = setup_of_trial(config, world_size=trial.allocation.nodes * per_node, device="cuda", bf16=gpu.bf16)
+        if setup.parallel == "auto":
+            setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))
+        plan = plan_memory(shape, setup)
+        if largest is None or plan.total / GIB > largest[0]:
+            largest = (plan.total / GIB, trial.num)
+        if not fits(plan, gpu):
+            refused.append(refusal_line(trial.num, shape, setup, plan, gpu, per_node))
+    return refused, largest
+
+
+def check_memory_plans(trials: Sequence[SweepTrial], params: Mapping[str, Any], partition_gres: Sequence[str]) -> None:
+    """Raise ``ValueError`` with the first refusal line (and how many more) when a trial cannot fit.
+
+    Logs the largest plan of the sweep (at debug level: a retry's first line is its own); warns, and
+    checks nothing, when the GPUs' memory is unknown.
+    """
+    if not memory_check_enabled(params):
+        return
+    gpu = gpu_memory(params, partition_gres)
+    if isinstance(gpu, str):
+        if any(gpus_asked(t.allocation, params) for t in trials):
+            log.warning("memory plans not checked: %s; set hydra.launcher.gpu_mem_gb to the GB of one GPU", gpu)
+        return
+    refused, largest = memory_refusals(trials, params, gpu)
+    if refused:
+        more = f" ({len(refused) - 1} more of the {len(trials)} trials do not fit either)" if len(refused) > 1 else ""
+        raise ValueError(refused[0] + more)
+    if largest is not None:
+        log.debug("memory plan: at most ~%.1f GB/GPU (trial #%d) of %.0f GB per %s (%s)",
+                 largest[0], largest[1], gpu.gb, gpu.label, gpu.source)

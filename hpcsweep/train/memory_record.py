@@ -1,0 +1,62 @@
+"""A worker's memory plan against its real device, and the peak it measured: both for metrics.json.
+
+``memory_plan`` is ``hpcsweep.memory_plan``'s estimate for this trial as it runs here (the precision
+and attention kernel resolved, the real world size), compared with this GPU's total memory (on
+CPU: compared with nothing). ``memory_peak`` is what rank 0 measured: on CUDA
+``torch.cuda.max_memory_allocated``, comparable with the plan's ``tensors_bytes`` (the plan less
+its fixed overhead, which the caching allocator does not see); on CPU the process's peak resident
+set (``ru_maxrss``), which also counts the interpreter and every library.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from hpcsweep.memory_plan.gpu_memory import GpuMemory
+from hpcsweep.memory_plan import plan_memory, plan_record, resolve_parallel, setup_of_trial, shape_of_trial
+
+
+def device_memory(device: torch.device) -> GpuMemory | None:
+    """This CUDA device's total memory; None on CPU."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return GpuMemory(props.total_memory, props.name, "torch.cuda.get_device_properties")
+
+
+def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precision: str, attention: str) -> dict[str, Any]:
+    """metrics.json's ``memory_plan`` for trial ``cfg`` on ``world_size`` workers of ``device``,
+    with the resolved ``precision`` and ``attention`` kernel."""
+    gpu = device_memory(device)
+    try:
+        shape = shape_of_trial(cfg.model)
+    except ValueError as err:  # a pretrained folder of an architecture the plan does not know
+        return {"verdict": "not planned", "error": str(err)}
+    setup = replace(
+        setup_of_trial(cfg, world_size=world_size, device=device.type),
+        precision=precision, fused_attention=attention != "eager",
+    )
+    if setup.parallel == "auto":
+        setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))
+    return plan_record(plan_memory(shape, setup), setup, gpu)
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start this trial's CUDA peak afresh (trials packed into one process follow one another); on
+    CPU the resident-set peak cannot be reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def measured_peak(device: torch.device) -> dict[str, Any]:
+    """metrics.json's ``memory_peak``: this process's peak so far, in bytes, and what measured it."""
+    if device.type == "cuda":
+        return {"bytes": torch.cuda.max_memory_allocated(device), "source": "torch.cuda.max_memory_allocated"}
+    # Linux reports ru_maxrss in KiB, macOS in bytes.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return {"bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "source": "ru_maxrss"}

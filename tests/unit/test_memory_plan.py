@@ -1,0 +1,325 @@
+"""The memory plan against models of published sizes, counted on the meta device, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from hpcsweep.config import ModelConfig, trial_config_from_dict
+from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory, gpu_memory, gres_gpu_types
+from hpcsweep.memory_plan import (
+    DEFAULT_LORA_TARGETS,
+    TrainingSetup,
+    activation_bytes_per_token,
+    cheapest_fixes,
+    plan_memory,
+    refusal_line,
+    resolve_parallel,
+    setup_of_trial,
+    shape_of_trial,
+)
+from hpcsweep.memory_plan.model_shape import (
+    active_parameters,
+    lora_parameters,
+    shape_from_hf_config,
+    shape_from_model_config,
+    total_parameters,
+)
+from hpcsweep.sweep.hooks import Allocation, SweepTrial
+from hpcsweep.sweep.memory_check import check_memory_plans
+from hpcsweep.train.model import build_model, hf_config
+from tests.model_folders import make_model_folder
+
+REPO = Path(__file__).resolve().parents[2]
+# DeepSeek-V2-Lite's config.json (https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite): 15.7B
+# parameters, 2.4B activated per token (its model card).
+V2_LITE = dict(
+    model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+    moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+    n_shared_experts=2, n_routed_experts=64, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+    v_head_dim=128, qk_nope_head_dim=128, num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1,
+    tie_word_embeddings=False,
+)
+# Llama-2-7B's config.json (https://huggingface.co/meta-llama/Llama-2-7b-hf): 6.74B parameters.
+LLAMA_7B = dict(
+    model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False,
+)
+A100 = GpuMemory(80 * GIB, "A100", "test")
+
+
+def meta_count(model_cls, config) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in model_cls(config).parameters())
+
+
+def preset(name: str) -> ModelConfig:
+    values = yaml.safe_load((REPO / "configs" / "model" / f"{name}.yaml").read_text()) or {}
+    return trial_config_from_dict({"model": values}).model
+
+
+def hf_kwargs(values: dict) -> dict:
+    return {k: v for k, v in values.items() if k != "model_type"}
+
+
+def test_deepseek_v2_lite_counts_as_published_and_as_built():
+    shape = shape_from_hf_config(V2_LITE)
+    built = meta_count(DeepseekV2ForCausalLM, DeepseekV2Config(**hf_kwargs(V2_LITE)))
+    assert total_parameters(shape) == pytest.approx(built, rel=0.01)
+    assert total_parameters(shape) == pytest.approx(15.7e9, rel=0.01)
+    # The model card's 2.4B activated leaves out the input embedding (a lookup).
+    embedding = V2_LITE["vocab_size"] * V2_LITE["hidden_size"]
+    assert active_parameters(shape) - embedding == pytest.approx(2.4e9, rel=0.03)
+
+
+def test_llama_7b_counts_as_published_and_as_built():
+    shape = shape_from_hf_config(LLAMA_7B)
+    built = meta_count(LlamaForCausalLM, LlamaConfig(**hf_kwargs(LLAMA_7B)))
+    assert total_parameters(shape) == pytest.approx(built, rel=0.01)
+    assert total_parameters(shape) == pytest.approx(6.74e9, rel=0.01)
+    assert active_parameters(shape) == total_parameters(shape)
+
+
+@pytest.mark.parametrize("name", ["deepseek_125m", "deepseek_1b", "deepseek_tiny", "llama_small"])
+def test_presets_count_as_built_on_the_meta_device(name):
+    cfg = preset(name)
+    with torch.device("meta"):
+        built = build_model(cfg, seed=0)
+    params = dict(built.named_parameters())
+    shape = shape_from_model_config(cfg)
+    assert total_parameters(shape) == pytest.approx(sum(p.numel() for p in params.values()), rel=0.01)
+    # The same model through its config.json form (what model.path gives).
+    assert total_parameters(shape_from_hf_config(hf_config(cfg).to_dict())) == total_parameters(shape)
+    share = cfg.num_experts_per_tok / cfg.n_routed_experts
+    active = sum(p.numel() * (share if ".mlp.experts." in n else 1) for n, p in params.items())
+    assert active_parameters(shape) == pytest.approx(active, rel=0.01)
+
+
+@pytest.mark.parametrize("arch,targets", [
+    ("llama", DEFAULT_LORA_TARGETS),
+    # peft also adapts transformers' 3D expert tensors when a target names them (down_proj): the
+    # plan counts adapters on nn.Linear modules only, so the MoE model is checked on attention.
+    ("deepseek_v3", ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+])
+def test_lora_parameters_are_what_peft_adds(arch, targets):
+    import peft
+
+    cfg = ModelConfig(arch=arch)
+    model = build_model(cfg, seed=0)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=list(targets)))
+    adapters = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    assert lora_parameters(shape_from_model_config(cfg), 4, targets) == adapters
+
+
+def saved_activation_bytes(cfg: ModelConfig, precision: str, batch: int, seq: int) -> int:
+    """Bytes autograd saves in one forward (the loss aside), the weights and autocast's copies of them left out."""
+    model = build_model(cfg, seed=0, attn_implementation="eager")
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    shapes = {tuple(p.shape) for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        transposed_weight = tensor.grad_fn is not None and type(tensor.grad_fn).__name__ == "TBackward0"
+        weight_copy = tuple(tensor.shape) in shapes and tensor.dtype == torch.bfloat16
+        if storage.data_ptr() not in weights and not transposed_weight and not weight_copy:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            model(input_ids=ids)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "llama"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_activation_formula_matches_what_autograd_saves(arch, precision):
+    # 150 tokens: no activation shares a weight's shape, which tells autocast's weight copies apart.
+    batch, seq = 3, 50
+    cfg = ModelConfig(arch=arch, hidden_size=256, intermediate_size=512, num_layers=3, num_heads=4,
+                      num_kv_heads=4 if arch == "deepseek_v3" else 2, vocab_size=512, moe_intermediate_size=128,
+                      q_lora_rank=96 if arch == "deepseek_v3" else None, kv_lora_rank=64, qk_rope_head_dim=16,
+                      qk_nope_head_dim=32, v_head_dim=32)
+    shape = shape_from_model_config(cfg)
+    setup = TrainingSetup(precision=precision, batch_size=batch, seq_len=seq, fused_attention=False, device="cpu")
+    per = activation_bytes_per_token(shape, setup)
+    layers = sum(per["attention"] + per["moe_mlp" if shape.is_moe_layer(i) else "dense_mlp"] for i in range(3))
+    # What the model saves: every layer, then the final norm and lm_head's input (the 12 bytes a
+    # vocabulary entry of the head are the loss's, which the trainer computes outside the model).
+    estimate = batch * seq * (layers + per["head"] - 12 * cfg.vocab_size)
+    assert estimate == pytest.approx(saved_activation_bytes(cfg, precision, batch, seq), rel=0.1)
+
+
+def test_fsdp_divides_states_and_lora_freezes_the_base():
+    shape = shape_from_hf_config(LLAMA_7B)
+    ddp = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8))
+    assert ddp.weights == pytest.approx(6 * total_parameters(shape))  # fp32 master + bf16 autocast copy
+    assert ddp.gradients == 8 * total_parameters(shape)  # and DDP's buckets
+    assert ddp.optimizer == 12 * total_parameters(shape)  # AdamW's moments and the foreach step's temporary
+    fsdp = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8, parallel="fsdp"))
+    assert fsdp.optimizer == pytest.approx(ddp.optimizer / 8, rel=1e-6)
+    assert fsdp.activations == ddp.activations and fsdp.total < ddp.total / 3
+    lora = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, peft="lora"))
+    assert lora.trainable_parameters == lora_parameters(shape, 8, DEFAULT_LORA_TARGETS) < total_parameters(shape) / 100
+    assert lora.weights == 2 * total_parameters(shape) + 4 * lora.trainable_parameters
+    sgd = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, optimizer="sgd", momentum=0.0))
+    assert sgd.optimizer == 0
+    checkpointed = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, grad_checkpointing=True))
+    assert checkpointed.activations < ddp.activations / 5
+
+
+def test_auto_picks_ddp_when_it_fits_else_fsdp():
+    small = shape_from_model_config(preset("deepseek_125m"))
+    setup = TrainingSetup(precision="bf16", batch_size=8, seq_len=2048, world_size=8)
+    assert resolve_parallel(small, setup, A100) == "ddp"
+    assert resolve_parallel(shape_from_hf_config(LLAMA_7B), setup, A100) == "fsdp"
+    assert resolve_parallel(shape_from_hf_config(LLAMA_7B), setup, None) == "ddp"
+
+
+def test_refusal_of_a_moe_full_fine_tuning_names_lora_and_fsdp():
+    shape = shape_from_hf_config(V2_LITE)
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8)
+    plan = plan_memory(shape, setup)
+    line = refusal_line(3, shape, setup, plan, A100, 8)
+    assert line == (
+        "trial #3: ~402 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~51 GB), "
+        "or trainer.parallel=fsdp over >= 6 GPUs"
+    )
+    # Each named change fits, and the GPU count is the smallest that does.
+    assert plan_memory(shape, replace(setup, peft="lora")).total <= A100.bytes
+    assert plan_memory(shape, replace(setup, parallel="fsdp", world_size=6)).total <= A100.bytes
+    assert plan_memory(shape, replace(setup, parallel="fsdp", world_size=5)).total > A100.bytes
+
+
+def test_refusal_of_fsdp_over_too_few_gpus_asks_for_more_nodes():
+    shape = shape_from_hf_config({**LLAMA_7B, "hidden_size": 8192, "intermediate_size": 28672,
+                                  "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8})
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=4096, world_size=8, parallel="fsdp")
+    line = refusal_line(0, shape, setup, plan_memory(shape, setup), A100, 8)
+    # A 70B base does not fit in bf16 on one A100 even frozen, so LoRA is not offered.
+    assert line.startswith("trial #0: ~") and "(full fine-tuning, FSDP over 8 GPUs) > 80 GB per A100: " in line
+    assert "model.peft=lora" not in line
+    # Its activations alone pass 80 GB at 4096 tokens: sharding needs checkpointing beside it.
+    fix = line.split(": ", 2)[2]
+    assert re.fullmatch(r"trainer\.parallel=fsdp and trainer\.grad_checkpointing=true over >= (\d+) GPUs "
+                        r"\(trainer\.nodes=(\d+)\)", fix), fix
+    world = int(re.search(r">= (\d+)", fix).group(1))
+    fitting = replace(setup, world_size=world, grad_checkpointing=True)
+    assert plan_memory(shape, fitting).total <= A100.bytes < plan_memory(shape, replace(fitting, world_size=world - 8)).total
+
+
+def test_refusal_of_activations_offers_checkpointing_and_a_smaller_batch():
+    shape = shape_from_model_config(preset("deepseek_1b"))
+    setup = TrainingSetup(precision="bf16", batch_size=32, seq_len=2048, world_size=1, peft="lora")
+    fixes = cheapest_fixes(shape, setup, A100, 8)
+    # Sharding saves nothing of a LoRA trial's activations: checkpointing first, then a smaller batch.
+    assert len(fixes) == 2 and fixes[0].startswith("trainer.grad_checkpointing=true (~")
+    assert fixes[-1] == "data.batch_size=8 (raise trainer.grad_accum to keep the tokens per step)"
+
+
+def test_refusal_when_nothing_fits():
+    shape = shape_from_hf_config(LLAMA_7B)
+    tiny_gpu = GpuMemory(GIB, "GPU", "hydra.launcher.gpu_mem_gb")
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=2048)
+    line = refusal_line(1, shape, setup, plan_memory(shape, setup), tiny_gpu, 8)
+    assert line.endswith("> 1 GB per GPU: no change tried fits (LoRA, FSDP, checkpointing, a smaller batch)")
+
+
+def test_gpu_memory_from_the_launcher_or_the_partition():
+    assert gres_gpu_types("gpu:a100:8(S:0-1),gpu:v100:2,shard:4") == ["a100", "v100"]
+    assert gres_gpu_types("gpu:4") == [""] and gres_gpu_types("(null)") == []
+    assert gpu_memory({}, ["gpu:a100:8(S:0-1)"]).gb == 80
+    assert gpu_memory({}, ["gpu:h200:8"]).label == "H200" and gpu_memory({}, ["gpu:h200:8"]).gb == 141
+    assert gpu_memory({}, ["gpu:A100-40GB:4"]).gb == 40
+    assert gpu_memory({"gres": "gpu:h100:8"}, ["gpu:a100:8"]).gb == 80
+    mixed = gpu_memory({}, ["gpu:h100:8", "gpu:a100_40g:8"])
+    assert (mixed.label, mixed.gb) == ("A100 40GB", 40)  # the smallest: a trial may land on either
+    assert gpu_memory({"gpu_mem_gb": 24}, ["gpu:8"]).bytes == 24 * GIB
+    assert gpu_memory({}, ["gpu:8"]) == "the partition's GPU GRES names no type"
+    assert "GRES type 'tesla'" in gpu_memory({}, ["gpu:tesla:8"])
+    with pytest.raises(ValueError, match=r"^hydra.launcher.gpu_mem_gb=0 is not allowed: the memory of one GPU in GB, > 0$"):
+        gpu_memory({"gpu_mem_gb": 0}, [])
+
+
+def sweep_trial(num: int, overrides: dict, nodes: int = 1, gpus: int | None = None) -> SweepTrial:
+    trial = trial_config_from_dict(overrides)
+    return SweepTrial(num, [], Path("unused"), Allocation(nodes=nodes, gpus_per_node=gpus), (trial, None))
+
+
+BIG = {"model": {"hidden_size": 4096, "intermediate_size": 11008, "num_layers": 32, "num_heads": 32, "num_kv_heads": 32,
+                 "vocab_size": 32000, "arch": "llama", "max_position_embeddings": 2048},
+       "data": {"seq_len": 2048, "batch_size": 1, "synthetic_tokens": 100_000}}
+
+
+def test_the_sweep_check_refuses_in_one_line_naming_how_many(caplog):
+    trials = [sweep_trial(0, {}), sweep_trial(1, BIG), sweep_trial(2, BIG, nodes=2)]
+    params = {"gpus_per_node": 8}
+    with pytest.raises(ValueError) as refused:
+        check_memory_plans(trials, params, ["gpu:a100:8(S:0-1)"])
+    line = str(refused.value)
+    assert line.startswith("trial #1: ~180 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~")
+    assert "or trainer.parallel=fsdp over >= 3 GPUs (" in line and "\n" not in line
+    assert line.endswith(" (1 more of the 3 trials do not fit either)")
+    check_memory_plans(trials, {**params, "check_memory": False}, ["gpu:a100:8"])
+    check_memory_plans(trials, {"gpus_per_node": 0}, ["gpu:a100:8"])  # a CPU partition: nothing to check
+    with caplog.at_level(logging.DEBUG, logger="hpcsweep.sweep.memory_check"):
+        check_memory_plans(trials, params, ["gpu:8"])
+        check_memory_plans(trials[:1], params, ["gpu:h200:8"])
+    assert "memory plans not checked: the partition's GPU GRES names no type; set hydra.launcher.gpu_mem_gb" in caplog.text
+    assert "memory plan: at most ~" in caplog.text and "of 141 GB per H200" in caplog.text
+    with pytest.raises(ValueError, match=r"^hydra.launcher.check_memory='no' is not allowed: true or false$"):
+        check_memory_plans(trials, {**params, "check_memory": "no"}, ["gpu:a100:8"])
+
+
+def test_the_trial_adapter_reads_fields_other_branches_add():
+    trial = trial_config_from_dict({"trainer": {"grad_checkpointing": True, "optimizer": "sgd"}})
+    setup = setup_of_trial(trial, world_size=16, device="cuda")
+    assert (setup.precision, setup.peft, setup.parallel, setup.fused_attention) == ("bf16", "none", "ddp", True)
+    assert setup.grad_checkpointing and setup.optimizer == "sgd" and setup.world_size == 16
+    assert setup_of_trial(trial, world_size=1, device="cuda", bf16=False).precision == "fp32"
+    assert setup_of_trial(trial, world_size=1, device="cpu").fused_attention is False
+    later = SimpleNamespace(
+        model=SimpleNamespace(**vars(trial.model), peft="lora", lora=SimpleNamespace(r=16, target_modules=["q_proj"])),
+        trainer=SimpleNamespace(**vars(trial.trainer), parallel="fsdp"), data=trial.data,
+    )
+    setup = setup_of_trial(later, world_size=4, device="cuda")
+    assert (setup.peft, setup.lora_rank, setup.lora_targets, setup.parallel) == ("lora", 16, ("q_proj",), "fsdp")
+
+
+def test_a_pretrained_folder_is_planned_from_its_config_json(tmp_path):
+    folder = make_model_folder(tmp_path / "model", weights=False, tokenizer=False)
+    config = json.loads((folder / "config.json").read_text())
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, local_files_only=True))
+    model = SimpleNamespace(**vars(ModelConfig()), path=str(folder))
+    assert total_parameters(shape_of_trial(model)) == sum(p.numel() for p in built.parameters())
+    assert shape_of_trial(model).vocab_size == config["vocab_size"]
+
+
+def test_an_architecture_without_a_plan_is_named_and_not_refused(tmp_path, caplog):
+    with pytest.raises(ValueError, match=r"^config.json model_type='gpt2' has no memory plan: one of llama, "):
+        shape_from_hf_config({"model_type": "gpt2", "hidden_size": 8, "num_attention_heads": 2, "vocab_size": 8,
+                              "intermediate_size": 8, "num_hidden_layers": 1})
+    with pytest.raises(ValueError, match=r"^config.json has no kv_lora_rank, which the memory plan needs$"):
+        shape_from_hf_config({k: v for k, v in V2_LITE.items() if k != "kv_lora_rank"})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    trial = sweep_trial(0, {})
+    model = SimpleNamespace(**vars(trial.app_config[0].model), path=str(tmp_path))
+    odd = replace(trial, app_config=(SimpleNamespace(model=model, trainer=trial.app_config[0].trainer,
+                                                       data=trial.app_config[0].data), None))
+    with caplog.at_level(logging.WARNING, logger="hpcsweep.sweep.memory_check"):
+        check_memory_plans([odd], {"gpus_per_node": 8}, ["gpu:a100:8"])
+    assert "trial #0: memory plan not checked: config.json model_type='gpt2' has no memory plan" in caplog.text
