@@ -116,18 +116,16 @@ class TrialHook:
     def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
         """Validate the sweep as a whole once every trial passed ``check_trial``; ``ValueError``."""
 
-<<<<<<< HEAD
     def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
         """What ``sweep.json`` records about the checked sweep for the app (its ``app`` entry): plain JSON.
 
         Called before anything is submitted: a ``ValueError`` (naming the key) refuses the sweep.
         """
         return {}
-=======
+
     def check_cluster(self, trials: Sequence[SweepTrial], launcher: Mapping[str, Any], partition_gres: Sequence[str]) -> None:
         """Validate the sweep against the nodes of the partition it goes to (their GRES, as ``sinfo``
         prints them: ``gpu:a100:8(S:0-1)``); ``ValueError``. On Slurm only, once the allocations fit."""
->>>>>>> h-memplan
 
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int] | None:
         """``(first, last)``: the first step at which the trial reports its objective, and its last step.

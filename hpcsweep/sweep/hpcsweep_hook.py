@@ -104,7 +104,6 @@ class HpcsweepTrials(TrialHook):
         """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``)."""
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
 
-<<<<<<< HEAD
     def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
         """``models``: the identity of each model folder the trials load, by ``model.path``, as submitted."""
         from hpcsweep.sweep.prepare import identity_per_folder
@@ -113,13 +112,12 @@ class HpcsweepTrials(TrialHook):
         models = {t.app_config[0].model.path: identity_now(t.app_config[0]) for t in trials}
         models.pop(None, None)
         return {"models": models} if models else {}
-=======
+
     def check_cluster(self, trials: Sequence[SweepTrial], launcher: Mapping[str, Any], partition_gres: Sequence[str]) -> None:
         """Every trial's memory plan fits the GPUs it will get (``hpcsweep.sweep.memory_check``)."""
         from hpcsweep.sweep.memory_check import check_memory_plans
 
         check_memory_plans(trials, launcher, partition_gres)
->>>>>>> h-memplan
 
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int]:
         """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``."""
