@@ -18,7 +18,7 @@ FSDP divides weights, gradients and optimizer states by the world size and adds 
 unsharded at once: the root (embeddings, LM head) and two decoder layers (one prefetched) in the
 compute dtype, and one layer's fp32 gradient for the reduce-scatter.
 
-May import only ``config``; never a stage or a command module.
+May import only ``config`` and ``model_folder``; never a stage or a command module.
 """
 
 from __future__ import annotations

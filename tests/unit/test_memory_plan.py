@@ -304,7 +304,7 @@ def test_a_pretrained_folder_is_planned_from_its_config_json(tmp_path):
 
     with torch.device("meta"):
         built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, local_files_only=True))
-    model = SimpleNamespace(**vars(ModelConfig()), path=str(folder))
+    model = SimpleNamespace(**{**vars(ModelConfig()), "path": str(folder)})
     assert total_parameters(shape_of_trial(model)) == sum(p.numel() for p in built.parameters())
     assert shape_of_trial(model).vocab_size == config["vocab_size"]
 
@@ -317,7 +317,7 @@ def test_an_architecture_without_a_plan_is_named_and_not_refused(tmp_path, caplo
         shape_from_hf_config({k: v for k, v in V2_LITE.items() if k != "kv_lora_rank"})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     trial = sweep_trial(0, {})
-    model = SimpleNamespace(**vars(trial.app_config[0].model), path=str(tmp_path))
+    model = SimpleNamespace(**{**vars(trial.app_config[0].model), "path": str(tmp_path)})
     odd = replace(trial, app_config=(SimpleNamespace(model=model, trainer=trial.app_config[0].trainer,
                                                        data=trial.app_config[0].data), None))
     with caplog.at_level(logging.WARNING, logger="hpcsweep.sweep.memory_check"):
