@@ -10,6 +10,10 @@ Schema (version 1)::
                  "job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601,
                  "attempts": [{"job_id": "ARRAYID_TASK" | null, "submitted_at": ISO-8601}]}]}
 
+A ``data=text`` sweep whose token cache was missing adds ``"token_preparation": {"job_id": str,
+"log": str, "entries": [str, ...]}``: the one Slurm job that tokenized the corpus, which every array
+waits on (``afterok``), its log, and the cache entries it writes.
+
 ``budget_gpu_hours``, ``attempts`` and an array's ``launcher`` came later and may be missing: no
 budget, one attempt (the trial's ``job_id`` and ``submitted_at``), settings not recorded.
 ``job_id`` and ``submitted_at`` are always the current attempt's; ``arrays`` lists every array
@@ -89,6 +93,17 @@ class ArrayRecord:
 
 
 @dataclass(frozen=True)
+class TokenPreparationRecord:
+    """The Slurm job that tokenizes a ``data=text`` sweep's corpus before its arrays may start."""
+
+    job_id: str
+    log: str
+    """The job's stdout and stderr."""
+    entries: list[str]
+    """The token cache entries it writes (``hpcsweep.files.token_cache``)."""
+
+
+@dataclass(frozen=True)
 class SweepRecord:
     """Everything ``sweep.json`` holds."""
 
@@ -99,6 +114,8 @@ class SweepRecord:
     arrays: list[ArrayRecord] = field(default_factory=list)
     budget_gpu_hours: float | None = None
     """``hydra.launcher.budget_gpu_hours`` of the latest submission (None: no budget)."""
+    token_preparation: TokenPreparationRecord | None = None
+    """The job that tokenizes the corpus first (None: no ``data=text`` cache was missing)."""
     version: int = SCHEMA_VERSION
 
     def job_ids(self) -> list[str]:
@@ -129,6 +146,7 @@ def parse_sweep_record(text: str) -> SweepRecord:
         trials=[_trial_record(trial) for trial in raw["trials"]],
         arrays=[ArrayRecord(**array) for array in raw.get("arrays", [])],
         budget_gpu_hours=raw.get("budget_gpu_hours"),
+        token_preparation=TokenPreparationRecord(**raw["token_preparation"]) if raw.get("token_preparation") else None,
     )
 
 

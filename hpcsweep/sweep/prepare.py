@@ -14,9 +14,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, trial_config_from_dict
-from hpcsweep.files.token_file import TokenFileError, read_token_header
+from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokenizer_folder, trial_config_from_dict
+from hpcsweep.files.token_cache import TokenCacheError, tokenizer_sha256
+from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
+from hpcsweep.sweep.text_preparation import sweep_text_corpus
 from hpcsweep.trial.identity import (
     ConfigMismatch,
     differences_text,
@@ -53,8 +55,13 @@ def validate_composed(config: DictConfig | Mapping[str, Any]) -> TrialConfig:
 
 def check_token_file(trial: TrialConfig) -> None:
     """Raise ``ValueError`` naming ``data.path`` as typed when the trial's token file is missing or
-    unreadable, or when its corpus does not fit ``model.vocab_size`` and ``data.seq_len``."""
+    unreadable, made with another tokenizer than the trial's, or when its corpus does not fit
+    ``model.vocab_size`` and ``data.seq_len``. For ``data.kind=text``: naming ``data.files`` or the
+    tokenizer when they cannot be used, and checking the cache entry once it exists."""
     data = trial.data
+    if data.kind == "text":
+        check_text_corpus(trial)
+        return
     if data.kind != "file":
         return
     assert data.path is not None
@@ -62,12 +69,48 @@ def check_token_file(trial: TrialConfig) -> None:
         header = read_token_header(Path(data.path))
     except TokenFileError as err:
         raise ValueError(f"data.path={data.path!r} is not allowed: {err}") from None
+    check_same_tokenizer(trial, header)
     check_corpus_fits(
         data,
         trial.model.vocab_size,
         num_tokens=header.num_tokens,
         corpus_vocab_size=header.vocab_size,
         source=data.path,
+    )
+
+
+def check_same_tokenizer(trial: TrialConfig, header: TokenHeader) -> None:
+    """Refuse a token file whose header records another tokenizer's hash than the trial's tokenizer
+    folder (``data.tokenizer``, else the model folder's); a file or a trial without one passes."""
+    folder = tokenizer_folder(trial.data, trial.model)
+    if folder is None or header.tokenizer_sha256 is None:
+        return
+    key = "data.tokenizer" if trial.data.tokenizer else "model.path"
+    try:
+        digest = tokenizer_sha256(folder)
+    except (TokenCacheError, OSError) as err:
+        raise ValueError(f"{key}={folder!r} is not allowed: {err}") from None
+    if digest != header.tokenizer_sha256:
+        raise ValueError(
+            f"data.path={trial.data.path!r} is not allowed: it was made with another tokenizer "
+            f"({header.tokenizer or 'unnamed'}, sha256 {header.tokenizer_sha256[:12]}) than {key}={folder!r} "
+            f"(sha256 {digest[:12]}); tokenize the text again with this tokenizer (scripts/prepare-data --model)"
+        )
+
+
+def check_text_corpus(trial: TrialConfig) -> None:
+    """The tokenizer folder and ``data.files`` of a ``data.kind=text`` trial can be used, and its
+    cache entry, once written, fits the model."""
+    corpus = sweep_text_corpus(trial)
+    if not corpus.is_cached():
+        return
+    header = read_token_header(corpus.token_path)
+    check_corpus_fits(
+        trial.data,
+        trial.model.vocab_size,
+        num_tokens=header.num_tokens,
+        corpus_vocab_size=header.vocab_size,
+        source=f"data.files={trial.data.files!r} (tokenized into {corpus.token_path})",
     )
 
 
