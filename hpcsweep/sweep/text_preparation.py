@@ -25,8 +25,9 @@ from typing import Any
 from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files.atomic import atomic_write_text
 from hpcsweep.files.sweep_record import TokenPreparationRecord
-from hpcsweep.files.token_cache import TextCorpus, glob_patterns, text_corpus
+from hpcsweep.files.token_cache import TextCorpus, TokenCacheError, glob_patterns, text_corpus
 from hpcsweep.slurm import commands
+from hpcsweep.sweep.sweep_trials import exit_with_config_error
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +71,17 @@ def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
 
 
 def prepare_here(trials: Sequence[TrialConfig]) -> None:
-    """Write every missing cache entry of ``trials`` now, on this machine's CPUs (a local sweep)."""
+    """Write every missing cache entry of ``trials`` now, on this machine's CPUs (a local sweep, a
+    single run); a corpus that cannot be tokenized ends the command with one line, no trial run."""
+    from hpcsweep.train.text_documents import CorpusError
     from hpcsweep.train.text_tokens import available_cpus, write_entry
 
     for corpus in missing_corpora(trials):
         log.info("tokenizing %d files with %s into %s", len(corpus.files), corpus.tokenizer_folder, corpus.entry)
-        write_entry(corpus, available_cpus())
+        try:
+            write_entry(corpus, available_cpus())
+        except (TokenCacheError, CorpusError) as err:
+            exit_with_config_error(err, "no trial ran")
 
 
 def preparation_request(corpora: Sequence[TextCorpus]) -> str:

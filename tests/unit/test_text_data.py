@@ -261,3 +261,18 @@ def test_a_local_sweep_of_two_trials_tokenizes_its_text_once_before_the_first_st
     again = text_corpus([f"{corpus}/*.txt", f"{corpus}/*.jsonl"], str(model), str(tmp_path / "multirun/token-cache"),
                         "data.tokenizer")
     assert again.entry == entry and again.is_cached()
+
+
+def test_a_local_corpus_that_cannot_be_tokenized_ends_the_command_with_one_line(tmp_path, folders, caplog):
+    from hpcsweep.sweep.text_preparation import prepare_here
+
+    model, _, _ = folders
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    trial = trial_config_from_dict(composed(kind="text", files=str(tmp_path / "*.jsonl"), tokenizer=str(model),
+                                            cache_dir=str(tmp_path / "cache")))
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_here([trial])
+    assert exit_info.value.code == 2
+    assert caplog.messages[-1] == f"{tmp_path / 'bad.jsonl'}:2 has no string field 'text'; no trial ran"
+    assert [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == []
+    assert list((tmp_path / "cache").iterdir()) == []
