@@ -104,7 +104,11 @@ def check_text_corpus(trial: TrialConfig) -> None:
     corpus = sweep_text_corpus(trial)
     if not corpus.is_cached():
         return
-    header = read_token_header(corpus.token_path)
+    try:
+        header = read_token_header(corpus.token_path)
+    except TokenFileError as err:
+        raise ValueError(f"data.files={trial.data.files!r} is not allowed: its token cache entry "
+                         f"{corpus.entry} is broken ({err}): delete it to tokenize again") from None
     check_corpus_fits(
         trial.data,
         trial.model.vocab_size,

@@ -48,9 +48,9 @@ from hpcsweep.sweep.allocation import (
 from hpcsweep.sweep.budget import announce_budget
 from hpcsweep.sweep.hooks import Placement, SweepTrial, hook_of
 from hpcsweep.sweep.snapshot import take_snapshot, with_snapshot
-from hpcsweep.sweep.text_preparation import dependency_parameters
 from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
+from hpcsweep.sweep.text_preparation import dependency_parameters
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpcsweep.config import DataConfig, check_corpus_fits
-from hpcsweep.files.atomic import atomic_write_bytes, atomic_write_text
 from hpcsweep.files.token_cache import text_corpus
 from hpcsweep.files.token_file import TokenFileError, header_path, header_text, read_token_header
 
@@ -61,14 +60,11 @@ def markov_corpus(vocab_size: int, num_tokens: int, seed: int) -> np.ndarray:
     return out.reshape(-1)[:num_tokens]
 
 
-def write_token_file(
-    path: Path, tokens: np.ndarray, vocab_size: int, tokenizer: str, tokenizer_sha256: str | None = None
-) -> None:
-    """Write ``tokens`` as a raw ``.bin`` plus its JSON header (dtype, vocab size, count, tokenizer),
-    each atomically, the header last."""
+def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int, tokenizer: str) -> None:
+    """Write ``tokens`` as a raw ``.bin`` plus its JSON header (dtype, vocab size, count)."""
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"
-    atomic_write_bytes(path, np.asarray(tokens, dtype=DTYPES[dtype]).tobytes())
-    atomic_write_text(header_path(path), header_text(dtype, vocab_size, int(len(tokens)), tokenizer, tokenizer_sha256))
+    np.asarray(tokens, dtype=DTYPES[dtype]).tofile(path)
+    header_path(path).write_text(header_text(dtype, vocab_size, int(len(tokens)), tokenizer))
 
 
 def open_token_file(path: Path) -> tuple[np.ndarray, int]:
