@@ -143,6 +143,30 @@ def test_parallel_tokenizing_writes_the_same_bytes_as_serial(tmp_path, folders):
     assert [p.name for p in (tmp_path / "parallel").iterdir()] == [parallel_corpus.key]
 
 
+def test_two_preparers_of_one_entry_leave_one_whole_entry(tmp_path, folders, monkeypatch, caplog):
+    from hpcsweep.train import text_tokens
+
+    model, _, corpus = folders
+    entry = text_corpus(globs(corpus), str(model), str(tmp_path), "data.tokenizer")
+    write_tokens = text_tokens.write_tokens
+    other = {}
+
+    def racing(corpus_, token_path, workers, piece_bytes=None):
+        count = write_tokens(corpus_, token_path, workers, piece_bytes)
+        # Another preparer finishes the same entry while this one is still staging its own.
+        monkeypatch.setattr(text_tokens, "write_tokens", write_tokens)
+        other["path"] = write_entry(text_corpus(globs(corpus), str(model), str(tmp_path), "data.tokenizer"), 1)
+        other["bytes"] = other["path"].read_bytes()
+        return count
+
+    monkeypatch.setattr(text_tokens, "write_tokens", racing)
+    caplog.set_level("INFO", logger="hpcsweep.train.text_tokens")
+    assert write_entry(entry, workers=1) == other["path"] == entry.token_path
+    assert caplog.messages[-1] == f"another preparer wrote {entry.entry} first: keeping its entry"
+    assert entry.token_path.read_bytes() == other["bytes"] and read_token_header(entry.token_path).num_tokens > 0
+    assert [p.name for p in tmp_path.iterdir()] == [entry.key]  # the loser's staging folder is gone
+
+
 def test_prepare_data_with_a_model_folder_writes_what_the_sweep_reads(tmp_path, folders):
     model, _, corpus = folders
     cache = tmp_path / "cache"
