@@ -28,6 +28,7 @@ from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
 from hpcsweep.sweep.prepare import validate_composed
 from hpcsweep.sweep.resume_hint import stopped_line, this_trial
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
+from hpcsweep.sweep.text_preparation import prepare_here
 
 # Before anything imports transformers (hpcsweep.offline says why); nothing above does.
 stay_offline()
@@ -79,6 +80,8 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
         exit_with_config_error(err, "the trial did not run")
     hydra_config = HydraConfig.get()
     trial_dir = Path(hydra_config.runtime.output_dir)
+    if hydra_config.mode == RunMode.RUN:
+        prepare_here([trial])  # a sweep tokenized its text before its first trial; a single run does it here
     try:
         caps = Caps.from_launcher(hydra_config.get("launcher") or {})
     except ValueError as err:

@@ -263,8 +263,9 @@ def _model_defaults() -> dict[str, Any]:
 class DataConfig:
     """Where training tokens come from and how they are batched."""
 
-    kind: Literal["synthetic", "file"] = "synthetic"
-    """``synthetic``: a built-in corpus with learnable structure; ``file``: a token file at ``path``."""
+    kind: Literal["synthetic", "file", "text"] = "synthetic"
+    """``synthetic``: a built-in corpus with learnable structure; ``file``: a token file at ``path``;
+    ``text``: the user's text files (``files``), tokenized once into ``cache_dir``."""
     path: str | None = None
     """The memory-mapped token file (``kind=file``), made by ``scripts/prepare-data``."""
     seq_len: int = 64
@@ -277,10 +278,27 @@ class DataConfig:
     """Size of the synthetic corpus, in tokens."""
     seed: int = 1234
     """Seed of the synthetic corpus and the sampler."""
+    files: str | list[str] | None = None
+    """``kind=text``: a glob, or a list of globs, of UTF-8 text files (``.txt``: one document each) and
+    JSON lines files (``.jsonl``: one document per line, its ``text`` field)."""
+    tokenizer: str | None = None
+    """A Hugging Face tokenizer folder for ``kind=text`` (null: the model folder's, ``model.path``). Also
+    checked against the tokenizer recorded in a ``kind=file`` token file's header."""
+    cache_dir: str = "multirun/token-cache"
+    """``kind=text``: where the tokenized corpus is kept, one entry per (tokenizer, corpus). The default
+    lies beside Hydra's default sweep dirs (``multirun/DATE/TIME``), relative to where the sweep is
+    submitted, so every sweep submitted from there shares it."""
 
     def __post_init__(self) -> None:
         if self.kind == "file":
             _require(bool(self.path), "data.path", self.path, "a token file path when data.kind=file")
+        if self.kind == "text":
+            patterns = [self.files] if isinstance(self.files, str) else list(self.files or [])
+            _require(
+                bool(patterns) and all(patterns), "data.files", self.files,
+                "a glob or a list of globs of .txt/.jsonl files when data.kind=text",
+            )
+            _require(bool(self.cache_dir), "data.cache_dir", self.cache_dir, "a directory when data.kind=text")
         _require(self.seq_len >= 2, "data.seq_len", self.seq_len, "an integer >= 2")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "an integer >= 1")
         _require(
@@ -473,6 +491,13 @@ class TrialConfig:
             self.data.seq_len,
             f"at most model.max_position_embeddings={self.model.max_position_embeddings}",
         )
+        if self.data.kind == "text":
+            _require(
+                tokenizer_folder(self.data, self.model) is not None,
+                "data.tokenizer",
+                self.data.tokenizer,
+                "a Hugging Face tokenizer folder when data.kind=text and no model.path names one",
+            )
         if self.data.kind == "synthetic":
             check_corpus_fits(
                 self.data,
@@ -481,6 +506,12 @@ class TrialConfig:
                 corpus_vocab_size=self.model.vocab_size,
                 source=f"the synthetic corpus (data.synthetic_tokens={self.data.synthetic_tokens})",
             )
+
+
+def tokenizer_folder(data: DataConfig, model: ModelConfig) -> str | None:
+    """The tokenizer folder a trial's text is tokenized with: ``data.tokenizer``, else the model
+    folder's (``model.path``); None when neither is set."""
+    return data.tokenizer or model.path
 
 
 def check_corpus_fits(

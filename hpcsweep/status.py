@@ -7,7 +7,8 @@ that never clears (``PartitionConfig`` ...) is flagged in red with what it means
 shows its attempt. Above the trials: the GPU-hours every run of the sweep has spent (allocated
 GPU-hours, ``hpcsweep.results.gpu_hours``), against ``hydra.launcher.budget_gpu_hours``, flagged
 from 80 % of it on. Each poll makes one ``sacct`` call for the whole sweep (none for a local
-sweep), plus one ``squeue`` while a trial is queued. SWEEP_DIR may also be one trial dir (``sbatch
+sweep), plus one ``squeue`` while a trial is queued, and for a ``data=text`` sweep one for its token
+preparation job, whose line says why the trials were cancelled when it failed. SWEEP_DIR may also be one trial dir (``sbatch
 slurm/train.sbatch`` writes one). ``--follow`` refreshes until every trial has ended, or stops
 when a trial can never start; ``--logs N`` tails trial N's ``train.log`` and submitit ``.err``.
 """
@@ -32,6 +33,7 @@ from hpcsweep.results.table import (
     resolve_trial_dir,
     swept_keys,
 )
+from hpcsweep.results.token_preparation import preparation_status
 
 BAR_WIDTH = 20
 LOG_LINES = 30
@@ -185,6 +187,8 @@ def render_status(
     summary = f"{sweep_dir}: {trials}, " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if sweep.slurm_error:
         summary += f"\n(no Slurm states: {sweep.slurm_error.splitlines()[0]})"
+    if sweep.record.token_preparation is not None:
+        summary += "\n" + preparation_status(sweep.record.token_preparation)
     summary += "\n" + budget_text(sweep.usage.spent_hours if sweep.usage else None, sweep.record.budget_gpu_hours,
                                   color, stopped_by_budget(sweep.rows))
     return "\n".join([summary, *lines]) + "\n", sweep.rows

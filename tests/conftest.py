@@ -45,6 +45,10 @@ SLOW_TESTS = {
     },
     "test_search_study.py": {"test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune"},
     "test_search_sweeper.py": {"test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes"},
+    "test_text_data.py": {
+        "test_a_local_sweep_of_two_trials_tokenizes_its_text_once_before_the_first_starts",
+        "test_prepare_data_with_a_model_folder_writes_what_the_sweep_reads",
+    },
     "test_trainer_learning.py": {"test_val_loss_falls_far_below_the_unigram_entropy"},
     "test_worker_failure.py": {"test_failing_workers_fail_the_trial_with_their_traceback"},
 }

@@ -16,6 +16,12 @@ budget, one attempt (the trial's ``job_id`` and ``submitted_at``), settings not 
 recorded by the app. ``app`` is what the app's trial hook records about the sweep when it is
 submitted (``TrialHook.sweep_facts``; hpcsweep's: ``models``, the identity of each model folder its
 trials load, by ``model.path``).
+A ``data=text`` sweep whose token cache was missing adds ``"token_preparation": {"job_id": str,
+"log": str, "entries": [str, ...]}``: the one Slurm job that tokenized the corpus, which every array
+waits on (``afterok``), its log, and the cache entries it writes.
+
+``budget_gpu_hours``, ``attempts`` and an array's ``launcher`` came later and may be missing: no
+budget, one attempt (the trial's ``job_id`` and ``submitted_at``), settings not recorded.
 ``job_id`` and ``submitted_at`` are always the current attempt's; ``arrays`` lists every array
 ever submitted, retries included, each with the ``hydra.launcher`` settings it was submitted with
 (a retry's are the sweep's own, the first arrays', plus that retry's overrides).
@@ -93,6 +99,17 @@ class ArrayRecord:
 
 
 @dataclass(frozen=True)
+class TokenPreparationRecord:
+    """The Slurm job that tokenizes a ``data=text`` sweep's corpus before its arrays may start."""
+
+    job_id: str
+    log: str
+    """The job's stdout and stderr."""
+    entries: list[str]
+    """The token cache entries it writes (``hpcsweep.files.token_cache``)."""
+
+
+@dataclass(frozen=True)
 class SweepRecord:
     """Everything ``sweep.json`` holds."""
 
@@ -105,6 +122,8 @@ class SweepRecord:
     """``hydra.launcher.budget_gpu_hours`` of the latest submission (None: no budget)."""
     app: dict[str, Any] = field(default_factory=dict)
     """What the app's trial hook records about the sweep at submission (``TrialHook.sweep_facts``)."""
+    token_preparation: TokenPreparationRecord | None = None
+    """The job that tokenizes the corpus first (None: no ``data=text`` cache was missing)."""
     version: int = SCHEMA_VERSION
 
     def job_ids(self) -> list[str]:
@@ -136,6 +155,7 @@ def parse_sweep_record(text: str) -> SweepRecord:
         arrays=[ArrayRecord(**array) for array in raw.get("arrays", [])],
         budget_gpu_hours=raw.get("budget_gpu_hours"),
         app=raw.get("app") or {},
+        token_preparation=TokenPreparationRecord(**raw["token_preparation"]) if raw.get("token_preparation") else None,
     )
 
 

@@ -1,5 +1,6 @@
 """The header of a token file (``scripts/prepare-data``): ``data.bin`` holds raw token ids, ``data.json``
-beside it says their dtype, the vocabulary and how many there are.
+beside it says their dtype, the vocabulary and how many there are, the tokenizer's name and, for a
+Hugging Face tokenizer folder, the SHA-256 of its files (``hpcsweep.files.token_cache.tokenizer_sha256``).
 
 Pure reading, no numpy and no torch: the login node checks a sweep's data with it before anything
 is submitted, and the trainer opens the tokens with what it returns.
@@ -27,6 +28,8 @@ class TokenHeader:
     vocab_size: int
     num_tokens: int
     tokenizer: str | None
+    tokenizer_sha256: str | None = None
+    """The hash of the tokenizer folder the tokens were made with; None for files made without one."""
 
 
 def header_path(token_path: Path) -> Path:
@@ -34,9 +37,13 @@ def header_path(token_path: Path) -> Path:
     return token_path.with_suffix(".json")
 
 
-def header_text(dtype: str, vocab_size: int, num_tokens: int, tokenizer: str) -> str:
+def header_text(
+    dtype: str, vocab_size: int, num_tokens: int, tokenizer: str, tokenizer_sha256: str | None = None
+) -> str:
     """The header of a token file, as ``scripts/prepare-data`` writes it."""
     header = {"dtype": dtype, "vocab_size": vocab_size, "num_tokens": num_tokens, "tokenizer": tokenizer}
+    if tokenizer_sha256 is not None:
+        header["tokenizer_sha256"] = tokenizer_sha256
     return json.dumps(header, indent=2) + "\n"
 
 
@@ -65,5 +72,9 @@ def read_token_header(token_path: Path) -> TokenHeader:
         raise TokenFileError(
             f"it holds {size} bytes, but its header says {num_tokens} {dtype} tokens ({num_tokens * TOKEN_BYTES[dtype]} bytes)"
         )
-    tokenizer = header.get("tokenizer")
-    return TokenHeader(dtype, vocab_size, num_tokens, tokenizer if isinstance(tokenizer, str) else None)
+    tokenizer, digest = header.get("tokenizer"), header.get("tokenizer_sha256")
+    return TokenHeader(
+        dtype, vocab_size, num_tokens,
+        tokenizer if isinstance(tokenizer, str) else None,
+        digest if isinstance(digest, str) else None,
+    )

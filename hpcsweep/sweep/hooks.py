@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
+from hpcsweep.files.sweep_record import TokenPreparationRecord
+
 PLACEMENT_MODES = ("switches", "pin", "off")
 """How a multi-node job is placed on the switch tree (``hpcsweep.slurm.topology``)."""
 DEFAULT_PLACEMENT = "switches"
@@ -150,6 +152,15 @@ class TrialHook:
         if isinstance(ran, SweepStopped):
             leave_with(ran.code, self.stopped_line(ran.what))
         return ran
+
+    def submit_preparation(
+        self, trials: Sequence[SweepTrial], launcher: Mapping[str, Any], sweep_dir: Path
+    ) -> TokenPreparationRecord | None:
+        """Submit the one Slurm job the sweep's arrays must wait on (``afterok``), if the sweep needs one.
+
+        Called once, after every check and before the first array is submitted; None: no job.
+        """
+        return None
 
     def stopped_line(self, what: str) -> str:
         """The line a stopped local sweep ends the command with: ``what`` stopped and what did not start."""

@@ -9,13 +9,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn
 
 from hpcsweep.config import TrialConfig, resume_config_from_dict
+from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepStopped, SweepTrial, TrialHook
 from hpcsweep.sweep.prepare import PreparedTrial, check_resumes, validate_composed
+from hpcsweep.sweep.text_preparation import prepare_here, submit_preparation
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +133,14 @@ class HpcsweepTrials(TrialHook):
         """Say which trials resume, then run them; a stop signal (Ctrl-C) stops the running trials with a
         checkpoint and starts no further one, and the command says in one line how to resume."""
         log_resume_state(trials)
+        prepare_here([t.app_config[0] for t in trials])
         return super().run_locally(trials, run_trials)
+
+    def submit_preparation(
+        self, trials: Sequence[SweepTrial], launcher: Mapping[str, Any], sweep_dir: Path
+    ) -> TokenPreparationRecord | None:
+        """The job that tokenizes a ``data=text`` corpus with no cache entry yet (``hpcsweep.sweep.text_preparation``)."""
+        return submit_preparation([t.app_config[0] for t in trials], launcher, sweep_dir)
 
     def stopped_line(self, what: str) -> str:
         """``what``, and the command that resumes the sweep."""

@@ -14,10 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, trial_config_from_dict
-from hpcsweep.files.token_file import TokenFileError, read_token_header
+from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokenizer_folder, trial_config_from_dict
+from hpcsweep.files.token_cache import TokenCacheError, tokenizer_sha256
+from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model_folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
+from hpcsweep.sweep.text_preparation import sweep_text_corpus
 from hpcsweep.trial.identity import (
     ConfigMismatch,
     differences_text,
@@ -84,9 +86,14 @@ def check_pretrained_model(trial: TrialConfig) -> ModelFolder | None:
 
 def check_token_file(trial: TrialConfig, model_vocab_size: int, vocab_key: str = "model.vocab_size") -> None:
     """Raise ``ValueError`` naming ``data.path`` as typed when the trial's token file is missing or
-    unreadable, or when its corpus does not fit the model's vocabulary (``model.vocab_size``, or that of
-    the folder ``model.path`` names) and ``data.seq_len``."""
+    unreadable, made with another tokenizer than the trial's, or when its corpus does not fit the
+    model's vocabulary (``model.vocab_size``, or that of the folder ``model.path`` names) and
+    ``data.seq_len``. For ``data.kind=text``: naming ``data.files`` or the tokenizer when they cannot
+    be used, and checking the cache entry once it exists."""
     data = trial.data
+    if data.kind == "text":
+        check_text_corpus(trial, model_vocab_size, vocab_key)
+        return
     if data.kind != "file":
         return
     assert data.path is not None
@@ -94,6 +101,7 @@ def check_token_file(trial: TrialConfig, model_vocab_size: int, vocab_key: str =
         header = read_token_header(Path(data.path))
     except TokenFileError as err:
         raise ValueError(f"data.path={data.path!r} is not allowed: {err}") from None
+    check_same_tokenizer(trial, header)
     check_corpus_fits(
         data,
         model_vocab_size,
@@ -114,6 +122,46 @@ def identity_per_folder() -> Callable[[TrialConfig], dict[str, Any] | None]:
         return identities[config.model.path]
 
     return identity_now
+
+
+def check_same_tokenizer(trial: TrialConfig, header: TokenHeader) -> None:
+    """Refuse a token file whose header records another tokenizer's hash than the trial's tokenizer
+    folder (``data.tokenizer``, else the model folder's); a file or a trial without one passes."""
+    folder = tokenizer_folder(trial.data, trial.model)
+    if folder is None or header.tokenizer_sha256 is None:
+        return
+    key = "data.tokenizer" if trial.data.tokenizer else "model.path"
+    try:
+        digest = tokenizer_sha256(folder)
+    except (TokenCacheError, OSError) as err:
+        raise ValueError(f"{key}={folder!r} is not allowed: {err}") from None
+    if digest != header.tokenizer_sha256:
+        raise ValueError(
+            f"data.path={trial.data.path!r} is not allowed: it was made with another tokenizer "
+            f"({header.tokenizer or 'unnamed'}, sha256 {header.tokenizer_sha256[:12]}) than {key}={folder!r} "
+            f"(sha256 {digest[:12]}); tokenize the text again with this tokenizer (scripts/prepare-data --model)"
+        )
+
+
+def check_text_corpus(trial: TrialConfig, model_vocab_size: int, vocab_key: str = "model.vocab_size") -> None:
+    """The tokenizer folder and ``data.files`` of a ``data.kind=text`` trial can be used, and its
+    cache entry, once written, fits the model."""
+    corpus = sweep_text_corpus(trial)
+    if not corpus.is_cached():
+        return
+    try:
+        header = read_token_header(corpus.token_path)
+    except TokenFileError as err:
+        raise ValueError(f"data.files={trial.data.files!r} is not allowed: its token cache entry "
+                         f"{corpus.entry} is broken ({err}): delete it to tokenize again") from None
+    check_corpus_fits(
+        trial.data,
+        model_vocab_size,
+        num_tokens=header.num_tokens,
+        corpus_vocab_size=header.vocab_size,
+        source=f"data.files={trial.data.files!r} (tokenized into {corpus.token_path})",
+        vocab_key=vocab_key,
+    )
 
 
 def check_resumes(trials: Sequence[PreparedTrial]) -> None:

@@ -51,6 +51,7 @@ from hpcsweep.sweep.hooks import Placement, SweepTrial, TrialHook, hook_of
 from hpcsweep.sweep.snapshot import take_snapshot, with_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
+from hpcsweep.sweep.text_preparation import dependency_parameters
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def recorded_settings(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def submit_trials(
     launcher: Any, trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str, sweep_dir: Path,
-    launcher_folder: Path | None = None,
+    launcher_folder: Path | None = None, extra_sbatch: Mapping[str, str] | None = None,
 ) -> tuple[dict[int, Any], list[ArrayRecord]]:
     """Submit checked trials into ``sweep_dir`` as job arrays, one per allocation shape and size cap.
 
@@ -177,6 +178,8 @@ def submit_trials(
     launcher from ``launcher_folder`` (default ``SWEEP_DIR/.submitit``): a retry gives its own, so
     that its settings never reach the sweep's tasks nor a later retry. Returns each trial's
     submitit job (trials packed into one task share it) and the arrays, each recording ``params``.
+    ``extra_sbatch`` (the token preparation's dependency) reaches this submission's sbatch only,
+    never the recorded settings a retry reuses.
     """
     per_task = trials_per_task(params)
     max_array_size = parse_max_array_size(slurm_config)
@@ -195,6 +198,9 @@ def submit_trials(
     jobs_by_trial: dict[int, Any] = {}
     arrays: list[ArrayRecord] = []
     for parameters, group in _group_by_allocation(trials, params, parse_max_switch_wait(slurm_config)):
+        if extra_sbatch:
+            parameters = {**parameters, "slurm_additional_parameters": {
+                **parameters["slurm_additional_parameters"], **extra_sbatch}}
         for tasks in chunk(chunk(group, per_task), max_array_size):
             jobs = _submit_array(launcher, call, parameters, tasks)
             for task, job in zip(tasks, jobs, strict=True):
@@ -226,7 +232,9 @@ def launch_on_slurm(
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
-    jobs_by_trial, arrays = submit_trials(launcher, trials, params, slurm_config, sweep_dir)
+    preparation = hook_of(launcher.task_function).submit_preparation(trials, params, sweep_dir)
+    jobs_by_trial, arrays = submit_trials(launcher, trials, params, slurm_config, sweep_dir,
+                                          extra_sbatch=dependency_parameters(preparation))
 
     submitted = now_iso()
     record = SweepRecord(
@@ -240,6 +248,7 @@ def launch_on_slurm(
         arrays=arrays,
         budget_gpu_hours=budget,
         app=app_facts,
+        token_preparation=preparation,
     )
     write_sweep_record(record)
     log.info("sweep dir: %s", sweep_dir)

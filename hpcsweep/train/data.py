@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpcsweep.config import DataConfig, check_corpus_fits
+from hpcsweep.files.token_cache import text_corpus
 from hpcsweep.files.token_file import TokenFileError, header_path, header_text, read_token_header
 
 if TYPE_CHECKING:
@@ -78,12 +79,26 @@ def open_token_file(path: Path) -> tuple[np.ndarray, int]:
     return tokens, header.vocab_size
 
 
-def load_corpus(cfg: DataConfig, model_vocab_size: int) -> Corpus:
-    """The corpus ``cfg`` names, checked against the model's vocabulary."""
+def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None) -> Corpus:
+    """The corpus ``cfg`` names, checked against the model's vocabulary.
+
+    ``data.kind=text`` reads its token cache entry as ``data.kind=file`` reads ``data.path``;
+    ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``).
+    """
     if cfg.kind == "synthetic":
         tokens = markov_corpus(model_vocab_size, cfg.synthetic_tokens, cfg.seed)
         vocab_size = model_vocab_size
         source = f"the synthetic corpus (data.synthetic_tokens={cfg.synthetic_tokens})"
+    elif cfg.kind == "text":
+        assert cfg.files is not None and tokenizer is not None
+        corpus = text_corpus(cfg.files, tokenizer, cfg.cache_dir, "data.tokenizer")
+        if not corpus.is_cached():
+            raise ValueError(
+                f"data.files={cfg.files!r} is not allowed: no token cache entry {corpus.entry} for it (the corpus "
+                "or the tokenizer changed since the sweep prepared it, or its preparation did not finish)"
+            )
+        tokens, vocab_size = open_token_file(corpus.token_path)
+        source = f"data.files={cfg.files!r} ({corpus.token_path})"
     else:
         tokens, vocab_size = open_token_file(Path(cfg.path))
         source = cfg.path

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcsweep.config import TrialConfig
+from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
@@ -93,7 +93,7 @@ class Trainer:
             else self.model
         )
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
-        self.corpus = data.load_corpus(cfg.data, self.model.config.vocab_size)
+        self.corpus = data.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model))
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)

@@ -105,7 +105,11 @@ def test_a_bare_command_runs_exactly_the_dataclass_defaults():
 )
 def test_every_preset_composes_into_a_valid_trial(choice):
     group, option = choice.split("=")
-    path = {"data=file": {"path": "corpus.bin"}, "model=pretrained": {"path": "/shared/models/x"}}.get(choice, {})
+    path = {
+        "data=file": {"path": "corpus.bin"},
+        "data=text": {"files": "corpus/*.txt", "tokenizer": "tokenizer"},
+        "model=pretrained": {"path": "/shared/models/x"},
+    }.get(choice, {})
     composed = compose(choice, *(f"{group}.{key}={value}" for key, value in path.items()))
     assert composed[group] == {**config_defaults()[group], **yaml_values(CONFIGS / group / f"{option}.yaml"), **path}
     trial_config_from_dict(composed)

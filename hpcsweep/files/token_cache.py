@@ -1,0 +1,155 @@
+"""Where the user's text lies once tokenized: one cache entry per (tokenizer, corpus).
+
+An entry is ``CACHE_DIR/KEY/tokens.bin`` plus its header ``tokens.json`` (``hpcsweep.files.token_file``).
+``KEY`` hashes the tokenizer folder's files (their names and bytes) and the corpus files' absolute
+paths, sizes and modification times, so a changed tokenizer or a touched file makes a new entry, and
+the order the globs list files in does not matter (documents are read in path order).
+
+Standard library only: the login node computes the key of every trial without numpy, torch or
+transformers, and the trainer finds the same entry with the same functions.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+"""The files of a Hugging Face tokenizer folder that decide how text becomes ids."""
+FORMAT_VERSION = 1
+"""Bumped when the way documents become tokens changes (EOS placement, jsonl parsing)."""
+TOKENS_NAME = "tokens.bin"
+"""The token file inside a cache entry (its header is ``tokens.json``)."""
+
+
+class TokenCacheError(ValueError):
+    """The tokenizer or the corpus of a ``data=text`` trial cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    """One file of a corpus, as its cache key sees it."""
+
+    path: str
+    """Absolute path."""
+    size: int
+    mtime_ns: int
+
+
+def tokenizer_sha256(folder: str | os.PathLike[str]) -> str:
+    """The SHA-256 over the names and bytes of the tokenizer files in ``folder``.
+
+    ``TokenCacheError`` when the folder holds none of ``TOKENIZER_FILES``.
+    """
+    root = Path(folder)
+    present = [name for name in TOKENIZER_FILES if (root / name).is_file()]
+    if not present:
+        raise TokenCacheError(
+            f"it holds no tokenizer files (one of {', '.join(TOKENIZER_FILES[:3])}, ...)"
+        )
+    digest = hashlib.sha256()
+    for name in present:
+        digest.update(name.encode() + b"\0")
+        with open(root / name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def glob_patterns(files: str | Sequence[str]) -> list[str]:
+    """``data.files`` as a list of globs (a single glob may be given as a string)."""
+    return [files] if isinstance(files, str) else list(files)
+
+
+def corpus_files(files: str | Sequence[str]) -> list[CorpusFile]:
+    """The files that the globs ``files`` match, absolute and in path order, with their sizes and mtimes.
+
+    ``TokenCacheError`` naming ``data.files`` when a glob matches no file.
+    """
+    found: dict[str, os.stat_result] = {}
+    for pattern in glob_patterns(files):
+        matches = [
+            os.path.abspath(match)
+            for match in glob.glob(os.path.expanduser(pattern), recursive=True)
+            if os.path.isfile(match)
+        ]
+        if not matches:
+            raise TokenCacheError(f"data.files={pattern!r} is not allowed: it matches no file")
+        for match in matches:
+            found[match] = os.stat(match)
+    return [CorpusFile(path, found[path].st_size, found[path].st_mtime_ns) for path in sorted(found)]
+
+
+def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile]) -> str:
+    """The cache entry's name for this tokenizer and corpus (order of ``files`` does not matter)."""
+    described = {
+        "format": FORMAT_VERSION,
+        "tokenizer_sha256": tokenizer_hash,
+        "files": sorted([f.path, f.size, f.mtime_ns] for f in files),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+    """What one ``data=text`` trial tokenizes and where the result goes."""
+
+    tokenizer_folder: str
+    """Absolute path."""
+    tokenizer_sha256: str
+    files: list[CorpusFile]
+    cache_dir: str
+    """Absolute path."""
+
+    @property
+    def key(self) -> str:
+        return cache_key(self.tokenizer_sha256, self.files)
+
+    @property
+    def entry(self) -> Path:
+        """The cache entry's folder."""
+        return Path(self.cache_dir) / self.key
+
+    @property
+    def token_path(self) -> Path:
+        """The token file the trainer reads (``data=file`` format)."""
+        return self.entry / TOKENS_NAME
+
+    def is_cached(self) -> bool:
+        """Whether the entry has been written (entries appear whole, by one rename)."""
+        return self.token_path.is_file() and self.token_path.with_suffix(".json").is_file()
+
+
+def text_corpus(files: str | Sequence[str], tokenizer_folder: str, cache_dir: str, tokenizer_key: str) -> TextCorpus:
+    """The corpus ``data.files`` names, tokenized by ``tokenizer_folder``, cached in ``cache_dir``
+    (relative paths: from the current directory). ``TokenCacheError`` naming the key at fault
+    (``tokenizer_key``: the config key that named the tokenizer folder)."""
+    folder = os.path.abspath(os.path.expanduser(tokenizer_folder))
+    if not os.path.isdir(folder):
+        raise TokenCacheError(f"{tokenizer_key}={tokenizer_folder!r} is not allowed: not a directory")
+    try:
+        digest = tokenizer_sha256(folder)
+    except TokenCacheError as err:
+        raise TokenCacheError(f"{tokenizer_key}={tokenizer_folder!r} is not allowed: {err}") from None
+    return TextCorpus(
+        tokenizer_folder=folder,
+        tokenizer_sha256=digest,
+        files=corpus_files(files),
+        cache_dir=os.path.abspath(os.path.expanduser(cache_dir)),
+    )

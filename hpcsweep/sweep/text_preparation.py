@@ -1,0 +1,136 @@
+"""Tokenize a ``data=text`` sweep's corpus once, before its trials: here, or in one Slurm job.
+
+Every trial of a sweep with the same tokenizer and corpus reads one token cache entry
+(``hpcsweep.files.token_cache``), so the corpus is tokenized once per (tokenizer, corpus), however
+many trials and sweeps read it. A local sweep writes a missing entry before its first trial starts.
+On Slurm the login node never tokenizes, whatever the corpus's size: one preparation job writes
+every missing entry, and each trial array waits on it (``--dependency=afterok:JOB``) and is
+cancelled by Slurm if it fails (``--kill-on-invalid-dep=yes``). ``sweep.json`` records the job and
+its log, which ``python -m hpcsweep.status`` names when it failed.
+
+The job is a fixed script run by ``sbatch``; the corpus, tokenizer and cache dir reach it as
+arguments, never through a shell.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcsweep.config import TrialConfig, tokenizer_folder
+from hpcsweep.files.atomic import atomic_write_text
+from hpcsweep.files.sweep_record import TokenPreparationRecord
+from hpcsweep.files.token_cache import TextCorpus, TokenCacheError, glob_patterns, text_corpus
+from hpcsweep.slurm import commands
+from hpcsweep.sweep.sweep_trials import exit_with_config_error
+
+log = logging.getLogger(__name__)
+
+PREPARATION_DIR = ".token-preparation"
+"""In the sweep dir: the preparation job's script and log."""
+JOB_NAME = "hpcsweep-tokenize"
+DEFAULT_CPUS = 8
+"""CPUs of the preparation job when the launcher names no ``cpus_per_task``."""
+SCRIPT = """\
+#!/bin/sh
+# hpcsweep's token preparation job: $1 is the Python to run, the rest its arguments.
+python="$1"
+shift
+exec "$python" -m hpcsweep.train.text_tokens "$@"
+"""
+
+
+@functools.cache
+def _text_corpus(files: tuple[str, ...], folder: str, cache_dir: str, tokenizer_key: str) -> TextCorpus:
+    return text_corpus(list(files), folder, cache_dir, tokenizer_key)
+
+
+def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
+    """The ``TextCorpus`` of a ``data.kind=text`` trial, globbed and hashed once per distinct (files,
+    tokenizer, cache dir) in this login-node command, not once per trial of a 1,000-trial sweep."""
+    data = trial.data
+    folder = tokenizer_folder(data, trial.model)
+    assert data.files is not None and folder is not None  # DataConfig and TrialConfig check both
+    key = "data.tokenizer" if data.tokenizer else "model.path"
+    return _text_corpus(tuple(glob_patterns(data.files)), folder, data.cache_dir, key)
+
+
+def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
+    """The distinct ``data=text`` corpora of ``trials`` that have no cache entry yet, in trial order."""
+    found: dict[str, TextCorpus] = {}
+    for trial in trials:
+        if trial.data.kind == "text":
+            corpus = sweep_text_corpus(trial)
+            found.setdefault(corpus.key, corpus)
+    return [corpus for corpus in found.values() if not corpus.is_cached()]
+
+
+def prepare_here(trials: Sequence[TrialConfig]) -> None:
+    """Write every missing cache entry of ``trials`` now, on this machine's CPUs (a local sweep, a
+    single run); a corpus that cannot be tokenized ends the command with one line, no trial run."""
+    from hpcsweep.train.text_documents import CorpusError
+    from hpcsweep.train.text_tokens import available_cpus, write_entry
+
+    for corpus in missing_corpora(trials):
+        log.info("tokenizing %d files with %s into %s", len(corpus.files), corpus.tokenizer_folder, corpus.entry)
+        try:
+            write_entry(corpus, available_cpus())
+        except (TokenCacheError, CorpusError) as err:
+            exit_with_config_error(err, "no trial ran")
+
+
+def preparation_request(corpora: Sequence[TextCorpus]) -> str:
+    """The job's request file: for each corpus, its files as found at submit, its tokenizer, and the
+    cache entry it must write (a corpus changed since is refused)."""
+    return json.dumps([
+        {"files": [f.path for f in c.files], "tokenizer": c.tokenizer_folder, "cache_dir": c.cache_dir, "key": c.key}
+        for c in corpora
+    ], indent=2) + "\n"
+
+
+def sbatch_options(params: Mapping[str, Any], log_path: Path) -> list[str]:
+    """The preparation job's sbatch options: one task on one node, on the launcher's partition, QOS and
+    account, within its time limit."""
+    options = [
+        f"--job-name={JOB_NAME}", f"--output={log_path}", "--nodes=1", "--ntasks=1",
+        f"--cpus-per-task={params.get('cpus_per_task') or DEFAULT_CPUS}",
+    ]
+    if params.get("timeout_min"):
+        options.append(f"--time={int(params['timeout_min'])}")
+    for key in ("partition", "qos", "account"):
+        if params.get(key):
+            options.append(f"--{key}={params[key]}")
+    return options
+
+
+def submit_preparation(
+    trials: Sequence[TrialConfig], params: Mapping[str, Any], sweep_dir: Path
+) -> TokenPreparationRecord | None:
+    """Submit the one job that writes every missing cache entry of ``trials``; None when none is missing.
+
+    The job prepares the corpora one after another, each over all its CPUs.
+    """
+    corpora = missing_corpora(trials)
+    if not corpora:
+        return None
+    folder = sweep_dir / PREPARATION_DIR
+    script, request, log_path = folder / "prepare.sh", folder / "request.json", folder / "prepare.log"
+    atomic_write_text(script, SCRIPT)
+    atomic_write_text(request, preparation_request(corpora))
+    job_id = commands.sbatch(sbatch_options(params, log_path), str(script), [sys.executable, "--request", str(request)])
+    log.info("token preparation: job %s tokenizes %s; the trials wait on it", job_id,
+             ", ".join(f"{len(c.files)} files into {c.entry}" for c in corpora))
+    return TokenPreparationRecord(job_id, str(log_path), [str(c.entry) for c in corpora])
+
+
+def dependency_parameters(preparation: TokenPreparationRecord | None) -> dict[str, str]:
+    """The sbatch options (submitit's ``slurm_additional_parameters``) that make an array wait on the
+    preparation and be cancelled when it fails."""
+    if preparation is None:
+        return {}
+    return {"dependency": f"afterok:{preparation.job_id}", "kill_on_invalid_dep": "yes"}

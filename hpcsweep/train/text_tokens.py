@@ -1,0 +1,183 @@
+"""Tokenize a text corpus once, into its token cache entry (``hpcsweep.files.token_cache``).
+
+Every document becomes its token ids followed by the tokenizer's EOS token, so EOS separates one
+document from the next. Pieces of the corpus (``hpcsweep.train.text_documents``) are tokenized by a
+pool of worker processes, one per CPU this process may use, and written in corpus order as they
+come back: the result is the same bytes for any number of workers, and memory holds a few pieces,
+never the corpus. The entry is written into a temporary folder beside it and renamed into place,
+so a reader sees a whole entry or none, and two preparers of one entry never corrupt it (the
+second's rename finds the first's entry and its own copy is dropped).
+
+    python -m hpcsweep.train.text_tokens --request SWEEP_DIR/.token-preparation/request.json
+
+is the Slurm preparation job of a ``data=text`` sweep (``hpcsweep.sweep.text_preparation``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpcsweep.files.atomic import atomic_write_text, fsync_dir
+from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, text_corpus
+from hpcsweep.files.token_file import header_path, header_text
+from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, read_documents
+
+log = logging.getLogger(__name__)
+
+_worker_tokenizer: Any = None
+"""The tokenizer of this worker process, loaded once by the pool's initializer."""
+
+
+def load_tokenizer(folder: str) -> Any:
+    """``AutoTokenizer.from_pretrained(folder, local_files_only=True)``, offline; ``TokenCacheError``
+    when it has no EOS token to put between documents."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    # Each worker process is one CPU's worth already: the Rust tokenizer must not add threads.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    if tokenizer.eos_token_id is None:
+        raise TokenCacheError(f"the tokenizer in {folder} has no eos_token to put between documents")
+    return tokenizer
+
+
+def piece_tokens(tokenizer: Any, piece: Piece) -> np.ndarray:
+    """The ids of every document of ``piece``, each followed by EOS (int64)."""
+    documents = read_documents(piece)
+    if not documents:
+        return np.empty(0, dtype=np.int64)
+    ids = tokenizer(documents, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return np.fromiter((t for doc in ids for t in (*doc, eos)), dtype=np.int64)
+
+
+def _init_worker(folder: str) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = load_tokenizer(folder)
+
+
+def _tokenize_in_worker(piece: Piece) -> np.ndarray:
+    return piece_tokens(_worker_tokenizer, piece)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (a Slurm job's own, under its cgroup or affinity)."""
+    return len(os.sched_getaffinity(0))
+
+
+def tokenized_pieces(folder: str, pieces: Sequence[Piece], workers: int) -> Iterator[np.ndarray]:
+    """Each piece's tokens, in the order of ``pieces``, from ``workers`` processes (1: this one)."""
+    if workers <= 1 or len(pieces) <= 1:
+        tokenizer = load_tokenizer(folder)
+        for piece in pieces:
+            yield piece_tokens(tokenizer, piece)
+        return
+    # fork: this process has not used the tokenizer (nor torch), and a worker starts in milliseconds.
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(min(workers, len(pieces)), mp_context=context,
+                             initializer=_init_worker, initargs=(folder,)) as pool:
+        yield from pool.map(_tokenize_in_worker, pieces)
+
+
+def write_tokens(corpus: TextCorpus, token_path: Path, workers: int, piece_bytes: int | None = None) -> int:
+    """Tokenize ``corpus`` into the token file ``token_path`` and its header (not atomically: callers
+    write into a staging place); return the number of tokens."""
+    vocab_size = len(load_tokenizer(corpus.tokenizer_folder))
+    dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
+    pieces = corpus_pieces([(f.path, f.size) for f in corpus.files], *([piece_bytes] if piece_bytes else []))
+    count = 0
+    with open(token_path, "wb") as out:
+        for tokens in tokenized_pieces(corpus.tokenizer_folder, pieces, workers):
+            out.write(tokens.astype(dtype).tobytes())
+            count += len(tokens)
+        out.flush()
+        os.fsync(out.fileno())
+    atomic_write_text(header_path(token_path), header_text(
+        np.dtype(dtype).name, vocab_size, count, corpus.tokenizer_folder, corpus.tokenizer_sha256))
+    log.info("tokenized %d files with %s: %d tokens, vocabulary %d (%d workers)",
+             len(corpus.files), corpus.tokenizer_folder, count, vocab_size, workers)
+    return count
+
+
+def write_entry(corpus: TextCorpus, workers: int, piece_bytes: int | None = None) -> Path:
+    """Tokenize ``corpus`` into its cache entry unless it is there; return its token file."""
+    if corpus.is_cached():
+        return corpus.token_path
+    Path(corpus.cache_dir).mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=corpus.cache_dir, prefix=f".{corpus.key}.", suffix=".tmp"))
+    try:
+        write_tokens(corpus, staging / TOKENS_NAME, workers, piece_bytes)
+        try:
+            os.rename(staging, corpus.entry)
+        except OSError:
+            if not corpus.is_cached():
+                raise
+            log.info("another preparer wrote %s first: keeping its entry", corpus.entry)
+        else:
+            fsync_dir(corpus.cache_dir)
+            log.info("token cache entry %s written", corpus.entry)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return corpus.token_path
+
+
+def write_token_file_at(corpus: TextCorpus, out: Path, workers: int) -> None:
+    """Tokenize ``corpus`` into the token file ``out`` (and its header), replacing both atomically."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        staged = staging / out.name
+        write_tokens(corpus, staged, workers)
+        # The header last: a reader that finds the new header finds the new tokens.
+        os.replace(staged, out)
+        os.replace(header_path(staged), header_path(out))
+        fsync_dir(out.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def prepare_requested(request: dict[str, Any], workers: int) -> Path:
+    """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``);
+    ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with."""
+    corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer")
+    if request.get("key") and corpus.key != request["key"]:
+        raise TokenCacheError(
+            f"the corpus or the tokenizer changed since the sweep was submitted (cache entry {corpus.key}, "
+            f"not {request['key']}): submit the sweep again"
+        )
+    return write_entry(corpus, workers)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The preparation job: write every requested cache entry; exit 1 with one line on failure."""
+    parser = argparse.ArgumentParser(prog="python -m hpcsweep.train.text_tokens", description=__doc__.splitlines()[0])
+    parser.add_argument("--request", type=Path, required=True,
+                        help="JSON list of {files, tokenizer, cache_dir, key}, written by the sweep")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes (default: every CPU of this job)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        for request in json.loads(args.request.read_text()):
+            prepare_requested(request, args.workers or available_cpus())
+    except (TokenCacheError, CorpusError, OSError) as err:
+        print(f"token preparation failed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
