@@ -43,6 +43,7 @@ PAGES = (
     "docs/user/results.md",
     "docs/user/sbatch.md",
     "docs/user/gpus.md",
+    "docs/user/parallel.md",
     "docs/user/hydra-app.md",
     "docs/operator/local-cluster.md",
     "docs/operator/site-templates.md",
