@@ -1,19 +1,21 @@
 """FSDP and DDP's gradient-communication options, trained on two gloo ranks under torchrun.
 
-Every trial is 20 steps of the same config; plain DDP is the reference the others are held to.
+Every trial is 20 steps of the same config, two micro-batches a step (so the no-sync micro-step
+runs too); plain DDP is the reference the others are held to.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hpcsweep.train.checkpoint_store import read_metadata
 
 from .test_trainer_ddp import losses, make_trial, torchrun
 from .trial_dirs import read_metrics
 
-STEPS = {"trainer.max_steps": 20, "trainer.eval_every": 10}
+STEPS = {"trainer.max_steps": 20, "trainer.eval_every": 10, "trainer.grad_accum": 2}
 WARMUP = 4
 """``trainer.comm_warmup_steps``: plain all-reduce before PowerSGD compresses or local SGD begins."""
 
@@ -45,6 +47,12 @@ def curve(trial):
     return [loss for _, loss in losses(trial)]
 
 
+def grad_norms(trial):
+    events = EventAccumulator(str(trial / "tb"))
+    events.Reload()
+    return [e.value for e in events.Scalars("train/grad_norm")]
+
+
 def test_every_trial_completes(runs):
     trials, codes, _ = runs
     assert codes == {**{name: 0 for name in trials}, "powersgd_stopped": 1}
@@ -59,6 +67,11 @@ def test_fsdp_and_ddp_start_alike_and_train_alike(runs):
     assert len(ddp) == len(fsdp) == 20
     assert max(abs(a - b) for a, b in zip(ddp, fsdp)) < 1e-4
     assert fsdp[-1] < fsdp[0] - 1.0  # real training, not a constant
+    # The clipped norm is the whole model's, from DTensor shards as from DDP's full gradients.
+    ddp_norms, fsdp_norms = grad_norms(trials["ddp"]), grad_norms(trials["fsdp"])
+    assert max(abs(a - b) / a for a, b in zip(ddp_norms, fsdp_norms)) < 1e-4
+    assert max(ddp_norms) > 1.0  # so trainer.grad_clip=1.0 did clip
+    assert read_metrics(trials["fsdp"])["val_loss"] == pytest.approx(read_metrics(trials["ddp"])["val_loss"], abs=1e-4)
     assert read_metrics(trials["fsdp"])["parallel"] == "fsdp"
     assert read_metrics(trials["ddp"])["parallel"] == "ddp"
     # Sharded: each rank wrote its own shard of the weights (and no rank wrote the whole).
