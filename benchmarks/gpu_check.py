@@ -10,7 +10,9 @@ deepseek_1b.yaml) trained with the defaults (``trainer.precision=auto``, so bf16
 and for the ~125M model:
   - an exact stop and resume with ``trainer.deterministic=true``: a trial stopped halfway and
     resumed must end with the same weights SHA-256 as the same trial run straight through;
-  - the same trial on the fast path (``trainer.deterministic=false``) and its tokens/s ratio.
+  - the same trial on the fast path (``trainer.deterministic=false``) and its tokens/s ratio;
+and for the ~1B model, an FSDP trial (``trainer.parallel=fsdp``, sharded over the one GPU: bf16
+parameters, fp32 reduction) and its tokens/s against the DDP trial's.
 
 It measures the product, not a copy: every trial is a trial dir with a ``config.yaml`` trained by
 ``hpcsweep.train.worker.run_trial``, as a 1-process trial runs in production (the runner calls it
@@ -251,6 +253,27 @@ def memory_lines(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def fsdp_check(plan: Plan, workdir: Path, ddp_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The large model as an FSDP trial on the one device; its speed against the DDP trial's."""
+    trial = write_trial(workdir / "large-fsdp", plan, plan.large, deterministic=False)
+    config = yaml.safe_load((trial / "config.yaml").read_text())
+    config["trainer"]["parallel"] = "fsdp"
+    (trial / "config.yaml").write_text(yaml.safe_dump(trial_config_to_dict(trial_config_from_dict(config)), sort_keys=False))
+    release_gpu_memory(plan)
+    metrics = train(trial)
+    check_run("large, FSDP", metrics, plan, False)
+    if metrics.get("parallel") != "fsdp":
+        raise CheckFailed(f"large, FSDP: metrics.json says parallel={metrics.get('parallel')!r}, not 'fsdp'")
+    return {"size": plan.large.label, "tokens_per_s": metrics["tokens_per_s"], "mfu": metrics.get("mfu"),
+            "ratio_to_ddp": metrics["tokens_per_s"] / ddp_metrics["tokens_per_s"]}
+
+
+def fsdp_line(fsdp: dict[str, Any]) -> str:
+    mfu = "n/a" if fsdp["mfu"] is None else f"{fsdp['mfu']:.1%}"
+    return (f"FSDP ({fsdp['size']}, trainer.parallel=fsdp over one rank): {fsdp['tokens_per_s']:.0f} tokens/s, "
+            f"MFU {mfu}, x{fsdp['ratio_to_ddp']:.2f} the DDP trial's tokens/s")
+
+
 def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     """Every trial of the plan, checked; the numbers to print."""
     det = write_trial(workdir / "small-deterministic", plan, plan.small, deterministic=True)
@@ -277,6 +300,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     release_gpu_memory(plan)
     large_metrics = train(large)
     check_run("large", large_metrics, plan, False)
+    fsdp = fsdp_check(plan, workdir, large_metrics)
 
     rows = []
     for size, trial, metrics in ((plan.small, fast, fast_metrics), (plan.large, large, large_metrics)):
@@ -288,6 +312,9 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
         "device": fast_metrics.get("device_name") or "cpu",
         "sizes": rows,
         "memory": memory_plan_checks(plan, [(plan.small, fast_metrics), (plan.large, large_metrics)]),
+
+
+        "fsdp": fsdp,
         "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
                          "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
         "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
@@ -314,6 +341,7 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
     print(f"fast path (deterministic=false): {fast['fast_tokens_per_s']:.0f} tokens/s vs "
           f"{fast['deterministic_tokens_per_s']:.0f} deterministic: x{fast['ratio']:.2f}; "
           f"same weights as deterministic: {fast['same_weights']}")
+    print(fsdp_line(result["fsdp"]))
     print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
 
 

@@ -375,6 +375,26 @@ class TrainerConfig:
     the trial's stacks go to its log, its workers end, and it fails as a hang, which is retried on
     other nodes (``hydra.launcher.max_retries``). Below ``nccl.pg_timeout_s`` (30 min), so a hung
     collective ends here first. 0 disables; fractions are fine."""
+    # How the ranks share the model and its gradients (hpcsweep.train.parallel, docs/user/parallel.md).
+    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
+    """``ddp``: every rank holds the whole model, gradients and optimizer state. ``fsdp``: FSDP2
+    (``fully_shard`` per decoder layer, then the whole model) shards all three over the ranks.
+    ``auto``: DDP when the trial fits a GPU with DDP (the memory plan), else FSDP."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP: free each layer's gathered parameters after its forward and gather them again for the
+    backward (less memory, one more all-gather per layer); false keeps them until the backward."""
+    grad_comm: Literal["none", "bf16", "fp16", "powersgd"] = "none"
+    """DDP's gradient all-reduce: ``none`` (full precision), ``bf16``/``fp16`` (compressed to half
+    precision on the wire), ``powersgd`` (low-rank compression with error feedback). For slow
+    interconnects; DDP only."""
+    powersgd_rank: int = 4
+    """``grad_comm=powersgd``: the rank of its low-rank approximation (lower compresses more)."""
+    sync_every: int = 1
+    """1: gradients are all-reduced every step. H > 1: local SGD (PyTorch's post-local SGD): after
+    ``comm_warmup_steps`` every rank steps on its own gradients and the models are averaged every H
+    steps. DDP only."""
+    comm_warmup_steps: int = 20
+    """Steps of plain all-reduce before ``grad_comm=powersgd`` compresses or ``sync_every`` goes local."""
 
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
@@ -407,6 +427,25 @@ class TrainerConfig:
         _require(
             self.hang_timeout_min >= 0, "trainer.hang_timeout_min", self.hang_timeout_min, "minutes >= 0 (0 disables)"
         )
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        _require(self.powersgd_rank >= 1, "trainer.powersgd_rank", self.powersgd_rank, "an integer >= 1")
+        _require(self.sync_every >= 1, "trainer.sync_every", self.sync_every, "an integer >= 1 (1: every step)")
+        # PowerSGD's error feedback cannot start before DDP has built its buckets, at its second step.
+        least = 2 if self.grad_comm == "powersgd" else 0
+        _require(self.comm_warmup_steps >= least, "trainer.comm_warmup_steps", self.comm_warmup_steps,
+                 f"an integer >= {least}" + (" with trainer.grad_comm='powersgd'" if least else ""))
+        if self.parallel == "fsdp":
+            _require(self.grad_comm == "none", "trainer.grad_comm", self.grad_comm,
+                     "only 'none' with trainer.parallel='fsdp' (grad_comm is a DDP communication hook; FSDP "
+                     "reduce-scatters in fp32): set trainer.parallel=ddp or trainer.grad_comm=none")
+            _require(self.sync_every == 1, "trainer.sync_every", self.sync_every,
+                     "only 1 with trainer.parallel='fsdp' (local SGD averages whole DDP replicas): "
+                     "set trainer.parallel=ddp or trainer.sync_every=1")
+        _require(self.sync_every == 1 or self.grad_comm == "none", "trainer.sync_every", self.sync_every,
+                 f"only 1 with trainer.grad_comm={self.grad_comm!r} (local SGD replaces the all-reduce that "
+                 "grad_comm compresses): set one of trainer.sync_every=1 or trainer.grad_comm=none")
 
 
 @dataclass(kw_only=True)

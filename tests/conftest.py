@@ -20,6 +20,7 @@ SLOW_MODULES = {
     "test_foreign_app.py",  # a venv with the foreign app installed, then local sweeps of it
     "test_sharded_checkpoint.py",  # torchrun runs of two ranks
     "test_trainer_ddp.py",  # torchrun runs of two ranks
+    "test_trainer_parallel.py",  # torchrun runs of two ranks (FSDP, DDP's communication hooks)
 }
 """Unit test modules whose every test is slow (most share a module fixture that trains)."""
 SLOW_TESTS = {

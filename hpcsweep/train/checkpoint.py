@@ -6,7 +6,8 @@ step (LOSS is that step's validation loss), else ``checkpoints/stepNNNNNNNN.pt/`
 - ``model/``: the weights, a DCP checkpoint (``hpcsweep.train.checkpoint_store``): every rank
   writes its share, each rank reads what it needs.
 - ``resume/``: what only resuming needs, a DCP checkpoint too: the optimizer state and every
-  rank's RNG state (each rank writes and reads its own).
+  rank's RNG state (each rank writes and reads its own), and with a stateful gradient
+  communication hook (PowerSGD, local SGD: ``hpcsweep.train.grad_comm``) each rank's state of it.
 - ``trainer.pt``: a small plain file (rank 0): step (which is also the sampler's position, see
   ``hpcsweep.train.data``), status, validation loss, scheduler, scaler and early-stopping state.
 
@@ -234,10 +235,12 @@ class CheckpointManager:
         step: int,
         val_loss: float | None,
         wait: bool,
+        comm_state: bytes | None = None,
     ) -> None:
         """Save the checkpoint of ``step`` in the background, or until it is durable with ``wait``.
 
         ``trainer_state`` (rank 0's counts) must hold ``status``; it becomes ``trainer.pt``.
+        ``comm_state`` is this rank's gradient-communication state (``GradComm.state_bytes``).
         """
         self.wait()
         started = time.monotonic()
@@ -247,11 +250,12 @@ class CheckpointManager:
             "model": model.state_dict(),
             "optimizer": get_optimizer_state_dict(model, optimizer),
             "rng": {f"rank{self.world.rank}": rng_state(self.world.device)},
+            **({} if comm_state is None else {"comm": {f"rank{self.world.rank}": comm_state}}),
         })
         plain = {**trainer_state, "step": step, "val_loss": val_loss, "world_size": self.world.world_size}
         parts = {
             temp / WEIGHTS_DIR: {"model": staged["model"]},
-            temp / RESUME_DIR: {"optimizer": staged["optimizer"], "rng": staged["rng"]},
+            temp / RESUME_DIR: {k: staged[k] for k in ("optimizer", "rng", "comm") if k in staged},
         }
         if self.is_coordinator:
             future = self.store.write(parts, lambda: self._put_in_place(temp, name, plain), step=step)
@@ -338,11 +342,15 @@ class CheckpointManager:
             )
         return None
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    def resume(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, comm_state: bool = False
+    ) -> dict[str, Any] | None:
         """Load the newest usable checkpoint into ``model``, ``optimizer`` and this rank's RNGs.
 
         Rank 0 chooses; every rank then reads only its part. Returns the plain trainer state
-        (``trainer.pt``, plus ``path``), or None when there is nothing to resume.
+        (``trainer.pt``, plus ``path``), or None when there is nothing to resume. With
+        ``comm_state`` (a trial that saves one), it holds this rank's saved ``comm_state`` too
+        (None when the checkpoint has another world size).
         """
         chosen: tuple[str | None, str | None] = (None, None)
         if self.is_coordinator:
@@ -367,11 +375,14 @@ class CheckpointManager:
         resume: dict[str, Any] = {"optimizer": get_optimizer_state_dict(model, optimizer)}
         if same_world:
             resume["rng"] = {f"rank{self.world.rank}": rng_state(self.world.device)}
+        if same_world and comm_state:
+            resume["comm"] = {f"rank{self.world.rank}": b""}  # a byte item: DCP replaces it with what was saved
         self.store.read(path / RESUME_DIR, resume)
         set_optimizer_state_dict(model, optimizer, resume["optimizer"])
         if same_world:
             set_rng_state(resume["rng"][f"rank{self.world.rank}"], self.world.device)
-        return {**info.trainer, "path": path, "rng_restored": same_world}
+        comm = resume["comm"][f"rank{self.world.rank}"] if "comm" in resume else None
+        return {**info.trainer, "path": path, "rng_restored": same_world, "comm_state": comm}
 
     def _load_one_file(self, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         model.load_state_dict(state["model"])

@@ -71,8 +71,13 @@ class GpusNotUsable(RuntimeError):
     """GPUs were asked for or given, but CUDA cannot use them: the trial must not train on CPU."""
 
 
-def init_distributed(device_pref: str, timeout_s: int, env: Mapping[str, str] | None = None) -> WorldInfo:
+def init_distributed(
+    device_pref: str, timeout_s: int, env: Mapping[str, str] | None = None, *, group_of_one: bool = False
+) -> WorldInfo:
     """Join the process group torchrun set up (NCCL on CUDA, gloo on CPU), or run alone.
+
+    Alone, ``group_of_one`` still makes a process group (of this process only, on an in-memory
+    store): FSDP shards over one, so a one-GPU FSDP trial runs the code many GPUs run.
 
     Raises ``GpusNotUsable`` first thing when this task has GPUs that CUDA cannot see
     (``hpcsweep.train.gpu_choices.gpu_allocation_error``).
@@ -92,19 +97,21 @@ def init_distributed(device_pref: str, timeout_s: int, env: Mapping[str, str] | 
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = None
-    if world_size > 1:
+    if world_size > 1 or group_of_one:
         backend = "nccl" if device.type == "cuda" else "gloo"
+        alone = {} if world_size > 1 else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
         dist.init_process_group(
             backend=backend,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
+            **alone,
         )
     return WorldInfo(rank, local_rank, world_size, device, backend)
 
 
 def destroy_distributed(world: WorldInfo) -> None:
     """Leave the process group, if this worker joined one."""
-    if world.is_distributed and dist.is_initialized():
+    if world.backend is not None and dist.is_initialized():
         dist.destroy_process_group()
 
 

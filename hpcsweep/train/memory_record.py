@@ -46,6 +46,12 @@ def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precisio
     return plan_record(plan_memory(shape, setup), setup, gpu)
 
 
+def planned_parallel(record: dict[str, Any]) -> str | None:
+    """The parallel mode a ``worker_memory_plan`` record planned with (``trainer.parallel=auto``
+    resolved by the plan: ``fsdp`` when DDP does not fit this GPU); None when nothing was planned."""
+    return (record.get("setup") or {}).get("parallel")
+
+
 def reset_peak(device: torch.device) -> None:
     """Start this trial's CUDA peak afresh (trials packed into one process follow one another); on
     CPU the resident-set peak cannot be reset."""

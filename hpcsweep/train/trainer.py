@@ -8,7 +8,6 @@ is taken identically on all ranks.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -21,14 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
 from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
-from hpcsweep.train import data, gpu_choices, memory_record, metrics, model, optim
+from hpcsweep.train import data, gpu_choices, grad_comm, memory_record, metrics, model, optim, parallel
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
@@ -81,17 +79,19 @@ class Trainer:
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        # Buffers (rotary tables, the routing bias) never change: no sync before each forward. They are
-        # equal on every rank from the start, so the sync at construction changes nothing; the older
-        # spelling, broadcast_buffers=False, filled every worker's log with a deprecation warning.
-        find_unused = gpu_choices.find_unused_parameters(
+        # PowerSGD's state is kept per gradient bucket: the buckets must not be rebuilt after a resume.
+        find_unused = tcfg.grad_comm == "powersgd" or gpu_choices.find_unused_parameters(
             self.choices.deterministic, (name for name, _ in self.model.named_parameters())
         )
-        self.ddp_model = (
-            DistributedDataParallel(self.model, forward_sync_buffers=False, find_unused_parameters=find_unused)
-            if world.is_distributed
-            else self.model
+        memory_record.reset_peak(world.device)
+        memory_plan = memory_record.worker_memory_plan(
+            cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation)
+        self.parallel = parallel.resolve_parallel(tcfg, ddp_fits=memory_record.planned_parallel(memory_plan) != "fsdp")
+        self.net = parallel.wrap_model(
+            self.model, world, self.parallel, tcfg, facts=self.device_facts, precision=self.choices.precision,
+            find_unused_parameters=find_unused,
         )
+        self.grad_comm = grad_comm.register_grad_comm(self.net, tcfg)
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
         self.corpus = data.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model))
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
@@ -123,10 +123,8 @@ class Trainer:
         ranks = all_gather_objects(world, me)
         self.report["ranks"] = ranks
         self.report["nodes"] = sorted({r["node"] for r in ranks})
-        self.report.update(device_name=self.device_facts.name, **dataclasses.asdict(self.choices))
-        memory_record.reset_peak(world.device)
-        self.report["memory_plan"] = memory_record.worker_memory_plan(
-            cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation)
+        self.report.update(device_name=self.device_facts.name, parallel=self.parallel, **dataclasses.asdict(self.choices))
+        self.report["memory_plan"] = memory_plan
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
 
     # ----- checkpoints -------------------------------------------------------------------------
@@ -154,6 +152,7 @@ class Trainer:
             model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
             # A checkpoint's name carries the loss of its own step, not of the last evaluation before it.
             step=self.step, val_loss=self.val_loss if self.evaluated_at == self.step else None, wait=wait,
+            comm_state=self.grad_comm.state_bytes() if self.grad_comm else None,
         )
 
     def log_first_save(self) -> None:
@@ -168,9 +167,11 @@ class Trainer:
 
     def resume(self) -> bool:
         """Load the newest usable checkpoint, if any; True when one was loaded."""
-        state = self.ckpt.resume(self.model, self.optimizer)
+        state = self.ckpt.resume(self.model, self.optimizer, comm_state=bool(self.grad_comm and self.grad_comm.state))
         if state is None:
             return False
+        if state.get("comm_state"):
+            self.grad_comm.load_state_bytes(state["comm_state"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.early.load_state_dict(state["early_stopping"])
@@ -199,17 +200,18 @@ class Trainer:
             )
             inputs, targets = inputs.to(world.device), targets.to(world.device)
             last = micro == tcfg.grad_accum - 1
-            # Gradients are all-reduced once, on the last micro-step.
-            sync = self.ddp_model.no_sync() if world.is_distributed and not last else contextlib.nullcontext()
-            with sync:
-                loss = self._loss(inputs, targets, self.ddp_model) / tcfg.grad_accum
+            # Gradients are reduced once, on the last micro-step.
+            with parallel.gradient_sync(self.net, sync=last):
+                loss = self._loss(inputs, targets, self.net) / tcfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()
         self.scaler.unscale_(self.optimizer)
         max_norm = tcfg.grad_clip if tcfg.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
+        grad_norm = parallel.clip_grad_norm(self.model, max_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.grad_comm:
+            self.grad_comm.after_step(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
@@ -335,8 +337,9 @@ class Trainer:
         self.save(status, wait=True)
         self.log_first_save()
         self.report_speed_if_unlogged()
+        weights = parallel.full_state_dict(self.model)  # with FSDP a collective: gathered on rank 0
         if self.is_writer:
-            self.report.update(status=status, weights_sha256=metrics.weights_sha256(self.model.state_dict()))
+            self.report.update(status=status, weights_sha256=metrics.weights_sha256(weights))
         self.write_report()
         log.info("trial %s at step %d, weights sha256 %s", status, self.step, self.report["weights_sha256"])
         return EXIT_OK

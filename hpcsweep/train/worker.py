@@ -36,7 +36,7 @@ from hpcsweep.control import stop
 from hpcsweep.files import metrics_file
 from hpcsweep.files.attempt_file import read_attempt
 from hpcsweep.files.trial_files import TrialFiles
-from hpcsweep.train import fault, gpu_choices, worker_records
+from hpcsweep.train import fault, gpu_choices, parallel, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
     GpusNotUsable,
@@ -94,7 +94,8 @@ def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
     restarts = previous["restarts"] + 1 if previous else 0
     os.environ.update(cuda_env_for(cfg.trainer))
     try:
-        world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s)
+        world = init_distributed(cfg.trainer.device, cfg.nccl.pg_timeout_s,
+                                 group_of_one=parallel.resolve_parallel(cfg.trainer) == "fsdp")
     except GpusNotUsable as err:
         log.error("trial refused: %s", err)
         if rank == 0:

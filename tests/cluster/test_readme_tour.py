@@ -45,6 +45,7 @@ PAGES = (
     "docs/user/sbatch.md",
     "docs/user/gpus.md",
     "docs/user/memory-plan.md",
+    "docs/user/parallel.md",
     "docs/user/hydra-app.md",
     "docs/operator/local-cluster.md",
     "docs/operator/site-templates.md",

@@ -26,10 +26,13 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "exact stop and resume (deterministic=true, stop at 3 of 6): weights sha256 equal" in printed.out
     assert "fast path (deterministic=false)" in printed.out
     assert "memory     tiny: plan " in printed.out and "(CPU: the resident set counts the whole process" in printed.out
+    assert "FSDP (tiny-x2, trainer.parallel=fsdp over one rank):" in printed.out
     result = json.loads(out.read_text())
     assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
     assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
     assert result["exact_resume"]["straight"] == result["exact_resume"]["resumed"]
+    assert result["fsdp"]["tokens_per_s"] > 0
+    assert json.loads((tmp_path / "work" / "large-fsdp" / "metrics.json").read_text())["parallel"] == "fsdp"
     # What the fast path was: metrics.json of each trial says so.
     fast = json.loads((tmp_path / "work" / "small-fast" / "metrics.json").read_text())
     exact = json.loads((tmp_path / "work" / "small-deterministic" / "metrics.json").read_text())
