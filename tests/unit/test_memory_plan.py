@@ -263,8 +263,9 @@ BIG = {"model": {"hidden_size": 4096, "intermediate_size": 11008, "num_layers": 
 
 
 def test_the_sweep_check_refuses_in_one_line_naming_how_many(caplog):
+    # One GPU per node: trainer.parallel=auto has no GPUs to shard over, and two GPUs are too few.
     trials = [sweep_trial(0, {}), sweep_trial(1, BIG), sweep_trial(2, BIG, nodes=2)]
-    params = {"gpus_per_node": 8}
+    params = {"gpus_per_node": 1}
     with pytest.raises(ValueError) as refused:
         check_memory_plans(trials, params, ["gpu:a100:8(S:0-1)"])
     line = str(refused.value)
