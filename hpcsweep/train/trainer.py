@@ -28,7 +28,7 @@ from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
-from hpcsweep.train import data, gpu_choices, metrics, model, optim
+from hpcsweep.train import data, gpu_choices, lora, metrics, model, optim, trained_state
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
@@ -77,6 +77,7 @@ class Trainer:
         )
         gpu_choices.apply_backend_settings(self.choices, world.device.type)
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation).to(world.device)
+        self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
@@ -84,7 +85,7 @@ class Trainer:
         # equal on every rank from the start, so the sync at construction changes nothing; the older
         # spelling, broadcast_buffers=False, filled every worker's log with a deprecation warning.
         find_unused = gpu_choices.find_unused_parameters(
-            self.choices.deterministic, (name for name, _ in self.model.named_parameters())
+            self.choices.deterministic, lora.trainable_parameter_names(self.model)
         )
         self.ddp_model = (
             DistributedDataParallel(self.model, forward_sync_buffers=False, find_unused_parameters=find_unused)
@@ -97,7 +98,8 @@ class Trainer:
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
-        self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world)
+        self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
+                                      base_model=trained_state.base_model_identity(cfg.model))
         self.save_schedule = SaveSchedule(
             tcfg.ckpt_every, tcfg.ckpt_every_min, is_coordinator=self.is_writer, agree=lambda flag: any_rank(world, flag)
         )
@@ -332,7 +334,8 @@ class Trainer:
         self.log_first_save()
         self.report_speed_if_unlogged()
         if self.is_writer:
-            self.report.update(status=status, weights_sha256=metrics.weights_sha256(self.model.state_dict()))
+            trained = trained_state.trained_state_dict(self.model)
+            self.report.update(status=status, weights_sha256=metrics.weights_sha256(trained))
         self.write_report()
         log.info("trial %s at step %d, weights sha256 %s", status, self.step, self.report["weights_sha256"])
         return EXIT_OK
