@@ -38,6 +38,7 @@ PAGES = (
     "docs/user/sweep.md",
     "docs/user/search.md",
     "docs/user/fine-tune.md",
+    "docs/user/lora-and-export.md",
     "docs/user/budget-and-retry.md",
     "docs/user/failures.md",
     "docs/user/results.md",
