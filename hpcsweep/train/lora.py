@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hpcsweep.config import LoraConfig, ModelConfig
+from hpcsweep.train import model
 
 DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     # MLA: queries full rank (q_proj) or low rank (q_a_proj, q_b_proj); the compressed key/value latent
@@ -75,14 +76,14 @@ def peft_config(cfg: ModelConfig, model_type: str):
     )
 
 
-def apply_lora(model: torch.nn.Module, cfg: ModelConfig, *, seed: int) -> torch.nn.Module:
-    """``model`` itself for ``model.peft=none``; for ``lora``, a peft model with fresh adapters over it.
+def apply_lora(net: torch.nn.Module, cfg: ModelConfig, *, seed: int) -> torch.nn.Module:
+    """``net`` itself for ``model.peft=none``; for ``lora``, a peft model with fresh adapters over it.
 
     Call before DDP wraps the model, with the model on its device (the adapters follow the layer they
     wrap). Every parameter of the base is frozen.
     """
     if cfg.peft == "none":
-        return model
+        return net
     import peft
 
     torch.manual_seed(adapter_seed(seed))
@@ -92,16 +93,23 @@ def apply_lora(model: torch.nn.Module, cfg: ModelConfig, *, seed: int) -> torch.
         warnings.filterwarnings("ignore", r"The following (rank|alpha)_pattern keys did not match", RuntimeWarning)
         # peft asks the deprecated spelling of transformers' gradient-checkpointing flag.
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-        return peft.get_peft_model(model, peft_config(cfg, model.config.model_type))
+        return peft.get_peft_model(net, peft_config(cfg, net.config.model_type))
 
 
-def is_peft_model(model: torch.nn.Module) -> bool:
-    """True for a model that ``apply_lora`` wrapped (or one peft loaded)."""
-    import peft
-
-    return isinstance(model, peft.PeftModel)
-
-
-def trainable_parameter_names(model: torch.nn.Module) -> list[str]:
+def trainable_parameter_names(net: torch.nn.Module) -> list[str]:
     """The names of the parameters that train (all of them without LoRA; the adapters with it)."""
-    return [name for name, param in model.named_parameters() if param.requires_grad]
+    return [name for name, param in net.named_parameters() if param.requires_grad]
+
+
+def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, for MFU: ``hpcsweep.train.model.flops_per_token``, less under LoRA the
+    frozen base's weight gradients (2 x its active parameters), which are never computed.
+
+    So a LoRA trial's MFU is over the frozen base's forward and backward (activation gradients); the
+    adapters' own FLOPs, a few per cent at most, are left out.
+    """
+    full = model.flops_per_token(cfg, seq_len)
+    if cfg.peft == "none":
+        return full
+    # At seq_len 0 the attention term vanishes: what is left is 6 x the active parameters.
+    return full - model.flops_per_token(cfg, 0) / 3

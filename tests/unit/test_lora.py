@@ -145,3 +145,12 @@ def test_a_lora_checkpoint_holds_the_adapters_and_the_base_identity_not_the_base
 
     ratio = size(checkpoint) / size(final_checkpoint(full))
     assert ratio < 0.05, f"a LoRA checkpoint is {ratio:.1%} of a full one"
+
+
+def test_lora_mfu_counts_the_frozen_base_forward_and_backward_without_weight_gradients():
+    full = trial_config_from_dict({}).model
+    lora_cfg = trial_config_from_dict({"model": {"peft": "lora"}}).model
+    assert lora.training_flops_per_token(full, 64) == model.flops_per_token(full, 64)
+    six_n = model.flops_per_token(full, 0)  # 6 x active parameters: no attention term at length 0
+    assert lora.training_flops_per_token(lora_cfg, 0) == pytest.approx(4 / 6 * six_n)
+    assert lora.training_flops_per_token(lora_cfg, 64) == pytest.approx(model.flops_per_token(full, 64) - six_n / 3)
