@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,10 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         transformers_logging.disable_progress_bar()
 
-        with warnings.catch_warnings():
-            # DCP reads the checkpoint in this one process, which is what its warning is about.
-            warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
-            files = export_trial(source, args.sweep_dir, args.out, merge=args.merge, max_shard_size=args.max_shard_size)
+        files = export_trial(source, args.sweep_dir, args.out, merge=args.merge, max_shard_size=args.max_shard_size)
     except ExportRefused as err:
         print(f"{EXPORT_COMMAND}: {err}", file=sys.stderr)
         return 2

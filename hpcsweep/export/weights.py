@@ -9,6 +9,7 @@ Under LoRA the checkpoint holds the adapters only; the frozen base is the one th
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,10 @@ def load_trial_model(cfg: TrialConfig, checkpoint: Path) -> torch.nn.Module:
     built = model.build_model(cfg.model, cfg.trainer.seed, "eager")
     net = lora.apply_lora(built, cfg.model, seed=cfg.trainer.seed)
     target = {"model": trained_state_dict(net)}
-    dcp.load(target, storage_reader=SafeFileSystemReader(checkpoint / WEIGHTS_DIR), no_dist=True)
+    with warnings.catch_warnings():
+        # DCP warns that it reads in one process, which is the point here.
+        warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
+        dcp.load(target, storage_reader=SafeFileSystemReader(checkpoint / WEIGHTS_DIR), no_dist=True)
     load_trained_state_dict(net, target["model"])
     return net.eval()
 
