@@ -33,13 +33,13 @@ class CardFacts:
     model_config: Mapping[str, Any]
     """The trial's ``model.*`` keys."""
     code: Mapping[str, Any]
-    """``git_commit`` and ``git_dirty`` of the code the trial ran (environment.json)."""
+    """``git_commit`` of the code the trial ran, and ``git_dirty`` or (a code snapshot) ``snapshot_diff_sha256``."""
     files: Sequence[str]
 
 
 _WHAT = {
     "full": "the trial's model, every weight as it trained (full fine-tuning or pretraining)",
-    "adapter": "a LoRA adapter (peft) for the base model named below; the base is not in this folder",
+    "adapter": "a LoRA adapter (peft) over the base model named below",
     "merged": "the trial's LoRA adapter merged into its base model: one plain model",
 }
 
@@ -71,6 +71,8 @@ def model_card(facts: CardFacts, out: str) -> str:
     )
     commit = facts.code.get("git_commit") or "unknown (not run from a git checkout)"
     dirty = " (with uncommitted changes)" if facts.code.get("git_dirty") else ""
+    if facts.code.get("snapshot_diff_sha256"):
+        dirty = f" (the sweep's code snapshot; its uncommitted diff has sha256 {facts.code['snapshot_diff_sha256']})"
     val = "" if facts.checkpoint_val_loss is None else f", validation loss {facts.checkpoint_val_loss:.6g}"
     lines = [
         f"# hpcsweep trial #{facts.trial_num}",

@@ -51,6 +51,8 @@ def base_model_identity(cfg: ModelConfig) -> dict[str, Any]:
     """The identity of the base model a trial trains from, as its checkpoints and exports record it.
 
     Empty for a model built from the config: the trial's ``config.yaml`` (its ``model.*`` keys and
-    ``trainer.seed``) is all there is to it.
+    ``trainer.seed``) is all there is to it. A model loaded from a folder is named by the folder's
+    identity, whose ``path`` (absolute) ``hpcsweep.export`` copies the tokenizer from and names as an
+    adapter's base.
     """
     return {}

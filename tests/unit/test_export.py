@@ -155,3 +155,19 @@ def test_report_prints_the_export_command_of_its_best_trial(sweep, capsys):
     best = min((0, 1), key=lambda n: read_metrics(sweep / str(n))["best_val_loss"])
     assert (f"export trial #{best} in Hugging Face format: python -m hpcsweep.export {sweep} --trial {best} "
             f"--out {sweep}/export-{best}") in out
+
+
+def test_the_card_names_the_commit_a_slurm_trial_ran_from_its_code_snapshot():
+    from hpcsweep.export.model_card import CardFacts, model_card
+
+    facts = CardFacts(
+        kind="merged", sweep_dir="/s", trial_num=3, trial_dir="/s/3", overrides=["model.lr=1e-4"], metrics={},
+        checkpoint="step00000008.pt", checkpoint_step=8, checkpoint_val_loss=None,
+        base_model={"path": "/shared/models/tiny", "config_sha256": "ab"}, base_model_path="/shared/models/tiny",
+        model_config={"peft": "lora"}, code={"git_commit": "9d92563", "snapshot_diff_sha256": "e3b0"},
+        files=["config.json", "README.md"],
+    )
+    card = model_card(facts, "/out")
+    assert "- code commit: `9d92563` (the sweep's code snapshot; its uncommitted diff has sha256 e3b0)" in card
+    assert '"path": "/shared/models/tiny"' in card and "Its weights: `/shared/models/tiny`" in card
+    assert "- checkpoint: `step00000008.pt` (step 8)" in card and "| val_loss | - |" in card
