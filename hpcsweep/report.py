@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
@@ -133,7 +134,7 @@ def export_line(sweep_dir: Path, rows: Sequence[TrialRow], num: int | None = Non
     chosen = [row for row in rows if row.num == num] if num is not None else list(rows[:1])
     if not chosen or not chosen[0].trial_dir:
         return None
-    checkpoints = Path(sweep_dir) / chosen[0].trial_dir / "checkpoints"
+    checkpoints = TrialFiles(Path(sweep_dir) / chosen[0].trial_dir).checkpoints
     if not checkpoints.is_dir() or not any(checkpoints.glob("step*.pt")):
         return None
     row = chosen[0]
