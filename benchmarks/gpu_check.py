@@ -12,7 +12,11 @@ and for the ~125M model:
     resumed must end with the same weights SHA-256 as the same trial run straight through;
   - the same trial on the fast path (``trainer.deterministic=false``) and its tokens/s ratio;
 and for the ~1B model, an FSDP trial (``trainer.parallel=fsdp``, sharded over the one GPU: bf16
-parameters, fp32 reduction) and its tokens/s against the DDP trial's.
+parameters, fp32 reduction) and its tokens/s against the DDP trial's;
+and a LoRA fine-tuning (``model.peft=lora``) of a ~1B DeepSeek-style folder saved with
+``save_pretrained`` (``tests/model_folders.make_model_folder``, deepseek_1b's shape): tokens/s, MFU
+counted over the frozen base's forward and backward (``hpcsweep.train.lora.training_flops_per_token``)
+and peak GPU memory. Its trial builds the folder's architecture from the folder's config.json.
 
 It measures the product, not a copy: every trial is a trial dir with a ``config.yaml`` trained by
 ``hpcsweep.train.worker.run_trial``, as a 1-process trial runs in production (the runner calls it
@@ -51,6 +55,7 @@ from hpcsweep.train.distributed import destroy_distributed, init_distributed  # 
 from hpcsweep.train.trainer import Trainer  # noqa: E402
 from hpcsweep.train.fault import STOP_REASON  # noqa: E402
 from hpcsweep.train.worker import EXIT_OK, EXIT_STOPPED, run_trial  # noqa: E402
+from tests.model_folders import TINY_DEEPSEEK, make_model_folder  # noqa: E402
 
 BUDGET_S = 600
 """The whole check, on one GPU: 10 minutes."""
@@ -82,6 +87,8 @@ class Plan:
     expect_precision: str
     expect_attention: tuple[str, ...]
     expect_mfu: bool
+    lora_base: Size
+    """The model folder a LoRA fine-tuning trains over."""
     trainer: dict[str, Any] = field(default_factory=dict)
 
 
@@ -101,6 +108,7 @@ GPU_PLAN = Plan(
     expect_precision="bf16",
     expect_attention=("sdpa", "flash_attention_2"),
     expect_mfu=True,
+    lora_base=Size("~1B", model_group("deepseek_1b"), {"seq_len": 2048, "batch_size": 8}),
 )
 SMOKE_PLAN = Plan(
     device="cpu",
@@ -114,6 +122,7 @@ SMOKE_PLAN = Plan(
     expect_precision="fp32",
     expect_attention=("eager",),
     expect_mfu=False,
+    lora_base=Size("tiny", model_group("deepseek_tiny"), {"seq_len": 32, "batch_size": 4, "synthetic_tokens": 20_000}),
 )
 
 
@@ -274,6 +283,48 @@ def fsdp_line(fsdp: dict[str, Any]) -> str:
             f"MFU {mfu}, x{fsdp['ratio_to_ddp']:.2f} the DDP trial's tokens/s")
 
 
+CONFIG_JSON_KEYS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "max_position_embeddings": "max_position_embeddings", "n_routed_experts": "n_routed_experts",
+    "num_experts_per_tok": "num_experts_per_tok", "n_shared_experts": "n_shared_experts",
+    "moe_intermediate_size": "moe_intermediate_size", "first_k_dense_replace": "first_k_dense_replace",
+    "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim",
+    "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim",
+}
+"""``model.*`` key -> the config.json field of a DeepSeek-V3 folder it is read from."""
+
+
+def folder_model_keys(folder: Path) -> dict[str, Any]:
+    """The ``model.*`` keys that build a DeepSeek-V3 folder's architecture (its config.json)."""
+    config = json.loads((folder / "config.json").read_text())
+    return {key: config[name] for key, name in CONFIG_JSON_KEYS.items()}
+
+
+def save_model_folder(path: Path, size: Size) -> Path:
+    """``size``'s model saved with ``save_pretrained`` (and a trained tokenizer) at ``path``."""
+    hf = model_lib.hf_config(trial_config_from_dict({"model": size.model}).model)
+    return make_model_folder(path, **{key: getattr(hf, key) for key in TINY_DEEPSEEK})
+
+
+def run_lora_check(plan: Plan, workdir: Path) -> dict[str, Any]:
+    """A LoRA fine-tuning over the plan's saved folder: tokens/s, MFU over the frozen base, peak memory."""
+    folder = save_model_folder(workdir / "lora-base-folder", plan.lora_base)
+    size = Size(plan.lora_base.label, {**plan.lora_base.model, **folder_model_keys(folder), "peft": "lora"},
+                plan.lora_base.data)
+    trial = write_trial(workdir / "lora-fast", plan, size, deterministic=False)
+    release_gpu_memory(plan)
+    if plan.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    metrics = train(trial)
+    check_run("LoRA", metrics, plan, False)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if plan.device == "cuda" else None
+    checkpoint_gb = sum(p.stat().st_size for p in (trial / "checkpoints").rglob("*") if p.is_file()) / 1e9
+    return {"size": size.label, "parameters": parameters(size), "tokens": size.data,
+            "tokens_per_s": metrics["tokens_per_s"], "mfu": metrics.get("mfu"), "peak_memory_gib": peak,
+            "checkpoint_gb": checkpoint_gb}
+
+
 def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     """Every trial of the plan, checked; the numbers to print."""
     det = write_trial(workdir / "small-deterministic", plan, plan.small, deterministic=True)
@@ -308,6 +359,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
         rows.append({"size": size.label, "parameters": parameters(size), "tokens": size.data,
                      **{k: metrics.get(k) for k in ("precision", "tf32", "attn_implementation", "tokens_per_s", "mfu")},
                      **checkpoint_times(trial)})
+    lora = run_lora_check(plan, workdir)
     return {
         "device": fast_metrics.get("device_name") or "cpu",
         "sizes": rows,
@@ -315,6 +367,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
 
 
         "fsdp": fsdp,
+        "lora": lora,
         "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
                          "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
         "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
@@ -342,6 +395,13 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
           f"{fast['deterministic_tokens_per_s']:.0f} deterministic: x{fast['ratio']:.2f}; "
           f"same weights as deterministic: {fast['same_weights']}")
     print(fsdp_line(result["fsdp"]))
+    lora = result["lora"]
+    mfu = "n/a" if lora["mfu"] is None else f"{lora['mfu']:.1%}"
+    peak = "n/a" if lora["peak_memory_gib"] is None else f"{lora['peak_memory_gib']:.1f} GiB"
+    print(f"LoRA fine-tuning of a saved {lora['size']} folder ({lora['parameters'] / 1e6:.1f}M params, batch "
+          f"{lora['tokens']['batch_size']}x{lora['tokens']['seq_len']}): {lora['tokens_per_s']:.0f} tokens/s, "
+          f"MFU {mfu} (over the frozen base's forward and backward), peak memory {peak}; "
+          f"checkpoint {lora['checkpoint_gb'] * 1e3:.1f} MB")
     print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
 
 

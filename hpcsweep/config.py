@@ -69,6 +69,13 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
             _fail(key, value, "a mapping")
         _, value_type = typing.get_args(annotation)
         return {str(k): _check_type(f"{key}.{k}", v, value_type) for k, v in value.items()}
+    if dataclasses.is_dataclass(annotation):
+        # A nested group (model.lora): its keys are checked as a group's are, named from the top.
+        if isinstance(value, annotation):
+            return value
+        if not isinstance(value, Mapping):
+            _fail(key, value, f"a mapping of {key} keys")
+        return build_group(annotation, key, value)
     raise TypeError(f"{key}: unsupported annotation {annotation!r}")
 
 
@@ -79,15 +86,27 @@ def _schema(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
     return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls) if f.init)
 
 
+def group_keys(cls: type) -> list[str]:
+    """The keys of config dataclass ``cls``, sorted; a nested group's as ``lora`` and ``lora.r``, ...."""
+    hints, fields = _schema(cls)
+    keys = []
+    for name in sorted(fields):
+        keys.append(name)
+        if dataclasses.is_dataclass(hints[name]):
+            keys.extend(f"{name}.{sub}" for sub in group_keys(hints[name]))
+    return keys
+
+
 def build_group(cls: type, group: str, values: Mapping[str, Any]) -> Any:
-    """Build dataclass ``cls`` for config group ``group`` from a plain mapping.
+    """Build dataclass ``cls`` for config group ``group`` (``model``, or nested: ``model.lora``)
+    from a plain mapping.
 
     Unknown keys and values of the wrong type raise ``ValueError`` naming ``group.key``.
     """
     hints, fields = _schema(cls)
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(unknown_key_message(f"{group}.{unknown[0]}", {group: sorted(fields)}, ()))
+        raise ValueError(unknown_key_message(f"{group}.{unknown[0]}", {group: group_keys(cls)}, ()))
     checked = {
         name: _check_type(f"{group}.{name}", value, hints[name]) for name, value in values.items()
     }
@@ -109,9 +128,13 @@ def unknown_key_message(
     free = mapping_keys() if free_mappings is None else set(free_mappings)
     if key == "hydra" or key.startswith(("hydra.", "hydra/")) or "/" in key:
         return None
-    group, _, rest = key.partition(".")
+    # The longest group that prefixes the key: a nested group (model.lora) has keys of its own.
+    group = max((g for g in keys if key.startswith(f"{g}.")), key=len, default=key.partition(".")[0])
+    rest = key[len(group) + 1 :]
     if not rest and group in keys:
         return None  # a config-group choice: model=llama_small
+    if group in keys and rest in keys[group]:
+        return None  # a key, or a nested group's key (model.lora.r)
     if group in keys and rest.split(".")[0] in keys[group]:
         first = f"{group}.{rest.split('.')[0]}"
         if "." not in rest or first in free:
@@ -134,6 +157,33 @@ def unknown_key_message(
 def _require(condition: bool, key: str, value: Any, allowed: str) -> None:
     if not condition:
         _fail(key, value, allowed)
+
+
+@dataclass(kw_only=True)
+class LoraConfig:
+    """LoRA adapters through ``peft`` (``model.peft=lora``; see ``hpcsweep.train.lora``)."""
+
+    r: int = 16
+    """Rank of each adapter (its ``A`` is r x in, its ``B`` out x r)."""
+    alpha: float = 32.0
+    """Scale: an adapter adds ``alpha / r`` times ``B @ A`` to its layer's output."""
+    dropout: float = 0.0
+    """Dropout on each adapter's input."""
+    target_modules: list[str] | None = None
+    """Names of the modules that get adapters (peft's ``target_modules``: a name matches a module
+    whose own name or dotted tail equals it). null: every linear layer of attention and of the MLPs,
+    named for the model's architecture (``hpcsweep.train.lora.DEFAULT_TARGETS``)."""
+
+    def __post_init__(self) -> None:
+        _require(self.r >= 1, "model.lora.r", self.r, "an integer >= 1, e.g. 16")
+        _require(self.alpha > 0, "model.lora.alpha", self.alpha, "a number > 0, e.g. 2 x model.lora.r")
+        _require(0.0 <= self.dropout < 1.0, "model.lora.dropout", self.dropout, "0 <= dropout < 1")
+        _require(
+            self.target_modules is None or (len(self.target_modules) > 0 and all(self.target_modules)),
+            "model.lora.target_modules",
+            self.target_modules,
+            "null (every attention and MLP linear layer) or a non-empty list of module names, e.g. [q_proj, o_proj]",
+        )
 
 
 @dataclass(kw_only=True)
@@ -198,6 +248,10 @@ class ModelConfig:
     """With ``model.path``: build the folder's architecture from its ``config.json`` at a random init
     (seeded by ``trainer.seed``) and ignore any weights, i.e. pretraining at the folder's size. A
     config-only folder (no weight files) needs it; without it that folder is refused."""
+    peft: Literal["none", "lora"] = "none"
+    """What trains: ``none``, every parameter; ``lora``, LoRA adapters (``model.lora``) over a frozen base."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """The LoRA adapters' settings (used with ``model.peft=lora``)."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "model.lr", self.lr, "a learning rate > 0, e.g. 3e-4")
@@ -226,6 +280,18 @@ class ModelConfig:
             self.num_experts_per_tok,
             f"1..model.n_routed_experts={self.n_routed_experts}",
         )
+        if self.peft == "lora" and self.lora.dropout > 0 and self._routed_experts_adapted():
+            _fail(
+                "model.lora.dropout", self.lora.dropout,
+                "0 when the routed experts of a DeepSeek MoE model get adapters (peft's adapters on fused expert "
+                "weights have no dropout); or leave gate_proj, up_proj and down_proj out of model.lora.target_modules",
+            )
+
+    def _routed_experts_adapted(self) -> bool:
+        # transformers 5 fuses the routed experts; peft maps the MLP names onto them (hpcsweep.train.lora).
+        has_moe = self.arch == "deepseek_v3" and self.num_layers > self.first_k_dense_replace
+        names = self.lora.target_modules
+        return has_moe and (names is None or bool({"gate_proj", "up_proj", "down_proj"} & set(names)))
 
     def _check_folder_keys(self) -> None:
         _require(
@@ -632,11 +698,8 @@ def config_defaults() -> dict[str, dict[str, Any]]:
 
 
 def config_keys() -> dict[str, list[str]]:
-    """Every config group and its keys, as users override them (``model`` -> ``lr``, ...)."""
-    return {
-        group: sorted(f.name for f in dataclasses.fields(cls) if f.init)
-        for group, cls in {**_GROUPS, **_LAUNCH_GROUPS}.items()
-    }
+    """Every config group and its keys, as users override them (``model`` -> ``lr``, ``lora.r``, ...)."""
+    return {group: group_keys(cls) for group, cls in {**_GROUPS, **_LAUNCH_GROUPS}.items()}
 
 
 def mapping_keys() -> set[str]:

@@ -9,7 +9,9 @@ table gives the sweep's total, the figure ``status`` and the budget count (``hpc
 ``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the
 metric against each swept parameter plus the validation-loss curves of the best trials. Works on
 a sweep that is still running. A search sweep (``hydra/sweeper=search``) adds its best trial, the
-command that reruns it as one trial, and (``--plot``) the optimisation history.
+command that reruns it as one trial, and (``--plot``) the optimisation history. Last comes the
+command that exports the best trial (the search's, else the table's first) in Hugging Face format,
+once it has a checkpoint (``python -m hpcsweep.export``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import argparse
 import csv
 import functools
 import io
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
@@ -131,6 +135,23 @@ def render_csv(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
     return out.getvalue()
 
 
+EXPORT_COMMAND = "python -m hpcsweep.export"
+
+
+def export_line(sweep_dir: Path, rows: Sequence[TrialRow], num: int | None = None) -> str | None:
+    """``export it: python -m hpcsweep.export SWEEP_DIR --trial N --out SWEEP_DIR/export-N`` for trial
+    ``num`` (None: the first row of the table), or None while that trial has no checkpoint."""
+    chosen = [row for row in rows if row.num == num] if num is not None else list(rows[:1])
+    if not chosen or not chosen[0].trial_dir:
+        return None
+    checkpoints = TrialFiles(Path(sweep_dir) / chosen[0].trial_dir).checkpoints
+    if not checkpoints.is_dir() or not any(checkpoints.glob("step*.pt")):
+        return None
+    row = chosen[0]
+    command = [*EXPORT_COMMAND.split(), str(sweep_dir), "--trial", str(row.num), "--out", f"{sweep_dir}/export-{row.num}"]
+    return f"export trial #{row.num} in Hugging Face format: {shlex.join(command)}"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.report", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="the sweep's multirun dir (holds sweep.json)")
@@ -163,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     search = load_search_summary(args.sweep_dir)
     if search is not None:
         sys.stdout.write(best_trial_text(search))
+    best_num = search.best.num if search is not None and search.best is not None else None
+    export = export_line(args.sweep_dir, rows, best_num) if search is None or best_num is not None else None
+    if export:
+        sys.stdout.write(export + "\n")
     if args.csv:
         every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
         args.csv.write_text(render_csv(rows, every_key))

@@ -18,6 +18,8 @@ UNIT_TESTS = TESTS / "unit"
 
 SLOW_MODULES = {
     "test_foreign_app.py",  # a venv with the foreign app installed, then local sweeps of it
+    "test_export.py",  # a LoRA and a full trial, exported, loaded in a fresh process
+    "test_lora_ddp.py",  # a torchrun run of two ranks
     "test_sharded_checkpoint.py",  # torchrun runs of two ranks
     "test_trainer_ddp.py",  # torchrun runs of two ranks
     "test_trainer_parallel.py",  # torchrun runs of two ranks (FSDP, DDP's communication hooks)
@@ -34,6 +36,10 @@ SLOW_TESTS = {
     "test_local_parallel.py": {
         "test_two_trials_run_at_once_each_in_its_own_process_with_the_weights_of_one_at_a_time",
         "test_another_apps_job_returns_come_back_in_trial_order_from_two_at_once",
+    },
+    "test_lora.py": {
+        "test_a_stopped_and_resumed_lora_trial_ends_with_the_same_adapters",
+        "test_a_lora_checkpoint_holds_the_adapters_and_the_base_identity_not_the_base",
     },
     "test_local_sweep.py": {
         "test_local_sweep_runs_every_trial_and_writes_sweep_json",

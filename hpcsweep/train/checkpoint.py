@@ -3,13 +3,15 @@
 A checkpoint is a directory ``checkpoints/stepNNNNNNNN-valLOSS.pt/`` when the trial evaluated at that
 step (LOSS is that step's validation loss), else ``checkpoints/stepNNNNNNNN.pt/``:
 
-- ``model/``: the weights, a DCP checkpoint (``hpcsweep.train.checkpoint_store``): every rank
-  writes its share, each rank reads what it needs.
+- ``model/``: the weights that train, a DCP checkpoint (``hpcsweep.train.checkpoint_store``): every
+  rank writes its share, each rank reads what it needs. Under LoRA only the adapters: a frozen base
+  is never saved (``hpcsweep.train.trained_state``).
 - ``resume/``: what only resuming needs, a DCP checkpoint too: the optimizer state and every
   rank's RNG state (each rank writes and reads its own), and with a stateful gradient
   communication hook (PowerSGD, local SGD: ``hpcsweep.train.grad_comm``) each rank's state of it.
 - ``trainer.pt``: a small plain file (rank 0): step (which is also the sampler's position, see
-  ``hpcsweep.train.data``), status, validation loss, scheduler, scaler and early-stopping state.
+  ``hpcsweep.train.data``), status, validation loss, scheduler, scaler and early-stopping state, and
+  ``base_model``, the identity of the model the weights were trained from.
 
 A save is staged to CPU memory on every rank, then written by a background thread into
 ``.tmp-NAME/``, which rank 0 renames to ``NAME`` once every file is durable: a directory with a
@@ -41,6 +43,7 @@ from hpcsweep.train import fault
 from hpcsweep.train.checkpoint_store import CheckpointStore, DcpStore, check_complete
 from hpcsweep.train.distributed import WorldInfo, broadcast_object
 from hpcsweep.train.rng_state import rng_state, set_rng_state
+from hpcsweep.train.trained_state import load_trained_state_dict, trained_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +210,13 @@ class CheckpointManager:
     as it must be for requeued trials to resume on other nodes.
     """
 
-    def __init__(self, directory: Path, *, keep_top_k: int, world: WorldInfo, store: CheckpointStore | None = None):
+    def __init__(
+        self, directory: Path, *, keep_top_k: int, world: WorldInfo, store: CheckpointStore | None = None,
+        base_model: dict[str, Any] | None = None,
+    ):
         self.directory, self.keep_top_k, self.world = directory, keep_top_k, world
+        self.base_model = dict(base_model or {})
+        """The base model's identity (``hpcsweep.train.trained_state.base_model_identity``), in ``trainer.pt``."""
         self.is_coordinator = world.rank == 0
         if self.is_coordinator:
             directory.mkdir(parents=True, exist_ok=True)
@@ -247,12 +255,13 @@ class CheckpointManager:
         name = checkpoint_name(step, val_loss)
         temp = self.directory / f"{TEMP_PREFIX}{name}"
         staged = self.store.stage({
-            "model": model.state_dict(),
+            "model": trained_state_dict(model),
             "optimizer": get_optimizer_state_dict(model, optimizer),
             "rng": {f"rank{self.world.rank}": rng_state(self.world.device)},
             **({} if comm_state is None else {"comm": {f"rank{self.world.rank}": comm_state}}),
         })
-        plain = {**trainer_state, "step": step, "val_loss": val_loss, "world_size": self.world.world_size}
+        plain = {**trainer_state, "step": step, "val_loss": val_loss, "world_size": self.world.world_size,
+                 "base_model": self.base_model}
         parts = {
             temp / WEIGHTS_DIR: {"model": staged["model"]},
             temp / RESUME_DIR: {k: staged[k] for k in ("optimizer", "rng", "comm") if k in staged},
@@ -368,9 +377,9 @@ class CheckpointManager:
         info = inspect_checkpoint(path)
         if path.is_file():
             return {**self._load_one_file(info.trainer, model, optimizer), "path": path}
-        target = {"model": model.state_dict()}
+        target = {"model": trained_state_dict(model)}
         self.store.read(path / WEIGHTS_DIR, target)
-        model.load_state_dict(target["model"])
+        load_trained_state_dict(model, target["model"])
         same_world = info.trainer["world_size"] == self.world.world_size
         resume: dict[str, Any] = {"optimizer": get_optimizer_state_dict(model, optimizer)}
         if same_world:

@@ -124,9 +124,11 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: torch.nn.Module, *, trained_only: bool = False) -> dict[str, torch.Tensor]:
     """The whole model's weights as plain CPU tensors, under their usual names (for the weights
-    hash). With FSDP a collective: every rank must call it, and rank 0 alone gets the tensors."""
+    hash); ``trained_only`` leaves frozen parameters out (a LoRA base). With FSDP a collective:
+    every rank must call it, and rank 0 alone gets the tensors."""
     if not isinstance(model, FSDPModule):
-        return model.state_dict()
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=trained_only))
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trained_only))

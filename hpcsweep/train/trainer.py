@@ -26,7 +26,7 @@ from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
-from hpcsweep.train import data, gpu_choices, grad_comm, memory_record, metrics, model, optim, parallel
+from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
@@ -74,14 +74,15 @@ class Trainer:
             tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available()
         )
         gpu_choices.apply_backend_settings(self.choices, world.device.type)
-        weights_dtype = model.load_dtype(self.choices.precision, frozen_base=False, device=world.device)
+        weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none", device=world.device)
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation, weights_dtype).to(world.device)
+        self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         # PowerSGD's state is kept per gradient bucket: the buckets must not be rebuilt after a resume.
         find_unused = tcfg.grad_comm == "powersgd" or gpu_choices.find_unused_parameters(
-            self.choices.deterministic, (name for name, _ in self.model.named_parameters())
+            self.choices.deterministic, lora.trainable_parameter_names(self.model)
         )
         memory_record.reset_peak(world.device)
         memory_plan = memory_record.worker_memory_plan(
@@ -98,7 +99,8 @@ class Trainer:
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
-        self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world)
+        self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
+                                      base_model=trained_state.base_model_identity(cfg.model))
         self.save_schedule = SaveSchedule(
             tcfg.ckpt_every, tcfg.ckpt_every_min, is_coordinator=self.is_writer, agree=lambda flag: any_rank(world, flag)
         )
@@ -107,7 +109,7 @@ class Trainer:
             hparams.write_trial_hparams(trial_dir, tb_dir)
         self.logger = metrics.build_logger(world.rank, world.world_size, tb_dir)
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
-        self.flops_per_token = model.flops_per_token(self.model.config, cfg.data.seq_len)
+        self.flops_per_token = lora.training_flops_per_token(self.model.config, cfg.model.peft, cfg.data.seq_len)
         self.peak_flops = metrics.peak_flops(self.device_facts.name, self.choices.precision, self.choices.tf32)
         self.step = 0
         self.step_seconds = 0.0
@@ -337,7 +339,8 @@ class Trainer:
         self.save(status, wait=True)
         self.log_first_save()
         self.report_speed_if_unlogged()
-        weights = parallel.full_state_dict(self.model)  # with FSDP a collective: gathered on rank 0
+        # What trains (LoRA: the adapters), whole; with FSDP a collective, gathered on rank 0.
+        weights = parallel.full_state_dict(self.model, trained_only=True)
         if self.is_writer:
             self.report.update(status=status, weights_sha256=metrics.weights_sha256(weights))
         self.write_report()

@@ -27,12 +27,20 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "fast path (deterministic=false)" in printed.out
     assert "memory     tiny: plan " in printed.out and "(CPU: the resident set counts the whole process" in printed.out
     assert "FSDP (tiny-x2, trainer.parallel=fsdp over one rank):" in printed.out
+    assert "LoRA fine-tuning of a saved tiny folder" in printed.out
     result = json.loads(out.read_text())
     assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
     assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
     assert result["exact_resume"]["straight"] == result["exact_resume"]["resumed"]
     assert result["fsdp"]["tokens_per_s"] > 0
     assert json.loads((tmp_path / "work" / "large-fsdp" / "metrics.json").read_text())["parallel"] == "fsdp"
+    lora = result["lora"]
+    assert lora["tokens_per_s"] > 0 and (lora["mfu"], lora["peak_memory_gib"]) == (None, None)
+    # It trained LoRA over the folder's architecture (the tokenizer's vocabulary, not the preset's 256).
+    lora_trial = json.loads((tmp_path / "work" / "lora-fast" / "metrics.json").read_text())
+    assert lora_trial["status"] == "completed"
+    config = (tmp_path / "work" / "lora-fast" / "config.yaml").read_text()
+    assert "peft: lora" in config and "vocab_size: 384" in config
     # What the fast path was: metrics.json of each trial says so.
     fast = json.loads((tmp_path / "work" / "small-fast" / "metrics.json").read_text())
     exact = json.loads((tmp_path / "work" / "small-deterministic" / "metrics.json").read_text())

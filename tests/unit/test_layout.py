@@ -18,6 +18,8 @@ STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
 SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offline", "memory_plan")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
+TOOLS = ("export",)
+"""After a sweep, beside the stages: reads trials with the workers' code; no stage imports a tool."""
 COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
 """What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
 ALLOWED = {
@@ -30,6 +32,7 @@ ALLOWED = {
     "offline": {"offline"},
     "memory_plan": {"config", "memory_plan", "model_folder"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
+    "export": {*SHARED, "train", "results", "export"},
 }
 
 
@@ -150,7 +153,7 @@ def import_rule(part: str) -> str:
     """
     allowed = [p for p in (*SHARED, *STAGES) if p in ALLOWED[part] and p != part]
     never = [p for p in STAGES if p not in ALLOWED[part]]
-    if part in STAGES:
+    if part in STAGES or part in TOOLS:
         allowed = ["the shared packages", *[p for p in allowed if p in STAGES]]
         never_clause = listed([*never, "a command module"], "or")
     else:
@@ -185,6 +188,8 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
     assert import_rule("files") == "May import only ``config``; never a stage or a command module"
     assert import_rule("search") == (
         "May import only ``config``, ``files`` and ``slurm``; never a stage or a command module")
+    assert import_rule("export") == (
+        "May import only the shared packages, ``train`` and ``results``; never ``sweep``, ``trial`` or a command module")
 
 
 @pytest.mark.parametrize(

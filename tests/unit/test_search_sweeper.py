@@ -98,7 +98,12 @@ def test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes(tmp_path):
     best = study.best_trial
     assert f"best: #{best.user_attrs['hpcsweep_num']} (study trial {best.number})" in report.stdout
     assert "rerun it as one trial: python -m hpcsweep " in report.stdout
-    assert f"model.lr={best.params['model.lr']}" in report.stdout.splitlines()[-1]
+    rerun, export = report.stdout.splitlines()[-2:]
+    assert f"model.lr={best.params['model.lr']}" in rerun
+    # Next to the rerun command, the command that exports that trial in Hugging Face format.
+    num = best.user_attrs["hpcsweep_num"]
+    assert export == (f"export trial #{num} in Hugging Face format: python -m hpcsweep.export {sweep_dir} "
+                      f"--trial {num} --out {sweep_dir}/export-{num}")
     assert " pruned " in report.stdout
 
     # Running the sweep dir again resumes it: every slot finds its study trial, nothing new is asked.

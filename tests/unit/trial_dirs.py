@@ -13,11 +13,14 @@ from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
 
 
 def trial_config(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The default trial config with ``{"group.key": value}`` settings applied."""
+    """The default trial config with ``{"group.key": value}`` settings applied (``model.lora.r``: nested)."""
     cfg = trial_config_to_dict(trial_config_from_dict({}))
     for key, value in settings.items():
-        group, name = key.split(".")
-        cfg[group][name] = value
+        *groups, name = key.split(".")
+        node = cfg
+        for group in groups:
+            node = node[group]
+        node[name] = value
     return cfg
 
 

@@ -1,0 +1,118 @@
+"""The ``README.md`` model card of an export: what was trained, how, how well, and from what (pure text)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+METRIC_KEYS = ("status", "step", "max_steps", "train_loss", "val_loss", "best_val_loss", "tokens_per_s",
+               "restarts", "weights_sha256")
+"""The metrics.json fields the card lists."""
+
+
+@dataclass(frozen=True)
+class CardFacts:
+    """Everything the card says, gathered by the writer."""
+
+    kind: str
+    """``full``, ``adapter`` or ``merged``."""
+    sweep_dir: str
+    trial_num: int
+    trial_dir: str
+    overrides: Sequence[str]
+    metrics: Mapping[str, Any]
+    checkpoint: str
+    checkpoint_step: int
+    checkpoint_val_loss: float | None
+    base_model: Mapping[str, Any]
+    """The identity the checkpoint records; empty for a model built from the config."""
+    base_model_path: str | None
+    """Where the base model's weights are (an adapter loads over it); None for a full export."""
+    model_config: Mapping[str, Any]
+    """The trial's ``model.*`` keys."""
+    code: Mapping[str, Any]
+    """``git_commit`` of the code the trial ran, and ``git_dirty`` or (a code snapshot) ``snapshot_diff_sha256``."""
+    files: Sequence[str]
+
+
+_WHAT = {
+    "full": "the trial's model, every weight as it trained (full fine-tuning or pretraining)",
+    "adapter": "a LoRA adapter (peft) over the base model named below",
+    "merged": "the trial's LoRA adapter merged into its base model: one plain model",
+}
+
+_LOAD = {
+    "full": "from transformers import AutoModelForCausalLM\n"
+            "model = AutoModelForCausalLM.from_pretrained(\"{out}\", local_files_only=True)",
+    "merged": "from transformers import AutoModelForCausalLM\n"
+              "model = AutoModelForCausalLM.from_pretrained(\"{out}\", local_files_only=True)",
+    "adapter": "from peft import PeftModel\n"
+               "from transformers import AutoModelForCausalLM\n"
+               "base = AutoModelForCausalLM.from_pretrained(\"{base}\", local_files_only=True)\n"
+               "model = PeftModel.from_pretrained(base, \"{out}\", local_files_only=True)",
+}
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "-" if value is None else str(value)
+
+
+def model_card(facts: CardFacts, out: str) -> str:
+    """The card's Markdown text; ``out`` is the folder it goes into (for the loading snippet)."""
+    overrides = " ".join(facts.overrides) or "(none: the defaults)"
+    base = (
+        "```json\n" + json.dumps(dict(facts.base_model), indent=2, sort_keys=True) + "\n```"
+        if facts.base_model
+        else "built from the config (the `model.*` keys below) at `trainer.seed`, not loaded from a folder"
+    )
+    commit = facts.code.get("git_commit") or "unknown (not run from a git checkout)"
+    dirty = " (with uncommitted changes)" if facts.code.get("git_dirty") else ""
+    if facts.code.get("snapshot_diff_sha256"):
+        dirty = f" (the sweep's code snapshot; its uncommitted diff has sha256 {facts.code['snapshot_diff_sha256']})"
+    val = "" if facts.checkpoint_val_loss is None else f", validation loss {facts.checkpoint_val_loss:.6g}"
+    lines = [
+        f"# hpcsweep trial #{facts.trial_num}",
+        "",
+        f"This folder holds {_WHAT[facts.kind]}. Written by `python -m hpcsweep.export`.",
+        "",
+        "## Trial",
+        "",
+        f"- sweep: `{facts.sweep_dir}`",
+        f"- trial dir: `{facts.trial_dir}`",
+        f"- overrides: `{overrides}`",
+        f"- checkpoint: `{facts.checkpoint}` (step {facts.checkpoint_step}{val})",
+        f"- code commit: `{commit}`{dirty}",
+        "",
+        "## Metrics (metrics.json)",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *(f"| {key} | {_value(facts.metrics.get(key))} |" for key in METRIC_KEYS),
+        "",
+        "## Base model",
+        "",
+        base,
+        *([] if facts.base_model_path is None else ["", f"Its weights: `{facts.base_model_path}`"]),
+        "",
+        "## Model config (model.*)",
+        "",
+        "```json",
+        json.dumps(dict(facts.model_config), indent=2, sort_keys=True),
+        "```",
+        "",
+        "## Load it",
+        "",
+        "```python",
+        _LOAD[facts.kind].format(out=out, base=facts.base_model_path),
+        "```",
+        "",
+        "## Files",
+        "",
+        *(f"- `{name}`" for name in facts.files),
+        "",
+    ]
+    return "\n".join(lines)

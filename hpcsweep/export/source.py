@@ -1,0 +1,123 @@
+"""Which trial of a sweep to export, and which of its checkpoints: decisions on a sweep dir's files.
+
+``--best`` is the trial with the lowest ``best_val_loss`` in its metrics.json among the trials that
+have a checkpoint; ``--trial N`` is trial N. Of the trial's checkpoints, ``best`` is the one with the
+lowest validation loss in its name (``hpcsweep.train.checkpoint`` keeps the top-k by it, weights
+only), ``last`` the newest. Only checkpoints whose weights are complete count. Every refusal is an
+``ExportRefused`` with the one line to print.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.results.table import read_record, resolve_trial_dir
+from hpcsweep.train.checkpoint import CheckpointError, checkpoint_paths, inspect_checkpoint, parse_name
+
+
+class ExportRefused(ValueError):
+    """Nothing can be exported as asked; the message is the one line that says why."""
+
+
+@dataclass(frozen=True)
+class TrialChoice:
+    """A trial of the sweep: its number, overrides and directory."""
+
+    num: int
+    overrides: list[str]
+    trial_dir: Path
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """What an export reads: the trial, its metrics.json, and the checkpoint chosen."""
+
+    trial: TrialChoice
+    metrics: dict[str, Any]
+    checkpoint: Path
+
+
+def sweep_trials(sweep_dir: Path) -> list[TrialChoice]:
+    """The trials of ``sweep_dir`` (from sweep.json), or a trial dir itself as trial 0 (as the report reads them)."""
+    missing = missing_sweep_message(sweep_dir)
+    if missing:
+        raise ExportRefused(missing)
+    record = read_record(sweep_dir)
+    return [TrialChoice(t.num, list(t.overrides), resolve_trial_dir(sweep_dir, t)) for t in record.trials]
+
+
+def usable_checkpoints(trial_dir: Path) -> list[Path]:
+    """The trial's checkpoints whose weights can be read, newest first."""
+    usable = []
+    for path in checkpoint_paths(TrialFiles(trial_dir).checkpoints):
+        try:
+            inspect_checkpoint(path)
+        except CheckpointError:
+            continue
+        if path.is_dir():  # the one-file format of old trial dirs is not exported
+            usable.append(path)
+    return usable
+
+
+def choose_checkpoint(names: Sequence[str], which: Literal["best", "last"]) -> str:
+    """``best``: the lowest validation loss (the newest among equals, and when none has one); ``last``:
+    the newest. ``names`` are checkpoint names, at least one."""
+    parsed = {name: parse_name(name) for name in names}
+    newest = max(names, key=lambda n: parsed[n][0])
+    if which == "last":
+        return newest
+    finite = [n for n in names if math.isfinite(parsed[n][1])]
+    if not finite:
+        return newest
+    return min(finite, key=lambda n: (parsed[n][1], -parsed[n][0]))
+
+
+def read_trial_metrics(trial_dir: Path) -> dict[str, Any]:
+    """The trial's metrics.json ({} before it has started)."""
+    path = TrialFiles(trial_dir).metrics
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def choose_source(sweep_dir: Path, trial_num: int | None, which: Literal["best", "last"]) -> ExportSource:
+    """The trial (``trial_num``; None: the best) and the checkpoint to export, or ``ExportRefused``."""
+    trials = sweep_trials(sweep_dir)
+    if trial_num is not None:
+        chosen = [t for t in trials if t.num == trial_num]
+        if not chosen:
+            raise ExportRefused(f"--trial {trial_num}: {sweep_dir} has trials {', '.join(str(t.num) for t in trials)}")
+        trial = chosen[0]
+        checkpoints = usable_checkpoints(trial.trial_dir)
+        if not checkpoints:
+            raise ExportRefused(
+                f"trial #{trial.num} has no checkpoint to export in {TrialFiles(trial.trial_dir).checkpoints}"
+            )
+    else:
+        candidates = [(t, read_trial_metrics(t.trial_dir)) for t in trials if usable_checkpoints(t.trial_dir)]
+        if not candidates:
+            raise ExportRefused(f"no trial of {sweep_dir} has a checkpoint to export")
+        trial, _ = min(candidates, key=lambda c: (_loss(c[1].get("best_val_loss")), c[0].num))
+        checkpoints = usable_checkpoints(trial.trial_dir)
+    by_name = {p.name: p for p in checkpoints}
+    return ExportSource(trial, read_trial_metrics(trial.trial_dir), by_name[choose_checkpoint(list(by_name), which)])
+
+
+def _loss(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
+
+
+def out_dir_refusal(out: Path) -> str | None:
+    """Why ``--out`` cannot be written, or None: it must not exist, or be an empty directory."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"--out {out} exists and is not a directory: choose a new folder"
+    if any(out.iterdir()):
+        return f"--out {out} exists and is not empty: choose a new folder (an export never overwrites one)"
+    return None
