@@ -313,7 +313,7 @@ def plan_record(plan: MemoryPlan, setup: TrainingSetup, gpu: GpuMemory | None) -
 def shape_of_trial(model: Any) -> ModelShape:
     """The shape of a trial's ``model`` group: its pretrained folder's ``config.json`` when
     ``model.path`` is set, else the config's own sizes."""
-    path = getattr(model, "path", None)
+    path = model.path
     if path:
         return shape_from_hf_config(read_model_folder(Path(path)).config)
     return shape_from_model_config(model)
@@ -324,21 +324,20 @@ def setup_of_trial(trial: Any, *, world_size: int, device: str, bf16: bool = Tru
 
     ``precision=auto`` is bf16 on a GPU with bf16 tensor cores, else fp32 (as
     ``hpcsweep.train.gpu_choices`` resolves it); ``model.attn_implementation=auto`` is fused on
-    CUDA, eager on CPU. ``model.peft``, ``model.lora`` and ``trainer.parallel`` may be absent:
-    ``none``, the defaults, ``ddp``.
+    CUDA, eager on CPU. ``model.lora.target_modules=null`` counts adapters on every attention and
+    MLP linear layer (``DEFAULT_LORA_TARGETS``).
     """
     model, trainer, data = trial.model, trial.trainer, trial.data
     precision = trainer.precision
     if precision == "auto":
         precision = "bf16" if device == "cuda" and bf16 else "fp32"
-    lora = getattr(model, "lora", None)
-    targets = getattr(lora, "target_modules", None) or DEFAULT_LORA_TARGETS
-    attention = getattr(model, "attn_implementation", "auto")
+    targets = model.lora.target_modules or DEFAULT_LORA_TARGETS
+    attention = model.attn_implementation
     return TrainingSetup(
         precision=precision, optimizer=trainer.optimizer, momentum=trainer.momentum,
-        peft=getattr(model, "peft", "none"), lora_rank=getattr(lora, "r", DEFAULT_LORA_RANK),
+        peft=model.peft, lora_rank=model.lora.r,
         lora_targets=tuple(targets) if not isinstance(targets, str) else (targets,),
         grad_checkpointing=trainer.grad_checkpointing, batch_size=data.batch_size, seq_len=data.seq_len,
-        parallel=getattr(trainer, "parallel", "ddp"), world_size=world_size, device=device,
+        parallel=trainer.parallel, world_size=world_size, device=device,
         fused_attention=attention != "eager" and (attention != "auto" or device == "cuda"),
     )

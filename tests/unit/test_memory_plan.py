@@ -269,8 +269,9 @@ def test_the_sweep_check_refuses_in_one_line_naming_how_many(caplog):
     with pytest.raises(ValueError) as refused:
         check_memory_plans(trials, params, ["gpu:a100:8(S:0-1)"])
     line = str(refused.value)
-    assert line.startswith("trial #1: ~180 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~")
-    assert "or trainer.parallel=fsdp over >= 3 GPUs (" in line and "\n" not in line
+    # One rank: no second copy of the gradients in DDP's buckets (~155 GB, not the ~180 GB of 8 ranks).
+    assert line.startswith("trial #1: ~155 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~")
+    assert "or trainer.parallel=fsdp over >= 3 GPUs (trainer.nodes=3)" in line and "\n" not in line
     assert line.endswith(" (1 more of the 3 trials do not fit either)")
     check_memory_plans(trials, {**params, "check_memory": False}, ["gpu:a100:8"])
     check_memory_plans(trials, {"gpus_per_node": 0}, ["gpu:a100:8"])  # a CPU partition: nothing to check
@@ -283,19 +284,19 @@ def test_the_sweep_check_refuses_in_one_line_naming_how_many(caplog):
         check_memory_plans(trials, {**params, "check_memory": "no"}, ["gpu:a100:8"])
 
 
-def test_the_trial_adapter_reads_fields_other_branches_add():
+def test_a_trials_setup_reads_its_precision_peft_and_parallel_keys():
     trial = trial_config_from_dict({"trainer": {"grad_checkpointing": True, "optimizer": "sgd"}})
     setup = setup_of_trial(trial, world_size=16, device="cuda")
-    assert (setup.precision, setup.peft, setup.parallel, setup.fused_attention) == ("bf16", "none", "ddp", True)
+    assert (setup.precision, setup.peft, setup.parallel, setup.fused_attention) == ("bf16", "none", "auto", True)
     assert setup.grad_checkpointing and setup.optimizer == "sgd" and setup.world_size == 16
     assert setup_of_trial(trial, world_size=1, device="cuda", bf16=False).precision == "fp32"
     assert setup_of_trial(trial, world_size=1, device="cpu").fused_attention is False
-    later = SimpleNamespace(
-        model=SimpleNamespace(**vars(trial.model), peft="lora", lora=SimpleNamespace(r=16, target_modules=["q_proj"])),
-        trainer=SimpleNamespace(**vars(trial.trainer), parallel="fsdp"), data=trial.data,
-    )
+    later = trial_config_from_dict({"model": {"peft": "lora", "lora": {"r": 16, "target_modules": ["q_proj"]}},
+                                    "trainer": {"parallel": "fsdp"}})
     setup = setup_of_trial(later, world_size=4, device="cuda")
     assert (setup.peft, setup.lora_rank, setup.lora_targets, setup.parallel) == ("lora", 16, ("q_proj",), "fsdp")
+    assert setup_of_trial(trial_config_from_dict({"model": {"peft": "lora"}}), world_size=1, device="cuda").lora_targets \
+        == DEFAULT_LORA_TARGETS
 
 
 def test_a_pretrained_folder_is_planned_from_its_config_json(tmp_path):
