@@ -80,20 +80,21 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
         caps = Caps.from_launcher(hydra_config.get("launcher") or {})
     except ValueError as err:
         exit_with_config_error(err, "the trial did not run")
-    # A stop signal before the runner's own handlers are in place still stops the trial.
+    # A stop signal before the runner's own handlers are in place still stops the trial; one after it (the
+    # SIGTERM of a single run's own requeue) does not end the process before its exit code.
     with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
         try:
             outcome = run_trial_on_this_node(with_workers_per_node(trial), trial_dir, caps=caps, force_resume=force,
                                              search_trial=study_trial_file(hydra_config))
         except ConfigMismatch as err:
             exit_with_config_error(err, "the trial did not run")
-    if outcome.kind == "failed":
-        raise TrialFailed(outcome.message)
-    if not ends_the_task(outcome):
-        return outcome.metrics
-    outcome = dataclasses.replace(outcome, message=what_stopped(outcome))
-    if HydraConfig.get().mode == RunMode.RUN:
-        exit_codes.leave(outcome, stopped_line(outcome.message))
+        if outcome.kind == "failed":
+            raise TrialFailed(outcome.message)
+        if not ends_the_task(outcome):
+            return outcome.metrics
+        outcome = dataclasses.replace(outcome, message=what_stopped(outcome))
+        if hydra_config.mode == RunMode.RUN:
+            exit_codes.leave(outcome, stopped_line(outcome.message))
     return outcome
 
 
