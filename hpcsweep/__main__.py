@@ -23,16 +23,19 @@ def main() -> None:
         raise SystemExit(EXIT_REFUSED) from None
 
     from hpcsweep.app import hydra_main
+    from hpcsweep.sweep.hooks import hook_of
     from hpcsweep.sweep.single_run import check_single_run
 
     try:
-        check_single_run(sys.argv[1:])
+        checked = check_single_run(sys.argv[1:])
     except ValueError as err:
         print(f"{err}; the trial did not run", file=sys.stderr)
         raise SystemExit(EXIT_REFUSED) from None
 
     try:
-        hydra_main()
+        # A single run's trial is validated once, above: the task function runs that config.
+        with hook_of(hydra_main).running_checked(checked):
+            hydra_main()
     except KeyboardInterrupt:
         print("interrupted before any trial started training", file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED) from None

@@ -1,4 +1,10 @@
-"""The Hydra application: compose the config, validate it, run the trial on this node.
+"""The Hydra application: run the trial of the composed config on this node.
+
+A trial is validated once, where it was composed for checking: on the login node for a sweep (the
+launchers hand each task the config it checked, ``HpcsweepTrials.running_checked``), before Hydra starts
+for a single run (``hpcsweep.sweep.single_run``). The task re-checks only what may change between that
+check and the run: the token file here, the resume guard in the runner. A trial checked nowhere (a
+search's chosen parameters, a launcher that is not hpcsweep's) is validated here.
 
 The runner returns an ``Outcome``. A trial that ended (completed, pruned, skipped) returns its
 metrics.json to Hydra; a failed one raises ``TrialFailed``, which is how Hydra marks a job FAILED.
@@ -19,13 +25,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hpcsweep.config import TrialConfig, resume_config_from_dict
+from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict
 from hpcsweep.control import exit_codes, stop
 from hpcsweep.control.outcome import Outcome, ends_the_task
 from hpcsweep.offline import stay_offline
 from hpcsweep.sweep.hooks import trial_hook
-from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
-from hpcsweep.sweep.prepare import validate_composed
+from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials, checked_trial
+from hpcsweep.sweep.prepare import check_token_file, validate_composed
 from hpcsweep.sweep.resume_hint import stopped_line, this_trial
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
 from hpcsweep.sweep.text_preparation import prepare_here
@@ -74,8 +80,7 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
     from hpcsweep.trial.runner import run_trial_on_this_node
 
     try:
-        trial = validate_composed(cfg)
-        force = resume_config_from_dict(cfg).force
+        trial, resume = trial_to_run(cfg)
     except ValueError as err:
         exit_with_config_error(err, "the trial did not run")
     hydra_config = HydraConfig.get()
@@ -86,21 +91,36 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
         caps = Caps.from_launcher(hydra_config.get("launcher") or {})
     except ValueError as err:
         exit_with_config_error(err, "the trial did not run")
-    # A stop signal before the runner's own handlers are in place still stops the trial.
+    # A stop signal before the runner's own handlers are in place still stops the trial; one after it (the
+    # SIGTERM of a single run's own requeue) does not end the process before its exit code.
     with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
         try:
-            outcome = run_trial_on_this_node(with_workers_per_node(trial), trial_dir, caps=caps, force_resume=force,
-                                             search_trial=study_trial_file(hydra_config))
+            outcome = run_trial_on_this_node(with_workers_per_node(trial), trial_dir, caps=caps,
+                                             force_resume=resume.force, search_trial=study_trial_file(hydra_config))
         except ConfigMismatch as err:
             exit_with_config_error(err, "the trial did not run")
-    if outcome.kind == "failed":
-        raise TrialFailed(outcome.message)
-    if not ends_the_task(outcome):
-        return outcome.metrics
-    outcome = dataclasses.replace(outcome, message=what_stopped(outcome))
-    if HydraConfig.get().mode == RunMode.RUN:
-        exit_codes.leave(outcome, stopped_line(outcome.message))
+        if outcome.kind == "failed":
+            raise TrialFailed(outcome.message)
+        if not ends_the_task(outcome):
+            return outcome.metrics
+        outcome = dataclasses.replace(outcome, message=what_stopped(outcome))
+        if hydra_config.mode == RunMode.RUN:
+            exit_codes.leave(outcome, stopped_line(outcome.message))
     return outcome
+
+
+def trial_to_run(cfg: DictConfig) -> tuple[TrialConfig, ResumeConfig]:
+    """The trial and resume settings to run: those checked before this task (``checked_trial``), with their
+    token file checked again (it may be written or replaced after the check), else ``cfg`` validated here.
+
+    ``ValueError`` naming the key when either refuses.
+    """
+    checked = checked_trial()
+    if checked is None:
+        return validate_composed(cfg), resume_config_from_dict(cfg)
+    trial, resume = checked
+    check_token_file(trial)
+    return trial, resume
 
 
 def what_stopped(outcome: Outcome) -> str:

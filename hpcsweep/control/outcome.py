@@ -15,9 +15,10 @@ OutcomeKind = Literal["completed", "skipped", "pruned", "stopped", "requeue", "r
 """``completed``: trained to its last step. ``skipped``: not trained in this attempt (it had ended before, or
 the sweep's budget is spent). ``pruned``: the search stopped it early. ``stopped``: a checkpointed stop that
 nothing restarts by itself. ``requeue``: a checkpointed stop whose job runs again. ``retry``: an infrastructure
-failure whose job runs again on other nodes. ``failed``: the trial failed. ``node_done``: a node other than
-node 0 whose share of a stop is done (node 0 records it and requeues). ``aborted``: a second Ctrl-C while
-stopping: left without the checkpoint of this step."""
+failure whose job runs again on other nodes. ``failed``: the trial failed. ``node_done``: a node whose share of
+a stop or a retry is done while another node of the trial records it and requeues the job (node 0 for a stop,
+the node that settled the failure for a retry). ``aborted``: a second Ctrl-C while stopping: left without the
+checkpoint of this step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +26,10 @@ class Outcome:
     """How an attempt ended on this node, the line that says why, and what the edge still has to do.
 
     ``requeue_job`` is the Slurm job (``ARRAYID_TASK``) the edge requeues with ``scontrol requeue``; None
-    when Slurm requeues it itself (a preemption) or nothing is to be requeued. ``reason`` is the stop's
-    (``hpcsweep.control.stop``), ``step`` the step the trial stopped at, ``metrics`` its ``metrics.json``.
+    when Slurm requeues it itself (a preemption) or nothing is to be requeued. ``exclude_nodes`` are the nodes
+    the requeued job must not run on again (a retry's failed node), added to its ``ExcNodeList``.
+    ``reason`` is the stop's (``hpcsweep.control.stop``), ``step`` the step the trial stopped at, ``metrics``
+    its ``metrics.json``.
     """
 
     kind: OutcomeKind
@@ -35,6 +38,7 @@ class Outcome:
     reason: str | None = None
     step: int | None = None
     requeue_job: str | None = None
+    exclude_nodes: tuple[str, ...] = ()
 
 
 def leaving_outcome(job_return: Any) -> Outcome | None:

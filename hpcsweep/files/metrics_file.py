@@ -14,7 +14,9 @@ from typing import Any
 from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.sweep_record import now_iso
 
-STATUSES = ("running", "completed", "failed", "stopped_early", "stopped", "pruned", "skipped_budget", "not_started")
+NOT_STARTED = "not_started"
+"""The status of a trial that a stop of its local sweep kept from starting (``hpcsweep.sweep.local_run``)."""
+STATUSES = ("running", "completed", "failed", "stopped_early", "stopped", "pruned", "skipped_budget", NOT_STARTED)
 
 
 def read_metrics(path: Path) -> dict[str, Any] | None:

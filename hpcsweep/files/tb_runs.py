@@ -103,8 +103,3 @@ def trial_run_dir(trial_dir: Path) -> Path:
         return existing
     name = run_name(recorded_override_dirname(trial_dir))
     return trial_dir / TB_DIR / name if name else trial_dir / TB_DIR
-
-
-def events_dir(trial_dir: Path) -> Path:
-    """Where to read the trial's events from (``tb/`` while it has none)."""
-    return existing_run_dir(trial_dir) or trial_dir / TB_DIR

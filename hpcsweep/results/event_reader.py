@@ -2,8 +2,8 @@
 
 Scalars are ``summary.value[].simple_value`` (``SummaryWriter.add_scalar``) or rank-0 ``tensor``
 values whose tag carries the ``scalars`` plugin metadata (TensorBoard 2 style summaries).
-``read_scalars(run_dir)`` returns the same points, in the same order, as TensorBoard's
-``EventAccumulator`` with ``size_guidance=0``: the same records (``hpcsweep.results.tfrecord``:
+``read_runs`` returns each run's points as TensorBoard's ``EventAccumulator`` with ``size_guidance=0``
+returns them, in the same order: the same records (``hpcsweep.results.tfrecord``:
 checksums verified, a truncated tail left for later), the same values, the same purges of orphaned
 points after a restart.
 
@@ -25,7 +25,6 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2, tensor_pb2, types_pb2
 
-from hpcsweep.files.tb_runs import event_files
 from hpcsweep.results.scalar_records import SimpleScalars, decode_simple_scalars
 from hpcsweep.results.tfrecord import Records, read_records
 
@@ -196,11 +195,6 @@ def _parse_file_version(text: str) -> float:
         return float(text.rsplit(":", 1)[-1])
     except ValueError:
         return 0.0
-
-
-def read_scalars(run_dir: str | Path) -> dict[str, ScalarSeries]:
-    """Every scalar point of the run in ``run_dir`` (empty when it has no event files yet)."""
-    return read_runs([event_files(Path(run_dir))])[0]
 
 
 def read_runs(runs: Sequence[Sequence[Path]]) -> list[dict[str, ScalarSeries]]:

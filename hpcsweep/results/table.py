@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcsweep.files.metrics_file import read_metrics
+from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics
 from hpcsweep.files.sweep_record import (
     SWEEP_FILE,
     ArrayRecord,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from hpcsweep.results.event_reader import ScalarSeries
 
 FINAL_STATUSES = (
-    "completed", "stopped_early", "pruned", "failed", "cancelled", "stopped", "skipped_budget", "not_started",
+    "completed", "stopped_early", "pruned", "failed", "cancelled", "stopped", "skipped_budget", NOT_STARTED,
 )
 """Statuses after which a trial changes no more (a ``stopped`` trial resumes only when run again)."""
 FINISHED_STATUSES = ("completed", "stopped_early", "pruned")
@@ -177,7 +177,10 @@ def packed_trial_job(job: JobState | None, metrics_status: str | None) -> JobSta
     return replace(job, gpus=None)
 
 
-def _seconds_between(start: str | None, end: str | None) -> float | None:
+def recorded_seconds(metrics: Mapping[str, Any]) -> float | None:
+    """The wall time metrics.json spans, ``started_at`` to ``updated_at`` (the trial's latest run), in seconds;
+    None when either is missing."""
+    start, end = metrics.get("started_at"), metrics.get("updated_at")
     if not start or not end:
         return None
     return (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
@@ -185,7 +188,7 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 
 def own_gpu_hours(metrics: Mapping[str, Any]) -> float | None:
     """The trial's own compute share: the wall time metrics.json spans (its latest run) x the world size, in hours."""
-    seconds = _seconds_between(metrics.get("started_at"), metrics.get("updated_at"))
+    seconds = recorded_seconds(metrics)
     world_size = metrics.get("world_size")
     if seconds is None or world_size is None:
         return None

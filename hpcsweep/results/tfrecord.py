@@ -14,7 +14,7 @@ together, one numpy step per byte position, so numpy's cost per call is paid onc
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,11 +63,6 @@ def _mask(crc: int | np.ndarray) -> int | np.ndarray:
     """Finalize a CRC-32C register and mask it the way TFRecord stores it."""
     crc = crc ^ 0xFFFFFFFF
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-    """The masked CRC-32C TFRecord files store (pure Python: for writing and short inputs)."""
-    return int(_mask(_crc32c_update(0xFFFFFFFF, data)))
 
 
 def masked_crc32c_many(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -183,11 +178,3 @@ def read_records(files: Sequence[bytes]) -> Records:
     keep = np.arange(len(starts)) < first[file_of]
     bounds = np.searchsorted(file_of[keep], np.arange(len(files) + 1))
     return Records(buf, starts[keep], lengths[keep], bounds, sorted(damaged))
-
-
-def iter_records(data: bytes) -> Iterator[memoryview]:
-    """The data of each good record of one file's contents ``data`` (see :func:`read_records`)."""
-    view = memoryview(data)
-    records = read_records([data])
-    for start, length in zip(records.starts.tolist(), records.lengths.tolist()):
-        yield view[start : start + length]

@@ -1,8 +1,11 @@
-"""Pure parsing of what the controller says about the cluster (partitions, limits)."""
+"""Pure parsing of what the controller says about the cluster (partitions, limits) and a job's own fields."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+
+from hpcsweep.slurm.env import expand_nodelist
 
 DEFAULT_MAX_ARRAY_SIZE = 1001
 DEFAULT_MAX_SWITCH_WAIT_S = 300
@@ -76,3 +79,10 @@ def gpus_from_gres(gres: str) -> int:
             continue
         total += int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
     return total
+
+
+def excluded_after(show_job_text: str, nodes: Iterable[str]) -> list[str]:
+    """The job's ``ExcNodeList`` (from ``scontrol show job --oneliner``) with ``nodes`` added, sorted."""
+    current = parse_fields(show_job_text.strip()).get("ExcNodeList", "(null)")
+    names = [] if current in ("", "(null)") else expand_nodelist(current)
+    return sorted({*names, *nodes})

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
+
+from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 
 from hpcsweep.slurm.partition_limits import AllocationRequest, Asked, parse_mem_mb
 from hpcsweep.sweep.hooks import Allocation
 
-# Launcher keys that are ours, not submitit's.
-_OWN_KEYS = {
-    "wait", "submitit_folder", "max_num_timeout", "max_retries", "max_array_size", "local_parallelism",
-    "budget_gpu_hours", "trials_per_task", "start_method", "code_snapshot", "_target_",
-    "check_memory", "gpu_mem_gb",
-}
+# Launcher keys that are submitit's: those of hydra-submitit-launcher's ``SlurmQueueConf``, which hpcsweep's
+# launcher configs extend. Every key they add is hpcsweep's own and never reaches submitit. Less the two that
+# are AutoExecutor arguments, not parameters (``slurm_submit._submit_array``), and the target.
+_SUBMITIT_KEYS = frozenset(f.name for f in fields(SlurmQueueConf)) - {"submitit_folder", "max_num_timeout", "_target_"}
 # Launcher keys that size or place the allocation (``hooks.launcher_allocation``), or that
 # ``executor_parameters`` passes on itself.
 _SIZE_KEYS = {
@@ -124,7 +125,7 @@ def executor_parameters(
     """
     out: dict[str, Any] = {}
     for key, value in params.items():
-        if key in _OWN_KEYS or key in _SIZE_KEYS or value is None:
+        if key not in _SUBMITIT_KEYS or key in _SIZE_KEYS or value is None:
             continue
         out[key if key in _BASE_KEYS else f"slurm_{key}"] = value
     out["nodes"] = allocation.nodes
@@ -141,7 +142,8 @@ def executor_parameters(
         out["slurm_exclude"] = ",".join(sorted(excluded))
     out["slurm_additional_parameters"] = additional
     # A worker that crashes ends the trial's every task at once, instead of leaving the other
-    # nodes in a collective until NCCL's timeout. Safe for stops: only node 0 exits non-zero then.
+    # nodes in a collective until NCCL's timeout. Safe for stops and retries: only the node that
+    # requeues the job exits non-zero then.
     out["slurm_srun_args"] = ["--kill-on-bad-exit=1"]
     return out
 

@@ -166,6 +166,18 @@ class TrialHook:
         """The line a stopped local sweep ends the command with: ``what`` stopped and what did not start."""
         return what
 
+    def running_checked(self, app_config: Any) -> AbstractContextManager[Any]:
+        """Entered around the task function of one trial, with what ``check_trial`` made of its config
+        where the sweep was checked (the login node); None for a trial not checked there (a search's
+        parameters, chosen as its task starts).
+
+        Hydra's ``run_job`` calls the task function with the config it composed for the job, hydra node and
+        all, and nothing else: an app that keeps ``app_config`` for the task function here can run the
+        login node's checked config instead of validating that composition again. Without one, nothing
+        happens.
+        """
+        return nullcontext()
+
     def task_context(self, launcher: Mapping[str, Any]) -> AbstractContextManager[Any]:
         """Entered around the task function in each Slurm array task.
 

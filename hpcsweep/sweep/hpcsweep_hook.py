@@ -9,18 +9,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn
 
-from hpcsweep.config import TrialConfig, resume_config_from_dict
+from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict
 from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepStopped, SweepTrial, TrialHook
 from hpcsweep.sweep.prepare import PreparedTrial, check_resumes, validate_composed
 from hpcsweep.sweep.text_preparation import prepare_here, submit_preparation
 
 log = logging.getLogger(__name__)
+
+CheckedConfig = tuple[TrialConfig, ResumeConfig]
+"""What ``HpcsweepTrials.check_trial`` makes of a trial's config: its trial and resume settings, validated."""
+
+# Module-wide, not the hook's: the task function unpickled in an array task carries a copy of its hook.
+_CHECKED: ContextVar[CheckedConfig | None] = ContextVar("hpcsweep_checked_trial", default=None)
+
+
+def checked_trial() -> CheckedConfig | None:
+    """The checked config of the trial whose task function runs now (``HpcsweepTrials.running_checked``), else None."""
+    return _CHECKED.get()
 
 # Launcher keys that size or place a job of another app; hpcsweep's trials set these themselves.
 _TRIAL_SET_KEYS = {
@@ -96,7 +108,8 @@ class HpcsweepTrials(TrialHook):
     def check_trial(self, config: Mapping[str, Any], launcher: Mapping[str, Any]) -> CheckedTrial:
         """The trial schema (``hpcsweep.config``), then the allocation its config asks for.
 
-        The app config kept for ``check_sweep`` is the pair ``(TrialConfig, ResumeConfig)``.
+        The app config, kept for ``check_sweep`` and handed to the trial's task (``running_checked``), is the
+        pair ``(TrialConfig, ResumeConfig)``.
         """
         trial = validate_composed(config)
         resume = resume_config_from_dict(config)
@@ -147,6 +160,16 @@ class HpcsweepTrials(TrialHook):
         from hpcsweep.sweep.resume_hint import stopped_line
 
         return stopped_line(what)
+
+    @contextmanager
+    def running_checked(self, app_config: CheckedConfig | None) -> Iterator[None]:
+        """The task function runs ``app_config``, checked on the login node, instead of validating its
+        composition again (``checked_trial``)."""
+        token = _CHECKED.set(app_config)
+        try:
+            yield
+        finally:
+            _CHECKED.reset(token)
 
     @contextmanager
     def task_context(self, launcher: Mapping[str, Any]) -> Iterator[None]:

@@ -119,7 +119,7 @@ class _LocalRun:
             with stop_signals_blocked():
                 process = start_trial(
                     self.starter.start, self.context_file, trial.overrides, trial.num, slot.cpus,
-                    trial_environment(self.plan, gpus),
+                    trial_environment(self.plan, gpus), checked=trial.app_config,
                 )
                 self.forwarder.running[trial.num] = _Running(trial, process, slot, gpus)
             log.info("trial #%d started (pid %d, CPUs %s%s)", trial.num, process.process.pid,

@@ -25,7 +25,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 
-from hpcsweep.files.metrics_file import read_metrics, write_metrics
+from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import (
     SWEEP_FILE,
     SweepRecord,
@@ -96,10 +96,6 @@ def machine_plan(params: Mapping[str, Any], trials: Sequence[SweepTrial]) -> Loc
         except ValueError as err:
             raise ValueError(f"trial #{trial.num}: {err}") from None
     return plan
-
-
-NOT_STARTED = "not_started"
-"""metrics.json's status of a trial that a stop of its local sweep kept from starting."""
 
 
 def record_not_started(trials: Sequence[SweepTrial]) -> None:

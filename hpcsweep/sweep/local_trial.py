@@ -9,7 +9,8 @@ it. It runs the trial exactly as Hydra's basic launcher runs it in a sweep (``ru
 The process is forked from the sweep's fork server, which has imported torch once, or is a
 fresh interpreter, ``python -m hpcsweep.sweep.local_trial SPEC.json`` (``hpcsweep.sweep.fork_server``).
 The sweep's Hydra context is pickled once per sweep (``write_sweep_context``), each trial's spec
-is a small JSON file.
+is a small JSON file, and what the app's hook made of the trial's config when the sweep checked it
+is pickled beside it: the task function runs that (``TrialHook.running_checked``).
 """
 
 from __future__ import annotations
@@ -119,8 +120,10 @@ def start_trial(
     num: int,
     cpus: Sequence[int],
     env: Mapping[str, str],
+    checked: Any = None,
 ) -> TrialProcess:
-    """Start Hydra job ``num`` with ``overrides`` in a new process on ``cpus``, with ``env`` on top of ours.
+    """Start Hydra job ``num`` with ``overrides`` in a new process on ``cpus``, with ``env`` on top of ours;
+    the task function runs ``checked``, what the app's hook made of the trial's config in the sweep.
 
     The process gets a session of its own: a Ctrl-C reaches it once, from the sweep, which passes
     on every stop signal; if the sweep dies without passing one on (SIGKILL), the trial process
@@ -131,9 +134,12 @@ def start_trial(
     """
     folder = context_file.parent
     spec_file, outcome_file = folder / f"trial-{num}.json", folder / f"trial-{num}.outcome"
+    checked_file = folder / f"trial-{num}.checked"
     outcome_file.unlink(missing_ok=True)
+    atomic_write_bytes(checked_file, cloudpickle.dumps(checked))
     atomic_write_json(spec_file, {
         "context_file": str(context_file),
+        "checked_file": str(checked_file),
         "overrides": list(overrides),
         "num": num,
         "cpus": list(cpus),
@@ -175,10 +181,13 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     from hpcsweep.control import exit_codes, stop
     from hpcsweep.control.outcome import leaving_outcome
     from hpcsweep.search.trial_slot import search_slot
+    from hpcsweep.sweep.hooks import hook_of
     from hpcsweep.sweep.hydra_private import basic_launcher
 
     with open(spec["context_file"], "rb") as handle:
         hydra_context, config, task_function, singleton_state = pickle.load(handle)
+    with open(spec["checked_file"], "rb") as handle:
+        checked = pickle.load(handle)
     Singleton.set_state(singleton_state)
     launcher = basic_launcher()
     launcher.setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -189,7 +198,10 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     try:
         # A search's slot runs with the parameters its study chooses now (the overrides as they are otherwise).
         with search_slot(config, list(spec["overrides"]), num) as slot:
-            (job_return,) = launcher.launch([slot.overrides], num)
+            # A search's chosen parameters were never checked in the sweep: the task checks them.
+            ran_as_checked = checked if slot.overrides == list(spec["overrides"]) else None
+            with hook_of(task_function).running_checked(ran_as_checked):
+                (job_return,) = launcher.launch([slot.overrides], num)
             stopped = leaving_outcome(job_return)
             if stopped is None:  # a stopped trial has not ended: its study trial stays RUNNING
                 slot.ran(job_return)

@@ -4,7 +4,8 @@ submitit pickles the submitted function with every array task. Hydra's submitit 
 submits itself, and it carries the whole master config, the config loader and Hydra's global
 state: tens of milliseconds of pickling per trial, most of a thousand-trial submission. Here the
 launcher is written once into the sweep's submitit folder and each task pickles only its path
-and its trials' overrides and numbers (one trial, or ``trials_per_task`` of them).
+and its trials (one, or ``trials_per_task`` of them): their overrides, numbers and the configs the
+login node checked.
 """
 
 from __future__ import annotations
@@ -35,8 +36,18 @@ def load_shared_launcher(path: Path) -> tuple[Any, Any]:
         return pickle.load(handle)
 
 
-TaskTrials = Sequence[tuple[Sequence[str], int]]
-"""The trials of one array task, in order: each trial's overrides and Hydra job number."""
+@dataclass(frozen=True)
+class TaskTrial:
+    """One trial of an array task: its overrides, its Hydra job number, and what the app's hook made of its
+    config on the login node (``TrialHook.check_trial``), which the task runs instead of checking it again."""
+
+    overrides: Sequence[str]
+    num: int
+    checked: Any = None
+
+
+TaskTrials = Sequence[TaskTrial]
+"""The trials of one array task, in order."""
 
 
 @dataclass(frozen=True)

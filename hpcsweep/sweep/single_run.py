@@ -3,14 +3,15 @@
 Hydra makes a run's dir and its log before the task function sees the config, so a refusal there
 leaves ``outputs/<date>/<time>/`` behind and costs the whole start-up. The config is composed
 here the way the run composes it, and checked the way the trial checks it, first: a refused run is
-as quick as a refused sweep and leaves nothing.
+as quick as a refused sweep and leaves nothing. The run then takes the checked config
+(``HpcsweepTrials.running_checked``) instead of validating Hydra's composition again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpcsweep.config import resume_config_from_dict
+from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict
 from hpcsweep.sweep.hydra_private import parse_command_line
 from hpcsweep.sweep.prepare import validate_composed
 
@@ -29,15 +30,15 @@ def is_plain_single_run(args: Sequence[str]) -> bool:
     return not any(asks_something_else)
 
 
-def check_single_run(args: Sequence[str]) -> None:
-    """Raise ``ValueError`` when the trial of a single run would refuse its config.
+def check_single_run(args: Sequence[str]) -> tuple[TrialConfig, ResumeConfig] | None:
+    """The single run's trial and resume settings, checked; ``ValueError`` when the trial would refuse its config.
 
     Anything else (a sweep, ``--cfg job``, an override Hydra cannot apply, ``hydra.mode=MULTIRUN``)
-    is left to Hydra, which says what it says today. The app's plugins must be registered
+    is left to Hydra, which says what it says today: None. The app's plugins must be registered
     (``hpcsweep.app`` imported) first.
     """
     if not is_plain_single_run(args):
-        return
+        return None
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from hydra.types import RunMode
@@ -47,8 +48,7 @@ def check_single_run(args: Sequence[str]) -> None:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             config = compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
     except HydraException:
-        return
+        return None
     if config.hydra.mode == RunMode.MULTIRUN:
-        return
-    validate_composed(config)
-    resume_config_from_dict(config)
+        return None
+    return validate_composed(config), resume_config_from_dict(config)

@@ -49,7 +49,7 @@ from hpcsweep.sweep.allocation import (
 from hpcsweep.sweep.budget import announce_budget
 from hpcsweep.sweep.hooks import Placement, SweepTrial, TrialHook, hook_of
 from hpcsweep.sweep.snapshot import take_snapshot, with_snapshot
-from hpcsweep.sweep.shared_call import SharedLauncherCall, write_shared_launcher
+from hpcsweep.sweep.shared_call import SharedLauncherCall, TaskTrial, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 from hpcsweep.sweep.text_preparation import dependency_parameters
 
@@ -155,7 +155,7 @@ def _submit_array(
         slurm_max_num_timeout=launcher.params["max_num_timeout"],
     )
     executor.update_parameters(**parameters)
-    return executor.map_array(call, [[(t.overrides, t.num) for t in task] for task in tasks])
+    return executor.map_array(call, [[TaskTrial(t.overrides, t.num, t.app_config) for t in task] for task in tasks])
 
 
 def recorded_settings(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,11 +4,11 @@ Every node whose workers failed writes what it saw (``workers/nodeN/failure.json
 seconds for the other nodes' reports, and picks the root cause (``failure_class.root_cause``): one
 crash breaks every rank's collectives, and only the rank that crashed explains the others. The
 first node to claim the attempt's decision file acts for the trial: it appends the failure (class,
-node, rank, traceback) to metrics.json, and for an infrastructure failure under Slurm, while
-``hydra.launcher.max_retries`` allows, requeues the job and excludes the failed node
-(``scontrol requeue``, then ``scontrol update ExcNodeList``, which Slurm 22.05 accepts only once the
-job is pending again). Every node then leaves with a non-zero code, so that srun's
-``--kill-on-bad-exit`` ends whatever still runs.
+node, rank, traceback) to metrics.json and decides: for an infrastructure failure under Slurm, while
+``hydra.launcher.max_retries`` allows, a ``retry`` outcome that names the job and the failed node, which the
+edge (``hpcsweep.control.exit_codes``) requeues and excludes; else ``failed``. The other nodes follow the
+decision: on a retry they leave with 0 (``node_done``), so that srun's ``--kill-on-bad-exit`` cannot end the
+deciding node before it has requeued the job; on a failure with a non-zero code, which ends whatever still runs.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from hpcsweep.control.outcome import Outcome
 from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.metrics_file import new_report, read_metrics, write_metrics
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.files.trial_files import METRICS_FILE, TrialFiles
 from hpcsweep.files.wait import wait_for
-from hpcsweep.slurm.cluster_info import parse_fields
-from hpcsweep.slurm.env import SlurmJobEnv, expand_nodelist
-from hpcsweep.control import stop
+from hpcsweep.slurm.env import SlurmJobEnv
 from hpcsweep.trial.failure_class import (
     Failure,
     classify_exit_code,
@@ -79,7 +78,7 @@ def retries_so_far(metrics: Mapping[str, Any]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class FailureDecision:
-    """``retry`` (requeue, excluding ``exclude``) or ``fail``, with the line that says why."""
+    """``retry`` (requeue the job off the failed node) or ``fail``, with the line that says why."""
 
     action: Literal["retry", "fail"]
     message: str
@@ -117,13 +116,6 @@ def failure_record(
         "at": now_iso(),
         "also": [other.summary() for other in others if other is not cause],
     }
-
-
-def excluded_after(show_job_text: str, node: str) -> list[str]:
-    """The job's ``ExcNodeList`` (from ``scontrol show job --oneliner``) with ``node`` added."""
-    current = parse_fields(show_job_text.strip()).get("ExcNodeList", "(null)")
-    names = [] if current in ("", "(null)") else expand_nodelist(current)
-    return sorted({*names, node})
 
 
 SACCT_RUN_FIELDS = ("State", "NodeList")
@@ -194,26 +186,6 @@ def _claim(path: Path) -> bool:
         return False
 
 
-def requeue_excluding(job: SlurmJobEnv, node: str) -> None:
-    """Requeue the job and keep it off ``node``; SIGTERM stays blocked meanwhile, so the requeue's
-    own kill of this job cannot cut the ``scontrol`` calls short (children inherit the mask)."""
-    from hpcsweep.slurm import commands
-
-    with stop.stop_signals_blocked():
-        try:
-            exclude = excluded_after(commands.show_job(job.job_label), node)
-        except commands.SlurmCommandError as err:
-            log.warning("cannot read job %s's excluded nodes, excluding %s alone: %s", job.job_label, node, err)
-            exclude = [node]
-        commands.requeue(job.job_label)
-        try:
-            commands.exclude_nodes(job.job_label, exclude)
-        except commands.SlurmCommandError as err:
-            log.error("the retry of job %s may run on %s again: %s", job.job_label, node, err)
-            return
-    log.info("requeued job %s, excluding %s", job.job_label, ",".join(exclude))
-
-
 def settle_failure(
     trial_dir: Path,
     failures: Sequence[Failure],
@@ -224,12 +196,13 @@ def settle_failure(
     job: SlurmJobEnv | None,
     max_retries: int,
     report_defaults: Mapping[str, Any],
-) -> FailureDecision:
-    """Report this node's failures, agree on the root cause, act once for the trial; return the decision.
+) -> Outcome:
+    """Report this node's failures, agree on the root cause, decide once for the trial; this node's outcome.
 
     ``attempt`` names this run (job and restart count); ``report_defaults`` are metrics.json's
-    fields for a trial that failed before it reported anything. A ``fail`` decision's message is
-    the trial's error, traceback included.
+    fields for a trial that failed before it reported anything. The deciding node's ``retry`` names the
+    job to requeue and the node to exclude; its ``failed`` message is the trial's error, traceback
+    included. A node that follows another's decision returns ``node_done`` for a retry, else ``failed``.
     """
     files = TrialFiles(trial_dir)
     workers_dir = files.workers_dir
@@ -244,18 +217,18 @@ def settle_failure(
     if not _claim(workers_dir / f"claim-{attempt}"):
         wait_for(lambda: decided.exists() or None, DECISION_WAIT_S)
         action = json.loads(decided.read_text())["action"] if decided.exists() else "fail"
-        return FailureDecision(action, f"{cause.summary()}: handled by another node of the trial")
+        followed = "node_done" if action == "retry" else "failed"
+        return Outcome(followed, f"{cause.summary()}: handled by another node of the trial",
+                       read_metrics(trial_dir / METRICS_FILE) or {})
     metrics = read_metrics(trial_dir / METRICS_FILE) or new_report(**report_defaults)
     decision = decide_after_failure(cause, retries_so_far(metrics), max_retries, under_slurm=job is not None)
     record = failure_record(cause, reports, decision, job)
     # Lines, as the workers write a traceback into metrics.json's ``error``.
     error = [decision.message, *cause.traceback.splitlines()]
     log.error("trial %s: %s", trial_dir, "\n".join(error))
-    write_metrics(
-        trial_dir / METRICS_FILE,
-        {**metrics, "status": "failed", "error": error, "failures": [*(metrics.get("failures") or []), record]},
-    )
-    if decision.action == "retry" and job is not None:
-        requeue_excluding(job, cause.node)
+    metrics = {**metrics, "status": "failed", "error": error, "failures": [*(metrics.get("failures") or []), record]}
+    write_metrics(trial_dir / METRICS_FILE, metrics)
     atomic_write_json(decided, {"action": decision.action, "message": decision.message})
-    return decision if decision.action == "retry" else FailureDecision("fail", "\n".join(error))
+    if decision.action == "retry" and job is not None:
+        return Outcome("retry", decision.message, metrics, requeue_job=job.job_label, exclude_nodes=(cause.node,))
+    return Outcome("failed", "\n".join(error), metrics)

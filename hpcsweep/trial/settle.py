@@ -2,7 +2,8 @@
 
 Classify the exits (``preempt.classify_exit``), then record a stop and decide on its requeue, or report a
 failure and agree with the other nodes on its retry (``failures.settle_failure``). Every end is an
-``Outcome``; the edge (``hpcsweep.control.exit_codes``) carries out its exit code and requeue.
+``Outcome``; the edge (``hpcsweep.control.exit_codes``) carries out its exit code and its requeue (off the
+failed node, for a retry).
 """
 
 from __future__ import annotations
@@ -92,17 +93,17 @@ def node_failures(result: ProcessesResult, attempt: TrialAttempt, metrics: dict[
 
 
 def after_failure(attempt: TrialAttempt, result: ProcessesResult, metrics: dict[str, Any]) -> Outcome:
-    """Report this node's failures, agree with the other nodes on the root cause; ``retry`` or ``failed``."""
+    """Report this node's failures, agree with the other nodes on the root cause; ``retry`` (its job and the node
+    to exclude, for the edge), ``failed``, or ``node_done`` where another node requeues the retry."""
     if result.error:  # torchrun's summary: which ranks failed, how, and when
         log.error("trial %s failed:\n%s", attempt.files.root, result.error)
     rdzv = attempt.rdzv
-    decision = failures.settle_failure(
+    return failures.settle_failure(
         attempt.files.root, node_failures(result, attempt, metrics), node_rank=rdzv.node_rank, nnodes=rdzv.nnodes,
         attempt=attempt.label, job=attempt.job, max_retries=attempt.caps.max_retries,
         report_defaults={"max_steps": attempt.trial.trainer.max_steps, "world_size": rdzv.world_size,
                          "restarts": metrics.get("restarts", 0), "env": attempt.env},
     )
-    return Outcome("retry" if decision.action == "retry" else "failed", decision.message, read_metrics(attempt.files))
 
 
 def ended(metrics: dict[str, Any]) -> Outcome:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+
+if TYPE_CHECKING:
+    from hpcsweep.sweep.shared_call import TaskTrials
 
 log = logging.getLogger(__name__)
 
@@ -27,23 +30,30 @@ class SlurmLauncher(BaseSubmititLauncher):
     _EXECUTOR = "slurm"
 
     def __call__(
-        self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str, singleton_state: Any
+        self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str, singleton_state: Any,
+        checked: Any = None,
     ) -> JobReturn:
         """One trial in this array task: Hydra's composition and ``run_job`` for job ``job_num``.
 
-        A search's slot runs with the parameters its study chooses now (the overrides as they are
-        otherwise). A trial's failure is its JobReturn's (FAILED); ``run_trials`` raises it once the
-        task's other trials have run.
+        Hydra's ``run_job`` needs the job's own composed config (its hydra node: the trial dir, the job's
+        logging, ``.hydra/``); the app's task function runs ``checked``, what the hook made of the trial's
+        config on the login node (``TrialHook.running_checked``), instead of checking that composition
+        again. A search's slot runs with the parameters its study chooses now, which the login node never
+        saw (the overrides as they are otherwise). A trial's failure is its JobReturn's (FAILED);
+        ``run_trials`` raises it once the task's other trials have run.
         """
         from hpcsweep.control.outcome import leaving_outcome
         from hpcsweep.search.trial_slot import search_slot
+        from hpcsweep.sweep.hooks import hook_of
 
         with search_slot(self.config, sweep_overrides, job_num) as slot:
-            result = super().__call__(slot.overrides, job_dir_key, job_num, job_id, singleton_state)
+            ran_as_checked = checked if slot.overrides == list(sweep_overrides) else None
+            with hook_of(self.task_function).running_checked(ran_as_checked):
+                result = super().__call__(slot.overrides, job_dir_key, job_num, job_id, singleton_state)
             # A trial that leaves to be requeued has not ended: its study trial stays RUNNING.
             return result if leaving_outcome(result) is not None else slot.ran(result)
 
-    def run_trials(self, trials: Sequence[tuple[Sequence[str], int]], singleton_state: Any) -> dict[int, JobReturn]:
+    def run_trials(self, trials: TaskTrials, singleton_state: Any) -> dict[int, JobReturn]:
         """An array task: its trials one after another in this process; each JobReturn by job number.
 
         A trial that ended before (a requeued task runs its trials again) is skipped by the app's
@@ -62,13 +72,14 @@ class SlurmLauncher(BaseSubmititLauncher):
         returns: dict[int, JobReturn] = {}
         # One context for the whole task, so a signal between two trials stops the next one.
         with hook_of(self.task_function).task_context(self.params):
-            for overrides, job_num in trials:
-                result = self(list(overrides), "hydra.sweep.dir", job_num, f"job_id_for_{job_num}", singleton_state)
+            for trial in trials:
+                result = self(list(trial.overrides), "hydra.sweep.dir", trial.num, f"job_id_for_{trial.num}",
+                              singleton_state, checked=trial.checked)
                 leaving = leaving_outcome(result)
                 if leaving is not None:
-                    log.info("trial #%d: %s", job_num, leaving.message)
+                    log.info("trial #%d: %s", trial.num, leaving.message)
                     exit_codes.leave(leaving)
-                returns[job_num] = result
+                returns[trial.num] = result
         failed = [num for num, result in returns.items() if result.status == JobStatus.FAILED]
         if failed:
             if len(returns) > 1:

@@ -13,12 +13,12 @@ one-trial sweep of the same trial in the same test, and every bound from what th
 
 from __future__ import annotations
 
-import datetime
 import math
 import subprocess
 import sys
 import time
 
+from hpcsweep.results.table import recorded_seconds
 from hpcsweep.trial.budget_watch import horizon_s
 
 from .conftest import (
@@ -69,9 +69,9 @@ def calibrate(tmp_path, env) -> tuple[float, float]:
 
 def recorded_step_s(metrics: dict) -> float:
     """An upper bound of one step of a trial, from its own metrics.json: its run time over its steps (at least one)."""
-    seconds = (datetime.datetime.fromisoformat(metrics["updated_at"])
-               - datetime.datetime.fromisoformat(metrics["started_at"])).total_seconds()
-    return (seconds + 1) / max(1, metrics["step"])  # the times are in whole seconds
+    seconds = recorded_seconds(metrics)
+    assert seconds is not None, metrics
+    return (seconds + 1) / max(1, metrics["step"])  # a second's slack: sacct counts each run in whole seconds
 
 
 def tool(module: str, args: list[str], cwd, env) -> subprocess.CompletedProcess[str]:

@@ -19,8 +19,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from hpcsweep.files.tb_runs import event_files
 from hpcsweep.results import event_reader
-from hpcsweep.results.event_reader import read_scalars
-from hpcsweep.results.tfrecord import iter_records, masked_crc32c
+from hpcsweep.results.event_reader import read_runs
+from hpcsweep.results.tfrecord import masked_crc32c_many, read_records
 
 TAGS = ("train/loss", "val/loss", "train/lr", "perf/tokens_per_s")
 
@@ -31,11 +31,20 @@ def legacy_scalars(run_dir) -> dict[str, list[tuple[int, float, float]]]:
     return {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def read_scalars(run_dir):
+    """The scalars of the one run in ``run_dir``, as the report reads every trial's run."""
+    return read_runs([event_files(run_dir)])[0]
+
+
+def masked_crc32c(data: bytes) -> int:
+    return int(masked_crc32c_many(np.frombuffer(data, dtype=np.uint8), np.array([0]), np.array([len(data)]))[0])
+
+
 def ours(run_dir) -> dict[str, list[tuple[int, float, float]]]:
     return {tag: list(zip(s.steps, s.wall_times, s.values)) for tag, s in read_scalars(run_dir).items()}
 
 
-def test_masked_crc32c_matches_tensorboard():
+def test_one_records_masked_crc32c_matches_tensorboard():
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import (
         masked_crc32c as reference,
     )
@@ -98,7 +107,7 @@ def test_truncated_file_reads_complete_records_only(tmp_path):
     path.write_bytes(data[:-7])  # a record still being written
     assert ours(tmp_path) == legacy_scalars(tmp_path)
     assert [step for step, _, _ in ours(tmp_path)["train/loss"]] == list(range(49))
-    assert len(list(iter_records(data))) == 51  # file_version event + 50 scalars
+    assert len(read_records([data]).starts) == 51  # file_version event + 50 scalars
 
 
 def test_session_start_purges_orphaned_steps_like_tensorboard(tmp_path):

@@ -43,6 +43,20 @@ def test_only_a_requeue_outcome_with_a_job_calls_scontrol(monkeypatch):
     assert requeued == ["12_3"]
 
 
+def test_a_retry_is_requeued_then_kept_off_its_failed_node_and_the_nodes_it_already_excludes(monkeypatch):
+    # The real scontrol calls: tests/cluster/test_fail_fast.py (the retry runs on other nodes).
+    from hpcsweep.slurm import commands
+
+    calls = []
+    monkeypatch.setattr(commands, "show_job", lambda job: "JobId=12 ArrayJobId=11 ExcNodeList=node4 NodeList=node1")
+    monkeypatch.setattr(commands, "requeue", lambda job: calls.append(("requeue", job)))
+    monkeypatch.setattr(commands, "exclude_nodes", lambda job, nodes: calls.append(("exclude", job, list(nodes))))
+    retry = Outcome("retry", "retry 1 of 1, excluding node2", requeue_job="11_3", exclude_nodes=("node2",))
+    assert exit_codes.carry_out(retry) == exit_codes.EXIT_RETRY
+    # ExcNodeList is accepted for a pending job only, so after the requeue.
+    assert calls == [("requeue", "11_3"), ("exclude", "11_3", ["node2", "node4"])]
+
+
 def base_exception_subclasses(path: Path) -> list[str]:
     """Classes in ``path`` deriving from SystemExit, BaseException, KeyboardInterrupt or GeneratorExit."""
     control_flow = {"SystemExit", "BaseException", "KeyboardInterrupt", "GeneratorExit"}

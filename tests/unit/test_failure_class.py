@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from hpcsweep.slurm.cluster_info import excluded_after
 from hpcsweep.trial import failure_class as fc
 from hpcsweep.trial.attempt import Caps
 from hpcsweep.trial.failure_class import Failure
 from hpcsweep.trial.failures import (
     FailureDecision,
     decide_after_failure,
-    excluded_after,
     retries_so_far,
 )
 
@@ -152,8 +152,8 @@ def test_a_bad_max_retries_names_the_key():
 
 def test_the_failed_node_joins_the_job_s_excluded_nodes():
     running = "JobId=12 ArrayJobId=11 JobName=x ReqNodeList=(null) ExcNodeList=node[3-4] NodeList=node1,node2"
-    assert excluded_after(running, "node2") == ["node2", "node3", "node4"]
-    assert excluded_after("JobId=12 ExcNodeList=(null) NodeList=node1", "node1") == ["node1"]
+    assert excluded_after(running, ["node2"]) == ["node2", "node3", "node4"]
+    assert excluded_after("JobId=12 ExcNodeList=(null) NodeList=node1", ["node1"]) == ["node1"]
 
 
 def test_a_run_slurm_ended_for_a_node_failure_or_oom_is_found_on_the_next_start():

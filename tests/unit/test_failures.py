@@ -1,9 +1,11 @@
-"""One decision per failed run: every node reports, the root cause is chosen, one node records and retries."""
+"""One decision per failed run: every node reports, the root cause is chosen, one node records it and returns
+the retry for the edge to carry out."""
 
 from __future__ import annotations
 
 import json
 
+from hpcsweep.control import exit_codes
 from hpcsweep.files.metrics_file import read_metrics
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.slurm.env import slurm_job_env
@@ -25,25 +27,27 @@ def settle(trial_dir, node_rank, found, restarts=0, max_retries=1):
     )
 
 
-def test_the_crashed_rank_is_recorded_once_and_retried_off_its_node(tmp_path, monkeypatch):
-    requeued = []
-    monkeypatch.setattr(failures, "requeue_excluding", lambda job, node: requeued.append((job.job_label, node)))
+def test_the_crashed_rank_is_recorded_once_and_its_retry_left_to_the_edge(tmp_path):
     for rank in (0, 1):
         TrialFiles(tmp_path).worker_dir(rank).mkdir(parents=True)
     crash = Failure(SIGNAL, "node2", 3, -11, "Fatal Python error: Segmentation fault\n  File fault.py in _crash", 10.0)
     broken = Failure(COMMUNICATION, "node1", 0, 1, "RuntimeError: Connection closed by peer", 9.0)
 
     first = settle(tmp_path, 1, [crash])  # node 0 has not reported: waits REPORT_WAIT_S, then decides
-    assert first.action == "retry" and "retry 1 of 1, excluding node2" in first.message
-    assert requeued == [("77_0", "node2")]
+    assert first.kind == "retry" and "retry 1 of 1, excluding node2" in first.message
+    # Nothing reached Slurm: the outcome names the job and the node the edge requeues it off.
+    assert (first.requeue_job, first.exclude_nodes) == ("77_0", ("node2",))
+    assert exit_codes.exit_code(first) == exit_codes.EXIT_RETRY
     (record,) = read_metrics(tmp_path / "metrics.json")["failures"]
     assert (record["class"], record["node"], record["rank"], record["signal"], record["retried"]) == (
         "signal", "node2", 3, "SIGSEGV", True)
     assert "_crash" in record["traceback"] and record["job_id"] == "77_0"
+    assert first.metrics["failures"] == [record]
 
-    # Node 0's own report comes late: it follows the decision, and nothing is recorded twice.
+    # Node 0's own report comes late: it follows the decision, requeues nothing, and leaves with 0 so that
+    # srun's --kill-on-bad-exit cannot end node 1 before its edge has requeued the job.
     second = settle(tmp_path, 0, [broken])
-    assert second.action == "retry" and requeued == [("77_0", "node2")]
+    assert second.kind == "node_done" and second.requeue_job is None and exit_codes.exit_code(second) == 0
     assert len(read_metrics(tmp_path / "metrics.json")["failures"]) == 1
 
     # The retry crashes again: max_retries=1 is spent, the trial fails with the traceback in error.
@@ -53,7 +57,12 @@ def test_the_crashed_rank_is_recorded_once_and_retried_off_its_node(tmp_path, mo
         json.dumps([{"kind": COMMUNICATION, "node": "node3", "rank": 0, "exit_code": 1, "traceback": "", "at": 1.0}])
     )
     final = settle(tmp_path, 1, [crash], restarts=1)
-    assert final.action == "fail" and "max_retries=1" in final.message and "_crash" in final.message
+    assert final.kind == "failed" and "max_retries=1" in final.message and "_crash" in final.message
+    assert final.requeue_job is None and final.exclude_nodes == ()
     metrics = read_metrics(tmp_path / "metrics.json")
     assert metrics["status"] == "failed" and [f["retried"] for f in metrics["failures"]] == [True, False]
     assert metrics["error"][0].startswith("signal failure of rank 3 on node2")
+
+    # A node that follows a failed decision leaves non-zero, ending whatever still runs.
+    follower = settle(tmp_path, 0, [broken], restarts=1)
+    assert follower.kind == "failed" and exit_codes.exit_code(follower) == exit_codes.EXIT_FAILED

@@ -18,16 +18,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 WORD = re.compile(r"\w+")
 
-AWAITING_DELETION = {
-    # Called only by tests, as their one-run readers; to go when those tests read through read_runs and read_records.
-    "hpcsweep.files.tb_runs.events_dir",
-    "hpcsweep.results.event_reader.read_scalars",
-    "hpcsweep.results.tfrecord.iter_records",
-    "hpcsweep.results.tfrecord.masked_crc32c",
-}
-"""Dead today, each to be deleted with its tests: the set shrinks to empty, it never grows."""
-
-
 def python_sources() -> list[Path]:
     scripts = [p for p in (REPO / "scripts").iterdir()
                if p.is_file() and p.read_text().startswith("#!/usr/bin/env python")]
@@ -88,9 +78,7 @@ def dead_functions() -> set[str]:
 
 def test_every_public_function_has_a_caller_outside_the_tests():
     dead = dead_functions()
-    assert dead == AWAITING_DELETION, (
-        f"dead (delete them with their tests): {sorted(dead - AWAITING_DELETION)}; "
-        f"deleted (take them out of AWAITING_DELETION): {sorted(AWAITING_DELETION - dead)}")
+    assert dead == set(), f"dead (delete them, with the tests that only test them): {sorted(dead)}"
 
 
 def test_a_docstring_or_an_assignment_is_no_caller():

@@ -14,6 +14,7 @@ from hpcsweep.files.sweep_record import (
 )
 from hpcsweep.results.table import PACKED_WAIT_REASON, load_sweep
 from hpcsweep.slurm.job_states import JobState
+from hpcsweep.sweep.shared_call import TaskTrial
 from hpcsweep.sweep.slurm_submit import trials_per_task
 from hydra_plugins.hpcsweep_plugins.launchers import SlurmLauncher
 
@@ -66,8 +67,8 @@ class RecordingLauncher(SlurmLauncher):
         super().__init__()
         self.task_function, self.params, self.outcomes, self.calls = None, {}, outcomes, []
 
-    def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state):
-        self.calls.append((sweep_overrides, job_num))
+    def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state, checked=None):
+        self.calls.append((sweep_overrides, job_num, checked))
         value = self.outcomes[job_num]
         status = JobStatus.FAILED if isinstance(value, Exception) else JobStatus.COMPLETED
         return JobReturn(overrides=sweep_overrides, status=status, _return_value=value)
@@ -76,7 +77,9 @@ class RecordingLauncher(SlurmLauncher):
 def test_a_task_runs_its_trials_in_order_and_raises_the_first_failure_last():
     launcher = RecordingLauncher({3: "ok", 4: RuntimeError("trial 4 broke"), 5: "ok"})
     with pytest.raises(RuntimeError, match="trial 4 broke"):
-        launcher.run_trials([(["a=1"], 3), (["a=2"], 4), (["a=3"], 5)], singleton_state={})
-    assert launcher.calls == [(["a=1"], 3), (["a=2"], 4), (["a=3"], 5)]
-    returns = RecordingLauncher({7: "ok"}).run_trials([(["a=1"], 7)], singleton_state={})
+        launcher.run_trials([TaskTrial(["a=1"], 3, "c3"), TaskTrial(["a=2"], 4, "c4"), TaskTrial(["a=3"], 5)],
+                            singleton_state={})
+    # Each trial with the config the login node checked for it.
+    assert launcher.calls == [(["a=1"], 3, "c3"), (["a=2"], 4, "c4"), (["a=3"], 5, None)]
+    returns = RecordingLauncher({7: "ok"}).run_trials([TaskTrial(["a=1"], 7)], singleton_state={})
     assert list(returns) == [7] and returns[7].return_value == "ok"

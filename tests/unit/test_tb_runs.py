@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hpcsweep.files.tb_runs import (
     MAX_RUN_NAME,
-    events_dir,
+    existing_run_dir,
     recorded_override_dirname,
     run_name,
     trial_run_dir,
@@ -46,17 +46,17 @@ def test_a_new_trial_writes_into_its_named_run_and_keeps_it_on_resume(tmp_path):
     log_scalars(run_dir, "train/loss", [(1, 2.0)])
     # A requeue that records the overrides differently still writes where the trial started.
     write_hydra_record(tmp_path, "model.lr=1e-4")
-    assert trial_run_dir(tmp_path) == run_dir == events_dir(tmp_path)
+    assert trial_run_dir(tmp_path) == run_dir == existing_run_dir(tmp_path)
 
 
 def test_an_old_trial_keeps_writing_directly_into_tb(tmp_path):
     log_scalars(tmp_path / "tb", "train/loss", [(1, 2.0)])
     write_hydra_record(tmp_path, "model.lr=1e-4")
-    assert trial_run_dir(tmp_path) == tmp_path / "tb" == events_dir(tmp_path)
+    assert trial_run_dir(tmp_path) == tmp_path / "tb" == existing_run_dir(tmp_path)
 
 
 def test_a_trial_without_overrides_writes_into_tb(tmp_path):
     assert trial_run_dir(tmp_path) == tmp_path / "tb"
     write_hydra_record(tmp_path, "")
     assert trial_run_dir(tmp_path) == tmp_path / "tb"
-    assert events_dir(tmp_path) == tmp_path / "tb"  # nothing logged yet
+    assert existing_run_dir(tmp_path) is None  # nothing logged yet
