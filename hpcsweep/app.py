@@ -31,7 +31,7 @@ from hpcsweep.control.outcome import Outcome, ends_the_task
 from hpcsweep.offline import stay_offline
 from hpcsweep.sweep.hooks import trial_hook
 from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials, checked_trial
-from hpcsweep.sweep.prepare import check_token_file, validate_composed
+from hpcsweep.sweep.prepare import check_model_and_data, validate_composed
 from hpcsweep.sweep.resume_hint import stopped_line, this_trial
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
 from hpcsweep.sweep.text_preparation import prepare_here
@@ -111,7 +111,8 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
 
 def trial_to_run(cfg: DictConfig) -> tuple[TrialConfig, ResumeConfig]:
     """The trial and resume settings to run: those checked before this task (``checked_trial``), with their
-    token file checked again (it may be written or replaced after the check), else ``cfg`` validated here.
+    model folder and token file checked again (either may be written or replaced after the check),
+    else ``cfg`` validated here.
 
     ``ValueError`` naming the key when either refuses.
     """
@@ -119,7 +120,7 @@ def trial_to_run(cfg: DictConfig) -> tuple[TrialConfig, ResumeConfig]:
     if checked is None:
         return validate_composed(cfg), resume_config_from_dict(cfg)
     trial, resume = checked
-    check_token_file(trial)
+    check_model_and_data(trial)
     return trial, resume
 
 

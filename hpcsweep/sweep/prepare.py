@@ -51,12 +51,18 @@ def validate_composed(config: DictConfig | Mapping[str, Any]) -> TrialConfig:
         if key != "hydra"
     }
     trial = trial_config_from_dict(values)
+    check_model_and_data(trial)
+    return trial
+
+
+def check_model_and_data(trial: TrialConfig) -> None:
+    """Raise ``ValueError`` naming the key when the trial's model folder (``model.path``), or its
+    token file or text, cannot be used; the vocabulary that counts is the folder's, when it has one."""
     folder = check_pretrained_model(trial)
     if folder is None:
         check_token_file(trial, trial.model.vocab_size)
     else:
         check_token_file(trial, folder.vocab_size, vocab_key=f"{folder.key}: vocab_size")
-    return trial
 
 
 def check_pretrained_model(trial: TrialConfig) -> ModelFolder | None:
