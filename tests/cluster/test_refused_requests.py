@@ -147,7 +147,8 @@ def test_the_sweep_driver_job_refuses_in_its_log(tmp_path, slurm_env):
 
 
 # A dense model of Llama-2-7B's sizes, built in: full fine-tuning with AdamW needs ~180 GB a GPU
-# under DDP, more than the cluster's GPUs (declared as 80 GB A100s: Gres=gpu:a100:8).
+# under DDP, more than the cluster's GPUs (declared as 80 GB A100s: Gres=gpu:a100:8). With the
+# default trainer.parallel=auto the plan shards it with FSDP over the trial's 8 GPUs instead.
 SEVEN_B = [
     "model=llama_small", "model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=32",
     "model.num_heads=32", "model.num_kv_heads=32", "model.vocab_size=32000", "model.max_position_embeddings=2048",
@@ -157,7 +158,7 @@ SEVEN_B = [
 
 def test_a_trial_that_cannot_fit_its_gpus_is_refused_with_its_fix(tmp_path, slurm_env):
     before, queued = all_job_ids(slurm_env), queued_job_ids(slurm_env)
-    result = run_hpcsweep(["-m", "model.lr=1e-4", *SEVEN_B], tmp_path, slurm_env, timeout=120)
+    result = run_hpcsweep(["-m", "model.lr=1e-4", *SEVEN_B, "trainer.parallel=ddp"], tmp_path, slurm_env, timeout=120)
     assert_refused(
         result,
         "trial #0: ~180 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~30 GB), "
@@ -171,16 +172,33 @@ def test_a_trial_that_cannot_fit_its_gpus_is_refused_with_its_fix(tmp_path, slur
 def test_check_memory_false_submits_the_trial_the_plan_refuses(tmp_path, slurm_env):
     # Held, so the 7B trial never starts; only the check is skipped.
     result = run_hpcsweep(
-        ["-m", "model.lr=1e-4", *SEVEN_B, "hydra.launcher.check_memory=false",
+        ["-m", "model.lr=1e-4", *SEVEN_B, "trainer.parallel=ddp", "hydra.launcher.check_memory=false",
          "+hydra.launcher.additional_parameters.hold=true"], tmp_path, slurm_env, timeout=120,
     )
+    assert_submitted_held(result, tmp_path, slurm_env, tasks=1)
+
+
+def test_the_trial_the_plan_refuses_fits_with_lora_or_fsdp_and_is_submitted(tmp_path, slurm_env):
+    # The fixes the refusal names, each submitted (held: a 7B trial never starts here).
+    for name in ("lora", "fsdp"):
+        (tmp_path / name).mkdir()
+    lora = run_hpcsweep(["-m", "model.lr=1e-4", *SEVEN_B, "trainer.parallel=ddp", "model.peft=lora",
+                         "+hydra.launcher.additional_parameters.hold=true"], tmp_path / "lora", slurm_env, timeout=120)
+    assert_submitted_held(lora, tmp_path / "lora", slurm_env, tasks=1)
+    sharded = run_hpcsweep(["-m", "model.lr=1e-4", *SEVEN_B, "trainer.parallel=fsdp,auto",
+                            "+hydra.launcher.additional_parameters.hold=true"], tmp_path / "fsdp", slurm_env, timeout=120)
+    assert_submitted_held(sharded, tmp_path / "fsdp", slurm_env, tasks=2)
+
+
+def assert_submitted_held(result, cwd, slurm_env, tasks: int) -> None:
+    """The sweep was submitted as one array of ``tasks`` held tasks; cancel it."""
     assert result.returncode == 0, result.stdout + result.stderr
-    (array,) = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))["arrays"]
+    (array,) = read_json(next(cwd.glob("multirun/*/*/sweep.json")))["arrays"]
     array_id = array["array_job_id"]
+    ids = {array_id} | {f"{array_id}_{i}" for i in range(tasks)}
     try:
         # squeue names a one-task array by its job id alone.
-        assert queued_job_ids(slurm_env) & {array_id, f"{array_id}_0"}
+        assert queued_job_ids(slurm_env) & ids
     finally:
         slurm(slurm_env, "scancel", array_id)
-        wait_for(lambda: not queued_job_ids(slurm_env) & {array_id, f"{array_id}_0"},
-                 timeout=60, what=f"array {array_id} to leave the queue")
+        wait_for(lambda: not queued_job_ids(slurm_env) & ids, timeout=60, what=f"array {array_id} to leave the queue")
