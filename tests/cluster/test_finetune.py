@@ -55,6 +55,10 @@ def accounting(env, job_id):
 def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exports(tmp_path, slurm_env, reference,
                                                                                     user_files):
     folder, corpus = user_files
+    # One intra-op thread in the trial and the reference alike: a LoRA weight gradient (rank-4 rows)
+    # is one matmul whose reduction torch splits over its threads, so 1 and 2 threads differ in the last
+    # bit. A task's threads follow the CPUs it is given, which on this one-machine cluster vary by node.
+    slurm_env = {**slurm_env, "OMP_NUM_THREADS": "1"}
     finetune = [*STOPPABLE_TRIAL, "model=pretrained", f"model.path={folder}", "model.peft=lora", "model.lora.r=4",
                 "data=text", f"data.files={corpus}/*"]
     result = run_hpcsweep(["-m", *finetune, "model.lr=1e-3,3e-3"], tmp_path, slurm_env, timeout=240)
@@ -65,7 +69,8 @@ def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exp
     prep_id, array_id = record["token_preparation"]["job_id"], array["array_job_id"]
     assert record["app"]["models"][str(folder)]["fingerprint_sha256"]
     # The same trial uninterrupted, here without Slurm; its own cache, so the sweep's job is the only tokenizer.
-    uninterrupted = reference(1, *finetune, "model.lr=3e-3", f"data.cache_dir={tmp_path / 'reference-cache'}")
+    uninterrupted = reference(1, *finetune, "model.lr=3e-3", f"data.cache_dir={tmp_path / 'reference-cache'}",
+                              env=slurm_env)
 
     stopped = next(t for t in record["trials"] if t["num"] == 1)
     trial_dir = tmp_path / stopped["trial_dir"]
