@@ -43,7 +43,10 @@ torch.save({"adapter": logits(PeftModel.from_pretrained(base, adapter, local_fil
 def user_files(tmp_path_factory):
     """What a user brings: a pretrained model folder and a folder of .txt and .jsonl files."""
     root = tmp_path_factory.mktemp("finetune")
-    return make_model_folder(root / "tiny-deepseek"), write_text_corpus(root / "corpus", corpus_documents(32, 80))
+    # Wide enough (1.3M parameters) that rank-4 adapters are a few per cent of it, as on a real base.
+    folder = make_model_folder(root / "small-deepseek", hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                               kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32)
+    return folder, write_text_corpus(root / "corpus", corpus_documents(32, 80))
 
 
 def accounting(env, job_id):

@@ -161,7 +161,7 @@ def test_a_trial_that_cannot_fit_its_gpus_is_refused_with_its_fix(tmp_path, slur
     result = run_hpcsweep(["-m", "model.lr=1e-4", *SEVEN_B, "trainer.parallel=ddp"], tmp_path, slurm_env, timeout=120)
     assert_refused(
         result,
-        "trial #0: ~180 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~30 GB), "
+        "trial #0: ~180 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~31 GB), "
         "or trainer.parallel=fsdp over >= 3 GPUs; nothing was submitted",
     )
     assert all_job_ids(slurm_env) == before
