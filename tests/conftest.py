@@ -17,6 +17,7 @@ CLUSTER_TESTS = TESTS / "cluster"
 UNIT_TESTS = TESTS / "unit"
 
 SLOW_MODULES = {
+    "test_fsdp_lora.py",  # a local sweep of two 2-rank trials, and two exports
     "test_foreign_app.py",  # a venv with the foreign app installed, then local sweeps of it
     "test_export.py",  # a LoRA and a full trial, exported, loaded in a fresh process
     "test_lora_ddp.py",  # a torchrun run of two ranks
