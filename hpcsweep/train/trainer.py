@@ -125,7 +125,9 @@ class Trainer:
         ranks = all_gather_objects(world, me)
         self.report["ranks"] = ranks
         self.report["nodes"] = sorted({r["node"] for r in ranks})
-        self.report.update(device_name=self.device_facts.name, parallel=self.parallel, **dataclasses.asdict(self.choices))
+        # Exact resume on CPU holds at one intra-op thread count: a reduction split over threads sums in another order.
+        self.report.update(device_name=self.device_facts.name, parallel=self.parallel,
+                           intra_op_threads=torch.get_num_threads(), **dataclasses.asdict(self.choices))
         self.report["memory_plan"] = memory_plan
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
 

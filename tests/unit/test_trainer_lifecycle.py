@@ -48,6 +48,7 @@ def test_a_completed_trial_is_not_trained_twice(tmp_path):
     assert train.run_trial(trial) == 0
     first = read_metrics(trial)
     assert (first["status"], first["step"], first["restarts"]) == ("completed", 3, 0)
+    assert first["intra_op_threads"] == torch.get_num_threads()
     assert train.run_trial(trial) == 0
     assert read_metrics(trial) == first
     assert "already completed: nothing to do" in (trial / "train.log").read_text()
