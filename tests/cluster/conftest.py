@@ -95,6 +95,16 @@ def all_job_ids(env: dict[str, str]) -> set[str]:
     return {line for line in out.splitlines() if line}
 
 
+def submitted_from(env: dict[str, str], cwd: Path, before: set[str]) -> set[str]:
+    """The jobs accounting knows now, and not in ``before``, that were submitted from ``cwd`` (their
+    WorkDir): what a command run there submitted. A job of an earlier test may reach accounting late
+    (an srun step's record lags by a second), so a bare difference of job sets is not enough."""
+    out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "--allusers", "--starttime=2020-01-01",
+                "--format=JobID,WorkDir")
+    jobs = dict(line.split("|", 1) for line in out.splitlines() if line)
+    return {job for job, workdir in jobs.items() if job not in before and Path(workdir).is_relative_to(cwd)}
+
+
 def run_hpcsweep(
     args: Sequence[str], cwd: Path, env: dict[str, str], timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:

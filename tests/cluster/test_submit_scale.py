@@ -50,7 +50,7 @@ def task_trials(monkeypatch, folder: str, array_id: str, task: int) -> list:
                         "SLURM_ARRAY_JOB_ID": array_id, "SLURM_ARRAY_TASK_ID": str(task)}.items():
         monkeypatch.setenv(name, value)
     (trials,) = DelayedSubmission.load(JobEnvironment().paths.submitted_pickle).args
-    return [(list(overrides), num) for overrides, num in trials]
+    return [(list(trial.overrides), trial.num) for trial in trials]
 
 
 def test_a_thousand_trials_are_few_sbatch_calls_and_each_task_runs_its_own_trial(tmp_path, slurm_env, monkeypatch):

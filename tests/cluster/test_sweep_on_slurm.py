@@ -10,6 +10,7 @@ from .conftest import (
     read_json,
     run_hpcsweep,
     sacct_states,
+    submitted_from,
     wait_for,
 )
 
@@ -72,7 +73,7 @@ def test_bad_config_fails_before_any_job_is_submitted(tmp_path, slurm_env, overr
     result = run_hpcsweep(["-m", "model.lr=1e-3,2e-3", override, *SMALL_TRIAL], tmp_path, slurm_env, timeout=120)
     assert result.returncode != 0
     assert message in result.stderr + result.stdout
-    assert all_job_ids(slurm_env) == before
+    assert not submitted_from(slurm_env, tmp_path, before)
     assert not list(tmp_path.glob("multirun/*/*/.submitit"))
 
 
