@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hpcsweep.config import TrainerConfig
 from hpcsweep.train.distributed import WorldInfo
 from hpcsweep.train.gpu_choices import DeviceFacts
+from hpcsweep.train.trained_state import trained_state_dict
 
 ParallelMode = Literal["ddp", "fsdp"]
 
@@ -124,11 +125,11 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def full_state_dict(model: torch.nn.Module, *, trained_only: bool = False) -> dict[str, torch.Tensor]:
-    """The whole model's weights as plain CPU tensors, under their usual names (for the weights
-    hash); ``trained_only`` leaves frozen parameters out (a LoRA base). With FSDP a collective:
-    every rank must call it, and rank 0 alone gets the tensors."""
+def full_trained_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What trains (``trained_state.trained_state_dict``: a LoRA base left out), whole, under the
+    usual names, for the weights hash. With FSDP a collective: every rank must call it, and rank 0
+    alone gets the gathered CPU tensors."""
     if not isinstance(model, FSDPModule):
-        return get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=trained_only))
+        return trained_state_dict(model)
     return get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trained_only))
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))

@@ -342,7 +342,7 @@ class Trainer:
         self.log_first_save()
         self.report_speed_if_unlogged()
         # What trains (LoRA: the adapters), whole; with FSDP a collective, gathered on rank 0.
-        weights = parallel.full_state_dict(self.model, trained_only=True)
+        weights = parallel.full_trained_state_dict(self.model)
         if self.is_writer:
             self.report.update(status=status, weights_sha256=metrics.weights_sha256(weights))
         self.write_report()
