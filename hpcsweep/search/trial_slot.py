@@ -44,6 +44,13 @@ class SearchSlot:
     working_dir: str | None = None
     return_value: Any = None
     ended: bool = field(default=False)
+    searched: bool = False
+    """In a search: the overrides hold parameters the study chose in this task, never checked on the login node."""
+
+    def checked_here(self, checked: Any) -> Any:
+        """``checked`` (what the login node made of the trial's config) for the trial to run; None in a
+        search, whose task checks the parameters it chose."""
+        return None if self.searched else checked
 
     def ran(self, job_return: Any) -> Any:
         """Note the trial's Hydra ``JobReturn`` (its dir and return value); returns it unchanged."""
@@ -94,7 +101,7 @@ def search_slot(
         raise RuntimeError(f"{files.settings} is missing: the search sweeper writes it before submitting")
     first = node_rank(env) == 0
     study, choice = choose(files, plan, num) if first else (None, wait_for_choice(files, num))
-    slot = SearchSlot(list(choice.overrides))
+    slot = SearchSlot(list(choice.overrides), searched=True)
     if study is None:
         yield slot
         return

@@ -180,7 +180,7 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
 
     from hpcsweep.control import exit_codes, stop
     from hpcsweep.control.outcome import leaving_outcome
-    from hpcsweep.search.trial_slot import is_search, search_slot
+    from hpcsweep.search.trial_slot import search_slot
     from hpcsweep.sweep.hooks import hook_of
     from hpcsweep.sweep.hydra_private import basic_launcher
 
@@ -198,9 +198,7 @@ def run_trial_here(spec: Mapping[str, Any]) -> TrialOutcome:
     try:
         # A search's slot runs with the parameters its study chooses now (the overrides as they are otherwise).
         with search_slot(config, list(spec["overrides"]), num) as slot:
-            # A search's chosen parameters were never checked in the sweep: the task checks them.
-            ran_as_checked = None if is_search(config) or slot.overrides != list(spec["overrides"]) else checked
-            with hook_of(task_function).running_checked(ran_as_checked):
+            with hook_of(task_function).running_checked(slot.checked_here(checked)):
                 (job_return,) = launcher.launch([slot.overrides], num)
             stopped = leaving_outcome(job_return)
             if stopped is None:  # a stopped trial has not ended: its study trial stays RUNNING

@@ -43,13 +43,11 @@ class SlurmLauncher(BaseSubmititLauncher):
         ``run_trials`` raises it once the task's other trials have run.
         """
         from hpcsweep.control.outcome import leaving_outcome
-        from hpcsweep.search.trial_slot import is_search, search_slot
+        from hpcsweep.search.trial_slot import search_slot
         from hpcsweep.sweep.hooks import hook_of
 
         with search_slot(self.config, sweep_overrides, job_num) as slot:
-            # A search's chosen parameters were never checked on the login node: the task checks them.
-            ran_as_checked = None if is_search(self.config) or slot.overrides != list(sweep_overrides) else checked
-            with hook_of(self.task_function).running_checked(ran_as_checked):
+            with hook_of(self.task_function).running_checked(slot.checked_here(checked)):
                 result = super().__call__(slot.overrides, job_dir_key, job_num, job_id, singleton_state)
             # A trial that leaves to be requeued has not ended: its study trial stays RUNNING.
             return result if leaving_outcome(result) is not None else slot.ran(result)
