@@ -34,8 +34,8 @@ def text_sweep(cwd, env, corpus, tokenizer):
 
 
 def accounting(env, job_id):
-    """``JobID -> {Reason, Eligible, Start, End}`` of a job or an array's tasks, from sacct."""
-    names = ("Reason", "Eligible", "Start", "End")
+    """``JobID -> {Reason, Eligible, Start, End, NodeList, Elapsed}`` of a job or an array's tasks, from sacct."""
+    names = ("Reason", "Eligible", "Start", "End", "NodeList", "Elapsed")
     out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "-j", job_id, "--format=JobID," + ",".join(names))
     return {f[0]: dict(zip(names, f[1:])) for f in (line.split("|") for line in out.splitlines() if line)}
 
@@ -82,7 +82,13 @@ def test_a_failed_preparation_cancels_the_array_and_status_says_why(tmp_path, sl
     # Slurm cancels the array, never started (kill-on-invalid-dep), as soon as its dependency fails.
     wait_for(lambda: (s := sacct_states(slurm_env, array_id)) and all(v.split()[0] == "CANCELLED" for v in s.values()),
              timeout=120, what="Slurm to cancel the array")
-    assert all(task["Start"] in ("None", "Unknown") for task in accounting(slurm_env, array_id).values())
+    # Never started: no task was given a node or ran a step. (Start is no witness: a pending job that is
+    # cancelled gets Start=End on some of slurmctld's paths.)
+    tasks = accounting(slurm_env, array_id)
+    assert tasks and all(task["NodeList"] == "None assigned" and task["Elapsed"] == "00:00:00"
+                         for task in tasks.values()), tasks
+    steps = slurm(slurm_env, "sacct", "--noheader", "--parsable2", "-j", array_id, "--format=JobID").split()
+    assert not [step for step in steps if "." in step], steps
     assert not (tmp_path / "multirun" / "token-cache").exists() or not any(
         p for p in (tmp_path / "multirun" / "token-cache").iterdir() if not p.name.startswith("."))
 
