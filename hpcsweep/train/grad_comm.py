@@ -75,26 +75,37 @@ class GradComm:
         if self.averager is not None:
             self.averager.average_parameters(model.parameters())
 
-    def state_bytes(self) -> bytes | None:
+    def state_bytes(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bytes | None:
         """This rank's state as bytes for the checkpoint (``torch.load(weights_only=True)`` reads
-        them back); None for a stateless hook."""
+        them back); None for a stateless hook.
+
+        Local SGD also saves this rank's own parameters and optimizer state: between averages the
+        ranks' copies differ, and the checkpoint's model and optimizer hold one rank's (DCP writes a
+        tensor that every DDP rank holds once).
+        """
         if isinstance(self.state, PowerSGDState):
             plain = powersgd_plain_state(self.state)
         elif isinstance(self.state, PostLocalSGDState):
-            plain = {"iter": self.state.iter, "averager_step": self.averager.step}
+            plain = {"iter": self.state.iter, "averager_step": self.averager.step,
+                     "parameters": {name: p.detach().cpu().clone() for name, p in model.named_parameters()},
+                     "optimizer": optimizer.state_dict()}
         else:
             return None
         buffer = io.BytesIO()
         torch.save(plain, buffer)
         return buffer.getvalue()
 
-    def load_state_bytes(self, data: bytes) -> None:
-        """Restore what ``state_bytes`` saved."""
+    def load_state_bytes(self, data: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Restore what ``state_bytes`` saved (after the checkpoint's model and optimizer are loaded)."""
         plain = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         if isinstance(self.state, PowerSGDState):
             set_powersgd_plain_state(self.state, plain, self.device)
         elif isinstance(self.state, PostLocalSGDState):
             self.state.iter, self.averager.step = plain["iter"], plain["averager_step"]
+            with torch.no_grad():
+                for name, parameter in model.named_parameters():
+                    parameter.copy_(plain["parameters"][name])
+            optimizer.load_state_dict(plain["optimizer"])
 
 
 def register_grad_comm(net: torch.nn.Module, trainer: TrainerConfig) -> GradComm | None:

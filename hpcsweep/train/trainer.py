@@ -156,7 +156,7 @@ class Trainer:
             model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
             # A checkpoint's name carries the loss of its own step, not of the last evaluation before it.
             step=self.step, val_loss=self.val_loss if self.evaluated_at == self.step else None, wait=wait,
-            comm_state=self.grad_comm.state_bytes() if self.grad_comm else None,
+            comm_state=self.grad_comm.state_bytes(self.model, self.optimizer) if self.grad_comm else None,
         )
 
     def log_first_save(self) -> None:
@@ -175,7 +175,7 @@ class Trainer:
         if state is None:
             return False
         if state.get("comm_state"):
-            self.grad_comm.load_state_bytes(state["comm_state"])
+            self.grad_comm.load_state_bytes(state["comm_state"], self.model, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.early.load_state_dict(state["early_stopping"])

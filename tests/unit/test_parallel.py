@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from hpcsweep.config import ModelConfig, TrainerConfig, trial_config_from_dict
 from hpcsweep.train import grad_comm, parallel
@@ -115,13 +117,52 @@ def test_powersgd_state_round_trips_through_checkpoint_bytes():
     state.p_memory_dict = {0: torch.randn(3, 2)}
     state.q_memory_dict = {0: torch.randn(2, 2)}
     state.iter, state.total_numel_before_compression = 5, 123
-    data = grad_comm.GradComm(state, device=torch.device("cpu")).state_bytes()
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    data = grad_comm.GradComm(state, device=torch.device("cpu")).state_bytes(model, optimizer)
 
     fresh = PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=3, random_seed=7)
-    grad_comm.GradComm(fresh, device=torch.device("cpu")).load_state_bytes(data)
+    grad_comm.GradComm(fresh, device=torch.device("cpu")).load_state_bytes(data, model, optimizer)
     for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
         saved, loaded = getattr(state, name), getattr(fresh, name)
         assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
     assert (fresh.iter, fresh.total_numel_before_compression) == (5, 123)
     assert fresh.rng.randint(1_000_000_000) == state.rng.randint(1_000_000_000)
     assert isinstance(fresh.rng, np.random.RandomState)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of one rank (the model averager needs a default group)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_local_sgd_state_holds_this_ranks_own_model_and_optimizer(one_rank_group):
+    def trained(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.randn(4, 3)).sum().backward()
+        optimizer.step()
+        return model, optimizer
+
+    own_model, own_optimizer = trained(1)
+    state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=2)
+    state.iter = 7
+    averager = PeriodicModelAverager(period=4, warmup_steps=2)
+    averager.step = 7
+    data = grad_comm.GradComm(state, averager).state_bytes(own_model, own_optimizer)
+
+    # What the checkpoint's model and optimizer gave this rank: another rank's copy.
+    model, optimizer = trained(2)
+    fresh_state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=2)
+    fresh_averager = PeriodicModelAverager(period=4, warmup_steps=2)
+    grad_comm.GradComm(fresh_state, fresh_averager).load_state_bytes(data, model, optimizer)
+    assert (fresh_state.iter, fresh_averager.step) == (7, 7)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), own_model.parameters()))
+    moments = [optimizer.state[p]["exp_avg_sq"] for p in model.parameters()]
+    assert all(torch.equal(a, own_optimizer.state[p]["exp_avg_sq"]) for a, p in zip(moments, own_model.parameters()))

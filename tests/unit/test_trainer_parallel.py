@@ -34,12 +34,18 @@ def runs(tmp_path_factory):
     }
     trials["powersgd_resumed"] = make_trial(root / "powersgd_resumed", **STEPS, **{
         "trainer.grad_comm": "powersgd", "trainer.powersgd_rank": 2, "trainer.comm_warmup_steps": WARMUP})
-    codes = {name: torchrun(trial) for name, trial in trials.items() if name != "powersgd_resumed"}
-    resumed = trials["powersgd_resumed"]
-    codes["powersgd_stopped"] = torchrun(resumed, HPCSWEEP_FAULT="stop,step=10,rank=0")
-    stop_checkpoint = next((resumed / "checkpoints").glob("step00000010*")) / "resume"
-    comm_keys = sorted(k for k in read_metadata(stop_checkpoint).state_dict_metadata if k.startswith("comm."))
-    codes["powersgd_resumed"] = torchrun(resumed)
+    trials["local_sgd_resumed"] = make_trial(root / "local_sgd_resumed", **STEPS, **{
+        "trainer.sync_every": 4, "trainer.comm_warmup_steps": WARMUP})
+    resumed_names = ("powersgd_resumed", "local_sgd_resumed")
+    codes = {name: torchrun(trial) for name, trial in trials.items() if name not in resumed_names}
+    comm_keys = {}
+    for name in resumed_names:
+        resumed = trials[name]
+        # Step 10 is inside a local-SGD period (averages after steps 4, 8, 12, ...): the ranks' models differ.
+        codes[name.replace("resumed", "stopped")] = torchrun(resumed, HPCSWEEP_FAULT="stop,step=10,rank=0")
+        stop_checkpoint = next((resumed / "checkpoints").glob("step00000010*")) / "resume"
+        comm_keys[name] = sorted(k for k in read_metadata(stop_checkpoint).state_dict_metadata if k.startswith("comm."))
+        codes[name] = torchrun(resumed)
     return trials, codes, comm_keys
 
 
@@ -55,7 +61,7 @@ def grad_norms(trial):
 
 def test_every_trial_completes(runs):
     trials, codes, _ = runs
-    assert codes == {**{name: 0 for name in trials}, "powersgd_stopped": 1}
+    assert codes == {**{name: 0 for name in trials}, "powersgd_stopped": 1, "local_sgd_stopped": 1}
     for name, trial in trials.items():
         metrics = read_metrics(trial)
         assert (metrics["status"], metrics["step"], metrics["world_size"]) == ("completed", 20, 2), name
@@ -101,7 +107,17 @@ def test_a_powersgd_trial_stopped_and_resumed_ends_bit_identical(runs):
     assert resumed["weights_sha256"] == straight["weights_sha256"]
     assert curve(trials["powersgd_resumed"]) == curve(trials["powersgd"])
     # Each rank saved its own PowerSGD state (its error feedback is its own).
-    assert comm_keys == ["comm.rank0", "comm.rank1"]
+    assert comm_keys["powersgd_resumed"] == ["comm.rank0", "comm.rank1"]
+
+
+def test_a_local_sgd_trial_stopped_between_averages_resumes_bit_identical(runs):
+    trials, _, comm_keys = runs
+    resumed, straight = read_metrics(trials["local_sgd_resumed"]), read_metrics(trials["local_sgd"])
+    assert resumed["restarts"] == 1
+    # Each rank resumed its own drifted model and Adam moments, not rank 0's copy of them.
+    assert resumed["weights_sha256"] == straight["weights_sha256"]
+    assert curve(trials["local_sgd_resumed"]) == curve(trials["local_sgd"])
+    assert comm_keys["local_sgd_resumed"] == ["comm.rank0", "comm.rank1"]
 
 
 def test_local_sgd_trains_on_its_own_between_averages(runs):
