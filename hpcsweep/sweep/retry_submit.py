@@ -36,6 +36,7 @@ from hpcsweep.sweep.retry_selection import TrialState, launcher_changes, partiti
 from hpcsweep.sweep.shared_call import LAUNCHER_FILE, load_shared_launcher
 from hpcsweep.sweep.slurm_submit import check_against_cluster, submit_trials
 from hpcsweep.sweep.sweep_trials import check_trials
+from hpcsweep.sweep.text_preparation import dependency_parameters
 from hpcsweep.trial.budget_watch import horizon_s, poll_interval
 
 log = logging.getLogger(__name__)
@@ -168,14 +169,18 @@ def submit_retry(plan: RetryPlan) -> SweepRecord:
     write_sweep_record(record)
     for trial in plan.trials:
         forget_skipped_start(trial.trial_dir)
+    # A corpus whose preparation failed (or whose cache entry is gone) is tokenized again first.
+    preparation = hook_of(plan.launcher.task_function).submit_preparation(plan.trials, plan.params, plan.sweep_dir)
     jobs_by_trial, arrays = submit_trials(plan.launcher, plan.trials, plan.params, plan.slurm_config, plan.sweep_dir,
-                                          retry_launcher_folder(plan.sweep_dir))
+                                          retry_launcher_folder(plan.sweep_dir),
+                                          extra_sbatch=dependency_parameters(preparation))
     submitted = now_iso()
     record = dataclasses.replace(
         record,
         trials=[t.retried(str(jobs_by_trial[t.num].job_id), submitted) if t.num in jobs_by_trial else t
                 for t in record.trials],
         arrays=[*record.arrays, *arrays],
+        token_preparation=preparation or record.token_preparation,
     )
     write_sweep_record(record)
     return record

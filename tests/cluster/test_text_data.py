@@ -72,7 +72,7 @@ def test_one_preparation_job_tokenizes_the_corpus_and_the_array_starts_after_it(
     assert f"token preparation: job {prep_id} COMPLETED: the corpus is tokenized" in status.stdout, status.stdout
 
 
-def test_a_failed_preparation_cancels_the_array_and_status_says_why(tmp_path, slurm_env, tokenizer_folder):
+def test_a_failed_preparation_cancels_the_array_status_says_why_and_a_retry_prepares_again(tmp_path, slurm_env, tokenizer_folder):
     corpus = write_text_corpus(tmp_path / "corpus", corpus_documents(count=6, words_per_document=40))
     with open(corpus / "extra.jsonl", "a") as handle:
         handle.write("{this line is not JSON\n")
@@ -99,3 +99,17 @@ def test_a_failed_preparation_cancels_the_array_and_status_says_why(tmp_path, sl
     assert line.startswith(f"token preparation: job {prep_id} FAILED (exit 1:0): the trials were cancelled"), line
     assert line.endswith(f"log: {log}: token preparation failed: {corpus / 'extra.jsonl'}:4 is not a JSON object "
                          "(Expecting property name enclosed in double quotes)"), line
+
+    # The user mends the corpus; a retry tokenizes it again before the cancelled trials run.
+    (corpus / "extra.jsonl").write_text("".join(line for line in (corpus / "extra.jsonl").read_text().splitlines(True)
+                                                if not line.startswith("{this")))
+    retried = subprocess.run([sys.executable, "-m", "hpcsweep.retry", str(sweep_dir)], cwd=tmp_path, env=slurm_env,
+                             capture_output=True, text=True, timeout=180)
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    record = read_json(sweep_dir / "sweep.json")
+    again = record["token_preparation"]["job_id"]
+    assert again != prep_id
+    assert wait_until_ended(slurm_env, again, timeout=300) == "COMPLETED"
+    for trial in record["trials"]:
+        assert wait_until_ended(slurm_env, trial["job_id"], timeout=300) == "COMPLETED"
+        assert read_json(tmp_path / trial["trial_dir"] / "metrics.json")["status"] == "completed"
