@@ -373,7 +373,9 @@ def describe_waits(values: Sequence[float]) -> str:
     waited = [w for w in values if w >= 1]
     if not waited:
         return f"0 of {len(values)} waited"
-    return f"{len(waited)} of {len(values)} waited ({100 * len(waited) / len(values):.0f}%), mean {sum(waited) / len(waited):.0f} s, max {max(waited):.0f} s"
+    share = 100 * len(waited) / len(values)
+    return (f"{len(waited)} of {len(values)} waited ({share:.0f}%), mean {sum(waited) / len(waited):.0f} s, "
+            f"max {max(waited):.0f} s")
 
 
 def fragment(leaves: dict[str, list[str]], free_per_leaf: int) -> list[str]:
