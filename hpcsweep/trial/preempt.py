@@ -56,14 +56,15 @@ def classify_exit(exit_codes: Iterable[int], status: str | None) -> ExitClass:
 
     torchrun reports a worker's ``EXIT_STOPPED`` as a failure and terminates the others (whose
     codes then are negative signal numbers), so a stop is "some process exited EXIT_STOPPED, and
-    metrics.json still says running".
+    metrics.json still says running", or already says ``stopped``: in a multi-node trial node 0 may
+    have recorded a stop that nothing requeues (a spent budget) before another node settles.
     """
     codes = list(exit_codes)
     if status == "failed":
         return "failed"
     if codes and all(code == 0 for code in codes):
         return "completed"
-    if EXIT_STOPPED in codes and status == "running" and all(
+    if EXIT_STOPPED in codes and status in ("running", "stopped") and all(
         code in (0, EXIT_STOPPED, EXIT_INTERRUPTED) or code < 0 for code in codes
     ):
         return "stopped"

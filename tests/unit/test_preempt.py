@@ -70,6 +70,8 @@ def test_a_trial_starting_beyond_its_cap_fails(requeues, cap, over):
         ([EXIT_STOPPED, EXIT_STOPPED], "running", "stopped"),
         # Ctrl-C reaches every worker; one may leave after a second one, the others stop.
         ([EXIT_STOPPED, EXIT_INTERRUPTED], "running", "stopped"),
+        # Node 1 of a budget-stopped 2-node trial, settling after node 0 marked the trial stopped.
+        ([EXIT_STOPPED], "stopped", "stopped"),
         ([1, EXIT_STOPPED], "running", "failed"),
         ([EXIT_STOPPED], "failed", "failed"),
         ([1], "failed", "failed"),

@@ -175,10 +175,79 @@ def test_no_strays_when_every_running_daemon_is_in_its_pid_file():
     assert sc.stray_daemons(procs, {"munged": 1, "slurmctld": 2, "slurmdbd": None}) == []
 
 
-@pytest.mark.parametrize(("host_cpus", "threads"), [(2, 1), (1, 1), (16, 4), (64, 16)])
-def test_the_task_prolog_shares_the_hosts_cpus_among_the_nodes(host_cpus, threads):
-    prolog = sc.render_task_prolog(host_cpus)
+@pytest.mark.parametrize(("host_cpus", "nodes", "threads"), [(2, 4, 1), (1, 4, 1), (16, 4, 4), (64, 4, 16), (16, 64, 1)])
+def test_the_task_prolog_shares_the_hosts_cpus_among_the_nodes(host_cpus, nodes, threads):
+    prolog = sc.render_task_prolog(host_cpus, nodes)
     assert prolog.startswith("#!/bin/sh\n")
     assert f'[ -n "$OMP_NUM_THREADS" ] || echo "export OMP_NUM_THREADS={threads}"' in prolog
     # The GPUs it hands out have no hardware: trials given them train on CPU by design.
     assert 'echo "export HPCSWEEP_DUMMY_GPUS=1"' in prolog
+
+
+def test_the_default_shape_is_four_nodes_in_two_leaves_on_the_fixed_ports():
+    shape = sc.Shape()
+    assert shape.node_names == ("node1", "node2", "node3", "node4")
+    assert sc.render_topology_conf(shape).splitlines()[1:] == [
+        "SwitchName=leaf1 Nodes=node[1-2]", "SwitchName=leaf2 Nodes=node[3-4]", "SwitchName=spine Switches=leaf[1-2]"]
+    assert (shape.slurmctld_port, shape.slurmdbd_port, shape.mariadb_port) == (26817, 26819, 26306)
+    assert [shape.slurmd_port(i) for i in range(4)] == [26821, 26822, 26823, 26824]
+
+
+def test_64_nodes_in_8_leaves_have_8_nodes_a_leaf_and_a_port_each():
+    shape = sc.Shape(nodes=64, leaf_switches=8)
+    assert [len(leaf) for leaf in shape.leaves] == [8] * 8
+    text = sc.render_topology_conf(shape)
+    assert "SwitchName=leaf8 Nodes=node[57-64]" in text and "SwitchName=spine Switches=leaf[1-8]" in text
+    ports = {shape.slurmd_port(i) for i in range(64)}
+    assert len(ports) == 64 and max(ports) == 26884
+    assert not ports & {shape.slurmctld_port, shape.slurmdbd_port, shape.mariadb_port}
+    assert sc.shape_errors(shape) == []
+
+
+def test_uneven_leaves_differ_by_at_most_one_node_and_a_one_node_leaf_is_named_alone():
+    assert sc.Shape(nodes=5, leaf_switches=2).leaves == [("node1", "node2", "node3"), ("node4", "node5")]
+    text = sc.render_topology_conf(sc.Shape(nodes=3, leaf_switches=3))
+    assert "SwitchName=leaf3 Nodes=node3\n" in text and "Switches=leaf[1-3]" in text
+    assert sc.render_topology_conf(sc.Shape(nodes=1, leaf_switches=1)).endswith("SwitchName=spine Switches=leaf1\n")
+
+
+def test_a_port_offset_moves_every_port_and_the_slurm_conf_names_them(tmp_path):
+    shape = sc.Shape(nodes=16, leaf_switches=4, port_offset=1000, max_array_size=300)
+    conf = sc.render_slurm_conf(sc.Layout(tmp_path, shape), "host")
+    assert "SlurmctldPort=27817" in conf and "AccountingStoragePort=27819" in conf
+    assert "NodeName=node16 NodeAddr=127.0.0.1 NodeHostname=host Port=27836 CPUs=64" in conf
+    assert "MaxArraySize=300" in conf and "PartitionName=batch Nodes=node[1-16]" in conf
+    assert "StoragePort=27306" in sc.render_slurmdbd_conf(sc.Layout(tmp_path, shape), "host", "pw")
+
+
+@pytest.mark.parametrize(("shape", "error"), [
+    (sc.Shape(nodes=0), "--nodes must be at least 1, got 0"),
+    (sc.Shape(nodes=4, leaf_switches=0), "--leaf-switches must be at least 1, got 0"),
+    (sc.Shape(nodes=2, leaf_switches=3), "--leaf-switches 3 is more than --nodes 2"),
+    (sc.Shape(max_array_size=0), "--max-array-size must be at least 1, got 0"),
+    (sc.Shape(port_offset=-1), "--port-offset must be 0 or more, got -1"),
+    (sc.Shape(nodes=40000), "--nodes 40000 with --port-offset 0 needs slurmd ports up to 66820, past 65535"),
+])
+def test_a_shape_that_cannot_run_says_which_option_and_why(shape, error):
+    assert any(line.startswith(error) for line in sc.shape_errors(shape)), sc.shape_errors(shape)
+
+
+def test_the_recorded_shape_round_trips_and_options_replace_only_what_they_name():
+    shape = sc.Shape(nodes=64, leaf_switches=8, port_offset=7, max_array_size=300)
+    assert sc.parse_shape(sc.shape_json(shape)) == shape
+    args = sc.argparse.Namespace(nodes=None, leaf_switches=None, port_offset=None, max_array_size=1001)
+    assert sc.requested_shape(shape, args) == sc.Shape(nodes=64, leaf_switches=8, port_offset=7, max_array_size=1001)
+    with pytest.raises(sc.ClusterError, match="--leaf-switches 8 is more than --nodes 4"):
+        sc.requested_shape(shape, sc.argparse.Namespace(nodes=4, leaf_switches=None, port_offset=None,
+                                                        max_array_size=None))
+    assert shape.topology_changes(sc.Shape()) == [
+        "nodes 4 -> 64", "leaf_switches 2 -> 8", "port_offset 0 -> 7"]
+
+
+def test_cluster_layout_reads_the_recorded_shape_and_defaults_without_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCSWEEP_CLUSTER_DIR", str(tmp_path))
+    assert sc.cluster_layout().shape == sc.Shape()
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "shape.json").write_text(sc.shape_json(sc.Shape(nodes=16, leaf_switches=4)))
+    assert sc.cluster_layout().shape.nodes == 16
+    assert len([d for d in sc.daemons(sc.cluster_layout()) if d.name.startswith("slurmd ")]) == 16
