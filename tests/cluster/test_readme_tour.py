@@ -53,6 +53,7 @@ PAGES = (
     "docs/operator/site-templates.md",
     "docs/operator/nccl.md",
     "docs/operator/topology.md",
+    "docs/operator/scale.md",
 )
 # Enough for one command's trials on 2 cores under a load of 15 (the first sweep alone took over 15 min).
 COMMAND_TIMEOUT_S = 2400
