@@ -141,7 +141,7 @@ def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str], total: str | 
 
 
 def render_efficiency_markdown(rows: Sequence[TrialRow]) -> str:
-    """The efficiency section of ``--markdown``: a heading, the efficiency table, then one list item per outlier line."""
+    """``--markdown``'s efficiency section: a heading, the efficiency table, one list item per outlier line."""
     outliers = [f"- {_markdown_cell(line)}" for line in sweep_outliers(rows).lines()]
     return "\n".join(["## Efficiency", "", *_markdown_table(*efficiency_cells(rows)), "", *outliers]) + "\n"
 

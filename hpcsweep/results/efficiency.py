@@ -21,8 +21,7 @@ forward+backward.
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +73,7 @@ class TrialEfficiency:
     """Mean NVML utilisation, averaged over the trial's GPUs."""
     cpu_util_pct: float | None = None
     data_pct: float | None = None
-    """Share of step time waiting for data: over the whole run where ``step_time_total`` has it, else the last window."""
+    """Share of step time waiting for data: over the whole run (``step_time_total``), else the last window."""
     step_shares: Mapping[str, float] = field(default_factory=dict)
     """Each part of ``STEP_PARTS`` as % of step time, from the same record as ``data_pct``."""
     peak_memory_gb: float | None = None
@@ -179,7 +178,7 @@ def efficiency_of(metrics: Mapping[str, Any] | None, tokens_per_s: float | None)
 
 @dataclass(frozen=True)
 class Outlier:
-    """One flagged trial: which rules flagged it (``throughput``, ``util``, ``data``, ``clock``, ``memory``) and why, in words."""
+    """One flagged trial: the rules that flagged it (``throughput``, ``util``, ``data``, ``clock``, ``memory``), and why."""
 
     num: int
     kinds: tuple[str, ...]
@@ -202,9 +201,18 @@ class OutlierReport:
         return [*self.notes, *(found or ["no efficiency outliers"])]
 
 
+def median(values: Iterable[float]) -> float:
+    """The median of ``values`` (at least one): the middle value, or the mean of the two middle ones.
+
+    Not ``statistics.median``: importing ``statistics`` costs ``status`` 20 ms (it imports ``decimal``)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def _median_of(values: Mapping[int, float | None]) -> tuple[dict[int, float], float | None]:
     known = {num: v for num, v in values.items() if v is not None}
-    return known, statistics.median(known.values()) if len(known) >= MIN_MEASURED else None
+    return known, median(known.values()) if len(known) >= MIN_MEASURED else None
 
 
 def _fmt(value: float, unit: str = "") -> str:
@@ -257,10 +265,10 @@ def find_outliers(trials: Mapping[int, TrialEfficiency]) -> OutlierReport:
     utils, util_median = _median_of({num: t.gpu_util_pct for num, t in trials.items()})
     datas, data_median = _median_of({num: t.data_pct for num, t in trials.items()})
     clocked = [t for t in trials.values() if t.clocks]
-    clock_median = (statistics.median(c.mhz for t in clocked for c in t.clocks)
+    clock_median = (median(c.mhz for t in clocked for c in t.clocks)
                     if len(clocked) >= MIN_MEASURED else None)
     shared = [t.step_shares for t in trials.values() if t.step_shares]
-    median_shares = {part: statistics.median(s.get(part, 0.0) for s in shared) for part in STEP_PARTS} if shared else {}
+    median_shares = {part: median(s.get(part, 0.0) for s in shared) for part in STEP_PARTS} if shared else {}
 
     notes = []
     if measure is None:
@@ -276,7 +284,8 @@ def find_outliers(trials: Mapping[int, TrialEfficiency]) -> OutlierReport:
         symptoms: list[tuple[str, str]] = []
         causes: list[tuple[str, str]] = []
         if throughput_median and num in throughput and throughput[num] < LOW_FACTOR * throughput_median:
-            symptoms.append(("throughput", f"{measure} {_fmt(throughput[num])} (sweep median {_fmt(throughput_median)})"))
+            symptoms.append(
+                ("throughput", f"{measure} {_fmt(throughput[num])} (sweep median {_fmt(throughput_median)})"))
         if util_median and num in utils and utils[num] < LOW_FACTOR * util_median:
             symptoms.append(("util", f"GPU util {_fmt(utils[num], '%')} (sweep median {_fmt(util_median, '%')})"))
         if data_median is not None and num in datas and datas[num] > max(DATA_PCT_FLOOR, DATA_FACTOR * data_median):

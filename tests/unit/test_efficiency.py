@@ -1,4 +1,4 @@
-"""report --efficiency: the facts read from metrics.json, the outlier rule, the table, the Markdown section, the heat map."""
+"""report --efficiency: the facts from metrics.json, the outlier rule, the table, the Markdown section, the heat map."""
 
 from __future__ import annotations
 
@@ -113,7 +113,8 @@ def test_a_trial_waiting_on_data_is_flagged_with_the_cause_in_words():
     found = find_outliers(trials)
     assert found.measure == "MFU"
     assert [(o.num, o.kinds) for o in found.outliers] == [(37, ("throughput", "data"))]
-    assert found.outliers[0].text == "#37: MFU 0.09 (sweep median 0.41): 40% of step time waits on data (sweep median 5%)"
+    assert found.outliers[0].text == (
+        "#37: MFU 0.09 (sweep median 0.41): 40% of step time waits on data (sweep median 5%)")
     assert found.lines() == ["outliers against the sweep's median; throughput compared by MFU (4 trials measured)",
                              found.outliers[0].text]
 
@@ -243,7 +244,8 @@ def test_heatmap_cells_are_the_mean_over_gpus_binned_by_time_since_start():
                                              [80.0 + 10 * i, 60.0 + 10 * i, 40.0 + 10 * i]) for i in range(2)}
     scalars = {
         2: {"train/loss": ScalarSeries([0], [start], [3.0]), **gpus},
-        5: {"sys/cpu/util": ScalarSeries(list(range(7)), [10.0 * i for i in range(7)], [10.0 * (i + 1) for i in range(7)])},
+        5: {"sys/cpu/util": ScalarSeries(list(range(7)), [10.0 * i for i in range(7)],
+                                         [10.0 * (i + 1) for i in range(7)])},
         7: {"train/loss": ScalarSeries([0], [start], [3.0])},  # nothing sampled: no row
     }
     # 60 s in 4 columns of 15 s (1.5 sampling intervals of 10 s); trial 2 ended after 21 s.
