@@ -466,6 +466,12 @@ class TrainerConfig:
     steps. DDP only."""
     comm_warmup_steps: int = 20
     """Steps of plain all-reduce before ``grad_comm=powersgd`` compresses or ``sync_every`` goes local."""
+    # The step-time breakdown (hpcsweep.train.step_timer, docs/user/step-time.md).
+    step_timing: bool = True
+    """Each log window records where its wall time went (data, forward+backward, optimizer,
+    checkpoint, logging, other) and its peak memory: metrics.json ``step_time`` and
+    ``step_time_total``, TensorBoard ``time/*_pct`` and ``mem/peak_gb``. False switches it off (the
+    overhead benchmark's baseline)."""
 
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
