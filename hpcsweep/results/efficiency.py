@@ -225,14 +225,14 @@ def _fmt(value: float, unit: str = "") -> str:
 
 def _throughput(trials: Mapping[int, TrialEfficiency]) -> tuple[str | None, dict[int, float], float | None]:
     """The throughput measure: MFU where enough trials have one, else tokens/s per GPU (or worker)."""
-    known, median = _median_of({num: t.mfu for num, t in trials.items()})
-    if median is not None:
-        return "MFU", known, median
-    known, median = _median_of({num: t.tokens_per_device for num, t in trials.items()})
-    if median is None:
+    known, middle = _median_of({num: t.mfu for num, t in trials.items()})
+    if middle is not None:
+        return "MFU", known, middle
+    known, middle = _median_of({num: t.tokens_per_device for num, t in trials.items()})
+    if middle is None:
         return None, known, None
     per_gpu = all(trials[num].on_gpu for num in known)
-    return ("tokens/s per GPU" if per_gpu else "tokens/s per worker"), known, median
+    return ("tokens/s per GPU" if per_gpu else "tokens/s per worker"), known, middle
 
 
 def _breakdown_cause(trial: TrialEfficiency, median_shares: Mapping[str, float]) -> str:
@@ -249,14 +249,14 @@ def _breakdown_cause(trial: TrialEfficiency, median_shares: Mapping[str, float])
     return f"no part of the step stands out: forward+backward itself is slow{tail}, kernels or gradient communication"
 
 
-def _slow_clock_text(trial: TrialEfficiency, median: float) -> str | None:
-    slow = [clock for clock in trial.clocks if clock.mhz < SLOW_CLOCK_FACTOR * median]
+def _slow_clock_text(trial: TrialEfficiency, sweep_mhz: float) -> str | None:
+    slow = [clock for clock in trial.clocks if clock.mhz < SLOW_CLOCK_FACTOR * sweep_mhz]
     if not slow:
         return None
     nodes = ", ".join(dict.fromkeys(clock.node or "?" for clock in slow))
     mean = math.fsum(clock.mhz for clock in slow) / len(slow)
     gpus = "GPU" if len(slow) == 1 else f"{len(slow)} GPUs"
-    return f"SM clock {mean:.0f} MHz on {gpus} of {nodes} (sweep median {median:.0f} MHz): a slow node"
+    return f"SM clock {mean:.0f} MHz on {gpus} of {nodes} (sweep median {sweep_mhz:.0f} MHz): a slow node"
 
 
 def find_outliers(trials: Mapping[int, TrialEfficiency]) -> OutlierReport:
