@@ -17,6 +17,11 @@ and a LoRA fine-tuning (``model.peft=lora``) of a ~1B DeepSeek-style folder save
 ``save_pretrained`` (``tests/model_folders.make_model_folder``, deepseek_1b's shape): tokens/s, MFU
 counted over the frozen base's forward and backward (``hpcsweep.train.lora.training_flops_per_token``)
 and peak GPU memory. Its trial builds the folder's architecture from the folder's config.json.
+It also checks the step-time breakdown (``hpcsweep.train.step_timer``): the fast trial's last window
+adds up to 100 % with its peak memory from the CUDA allocator, and on a GPU a ~125M trial reading its
+data ``SLOW_DATA_MS`` slow (``data.read_delay_ms``) shows, through CUDA events read once per window,
+the GPU waiting on data for most of its step (skipped on CPU, where the host clock times it: the unit
+tests prove that path).
 
 It measures the product, not a copy: every trial is a trial dir with a ``config.yaml`` trained by
 ``hpcsweep.train.worker.run_trial``, as a 1-process trial runs in production (the runner calls it
@@ -33,6 +38,7 @@ them, counts only before the process's first cuBLAS call. The later fast-path tr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -54,6 +60,7 @@ from hpcsweep.train import model as model_lib  # noqa: E402
 from hpcsweep.train.distributed import destroy_distributed, init_distributed  # noqa: E402
 from hpcsweep.train.trainer import Trainer  # noqa: E402
 from hpcsweep.train.fault import STOP_REASON  # noqa: E402
+from hpcsweep.train.step_timer import PHASES as STEP_PHASES  # noqa: E402
 from hpcsweep.train.worker import EXIT_OK, EXIT_STOPPED, run_trial  # noqa: E402
 from tests.model_folders import TINY_DEEPSEEK, make_model_folder  # noqa: E402
 
@@ -325,6 +332,65 @@ def run_lora_check(plan: Plan, workdir: Path) -> dict[str, Any]:
             "checkpoint_gb": checkpoint_gb}
 
 
+SLOW_DATA_MS = 100
+"""The slow-data trial's ``data.read_delay_ms``: several times a ~125M step on one GPU."""
+SLOW_DATA_SKIPPED = "CPU: it proves the CUDA events; the host clock's view is proved by tests/unit/test_step_timer.py"
+
+
+def step_time_phases(window: dict[str, Any]) -> str:
+    """A window's phases in words: ``data 1.0%, compute 80.2%, ...``."""
+    other = 100 * window["other_s"] / window["seconds"] if window["seconds"] else 0.0
+    phases = ", ".join(f"{phase} {window[f'{phase}_pct']:.1f}%" for phase in STEP_PHASES)
+    return f"{phases}, other {other:.1f}%"
+
+
+def step_time_check(plan: Plan, workdir: Path, fast_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The fast trial's ``step_time`` adds up; on a GPU a slow-data trial's events show the GPU waiting on data."""
+    window = fast_metrics.get("step_time")
+    if not window or not fast_metrics.get("step_time_total"):
+        raise CheckFailed(f"fast path: metrics.json lacks step_time or step_time_total: {window!r}")
+    total_pct = sum(window[f"{phase}_pct"] for phase in STEP_PHASES) + 100 * window["other_s"] / window["seconds"]
+    source = "cuda" if plan.device == "cuda" else "rss"
+    if abs(total_pct - 100) > 0.5 or window["steps"] != plan.log_every or not window["compute_s"] > 0:
+        raise CheckFailed(f"fast path: step_time does not add up over its {plan.log_every} steps: {window!r}")
+    if window["peak_memory_source"] != source:
+        raise CheckFailed(f"fast path: step_time peak memory from {window['peak_memory_source']!r}, not {source!r}")
+    if window["peak_memory_gb"] * 2**30 > fast_metrics["memory_peak"]["bytes"]:
+        raise CheckFailed(f"fast path: a window's peak {window['peak_memory_gb']:.2f} GiB is above the trial's "
+                          f"memory_peak {fast_metrics['memory_peak']['bytes'] / 2**30:.2f} GiB")
+    if plan.device != "cuda":
+        return {"fast": window, "slow_data": None, "slow_data_skipped": SLOW_DATA_SKIPPED}
+    one_window = dataclasses.replace(plan, max_steps=plan.log_every)
+    slow_size = Size(plan.small.label, plan.small.model, {**plan.small.data, "read_delay_ms": SLOW_DATA_MS})
+    release_gpu_memory(plan)
+    slow = train(write_trial(workdir / "small-slow-data", one_window, slow_size, deterministic=False))
+    check_run("slow data", slow, one_window, False)
+    slow_window = slow.get("step_time") or {}
+    waited_s = plan.log_every * SLOW_DATA_MS / 1000
+    # The events of the data phase bracket the read on the GPU's stream: the GPU idles through it.
+    if not (slow_window.get("data_s", 0) >= 0.9 * waited_s and slow_window.get("data_pct", 0) > 50):
+        raise CheckFailed(f"slow data: {plan.log_every} reads of {SLOW_DATA_MS} ms show as "
+                          f"{slow_window.get('data_s')!r} s of data wait ({slow_window.get('data_pct')!r}%), "
+                          f"expected >= {0.9 * waited_s:.2f} s and > 50%")
+    if not window["data_pct"] < 25:
+        raise CheckFailed(f"fast path: {window['data_pct']:.1f}% of a GPU step waits on the synthetic corpus")
+    return {"fast": window, "slow_data": slow_window, "slow_data_skipped": None}
+
+
+def step_time_lines(step_time: dict[str, Any]) -> list[str]:
+    """The printed lines of ``step_time_check``."""
+    fast = step_time["fast"]
+    lines = [f"step time (fast path, last window of {fast['steps']} steps, {fast['seconds']:.2f} s): "
+             f"{step_time_phases(fast)}; peak memory {fast['peak_memory_gb']:.2f} GiB ({fast['peak_memory_source']}) OK"]
+    slow = step_time["slow_data"]
+    if slow is None:
+        lines.append(f"step time, slow data (data.read_delay_ms={SLOW_DATA_MS}): SKIPPED on {step_time['slow_data_skipped']}")
+    else:
+        lines.append(f"step time, slow data (data.read_delay_ms={SLOW_DATA_MS}, {slow['steps']} steps): "
+                     f"{slow['data_s']:.2f} s waiting on data; {step_time_phases(slow)} OK")
+    return lines
+
+
 def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     """Every trial of the plan, checked; the numbers to print."""
     det = write_trial(workdir / "small-deterministic", plan, plan.small, deterministic=True)
@@ -360,6 +426,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
                      **{k: metrics.get(k) for k in ("precision", "tf32", "attn_implementation", "tokens_per_s", "mfu")},
                      **checkpoint_times(trial)})
     lora = run_lora_check(plan, workdir)
+    step_time = step_time_check(plan, workdir, fast_metrics)
     return {
         "device": fast_metrics.get("device_name") or "cpu",
         "sizes": rows,
@@ -368,6 +435,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
 
         "fsdp": fsdp,
         "lora": lora,
+        "step_time": step_time,
         "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
                          "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
         "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
@@ -402,6 +470,7 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
           f"{lora['tokens']['batch_size']}x{lora['tokens']['seq_len']}): {lora['tokens_per_s']:.0f} tokens/s, "
           f"MFU {mfu} (over the frozen base's forward and backward), peak memory {peak}; "
           f"checkpoint {lora['checkpoint_gb'] * 1e3:.1f} MB")
+    print("\n".join(step_time_lines(result["step_time"])))
     print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
 
 

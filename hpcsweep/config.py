@@ -354,6 +354,10 @@ class DataConfig:
     """``kind=text``: where the tokenized corpus is kept, one entry per (tokenizer, corpus). The default
     lies beside Hydra's default sweep dirs (``multirun/DATE/TIME``), relative to where the sweep is
     submitted, so every sweep submitted from there shares it."""
+    read_delay_ms: int = 0
+    """A test knob, not a tuning one: every training batch read waits this long first, as from slow
+    storage, so that a test can make one trial of a sweep wait on data (``data.read_delay_ms=0,0,0,50``
+    makes the last of four trials slow). 0: no wait."""
 
     def __post_init__(self) -> None:
         if self.kind == "file":
@@ -367,6 +371,7 @@ class DataConfig:
             _require(bool(self.cache_dir), "data.cache_dir", self.cache_dir, "a directory when data.kind=text")
         _require(self.seq_len >= 2, "data.seq_len", self.seq_len, "an integer >= 2")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "an integer >= 1")
+        _require(self.read_delay_ms >= 0, "data.read_delay_ms", self.read_delay_ms, "an integer >= 0 (milliseconds)")
         _require(
             0.0 < self.val_fraction < 0.5,
             "data.val_fraction",
@@ -461,6 +466,12 @@ class TrainerConfig:
     steps. DDP only."""
     comm_warmup_steps: int = 20
     """Steps of plain all-reduce before ``grad_comm=powersgd`` compresses or ``sync_every`` goes local."""
+    # The step-time breakdown (hpcsweep.train.step_timer, docs/user/step-time.md).
+    step_timing: bool = True
+    """Each log window records where its wall time went (data, forward+backward, optimizer,
+    checkpoint, logging, other) and its peak memory: metrics.json ``step_time`` and
+    ``step_time_total``, TensorBoard ``time/*_pct`` and ``mem/peak_gb``. False switches it off (the
+    overhead benchmark's baseline)."""
 
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")

@@ -7,7 +7,10 @@ memory plan's tensors per GPU against the peak rank 0 measured (``docs/user/memo
 GPU-hours the trial's allocations held and ``own GPU-h`` its own compute share; the line under the
 table gives the sweep's total, the figure ``status`` and the budget count (``hpcsweep.results.gpu_hours``). ``--csv``,
 ``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the
-metric against each swept parameter plus the validation-loss curves of the best trials. Works on
+metric against each swept parameter plus the validation-loss curves of the best trials; ``--plot
+FILE.png`` also writes ``FILE-heatmap.png``, utilisation by trial over time. ``--efficiency`` shows
+instead how each trial used its hardware and which trials are the outliers
+(``hpcsweep.results.efficiency``); ``--markdown`` ends with that as a section. Works on
 a sweep that is still running. A search sweep (``hydra/sweeper=search``) adds its best trial, the
 command that reruns it as one trial, and (``--plot``) the optimisation history. Last comes the
 command that exports the best trial (the search's, else the table's first) in Hugging Face format,
@@ -28,6 +31,7 @@ from pathlib import Path
 from hpcsweep.files.sweep_record import missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
+from hpcsweep.results.efficiency_table import efficiency_cells, sweep_outliers
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
 from hpcsweep.slurm.usage import Usage
@@ -99,29 +103,47 @@ def total_line(usage: Usage | None, rows: Sequence[TrialRow]) -> str:
     return f"GPU-hours: {hours_text(usage.spent_hours)} allocated in all (every run of every task){own_text}"
 
 
+def _aligned(header: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *cells]]
+
+
 def render_text(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None) -> str:
     """The table as aligned plain text, the ``total`` line, then one line per failure."""
-    header, cells = table_cells(rows, keys)
-    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *cells]]
+    lines = _aligned(*table_cells(rows, keys))
     return "\n".join([*lines, *([total] if total else []), *failure_lines(rows)]) + "\n"
+
+
+def render_efficiency_text(rows: Sequence[TrialRow], total: str | None = None) -> str:
+    """``--efficiency``: the efficiency table as aligned text, the ``total`` line, then the outlier lines."""
+    lines = _aligned(*efficiency_cells(rows))
+    return "\n".join([*lines, *([total] if total else []), *sweep_outliers(rows).lines()]) + "\n"
 
 
 def _markdown_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None) -> str:
-    """The table as GitHub Markdown, the ``total`` line, then one list item per failure."""
-    header, cells = table_cells(rows, keys)
-    lines = [
+def _markdown_table(header: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
+    return [
         "| " + " | ".join(_markdown_cell(h) for h in header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
         *("| " + " | ".join(_markdown_cell(c) for c in line) + " |" for line in cells),
     ]
+
+
+def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None) -> str:
+    """The table as GitHub Markdown, the ``total`` line, then one list item per failure."""
+    lines = _markdown_table(*table_cells(rows, keys))
     failures = [f"- {_markdown_cell(line)}" for line in failure_lines(rows)]
     totals = ["", _markdown_cell(total)] if total else []
     return "\n".join([*lines, *totals, *([""] + failures if failures else [])]) + "\n"
+
+
+def render_efficiency_markdown(rows: Sequence[TrialRow]) -> str:
+    """``--markdown``'s efficiency section: a heading, the efficiency table, one list item per outlier line."""
+    outliers = [f"- {_markdown_cell(line)}" for line in sweep_outliers(rows).lines()]
+    return "\n".join(["## Efficiency", "", *_markdown_table(*efficiency_cells(rows)), "", *outliers]) + "\n"
 
 
 def render_csv(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
@@ -159,6 +181,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--descending", action="store_true", help="largest first (e.g. for mean_tokens_per_s)")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table instead of text")
+    parser.add_argument("--efficiency", action="store_true",
+                        help="show how each trial used its hardware, and the outliers, instead of the results table")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also plot the metric per parameter and curves")
     parser.add_argument("--top", type=int, default=5, help="validation-loss curves of this many best trials")
     args = parser.parse_args(argv)
@@ -180,14 +204,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = sort_rows(sweep.rows, args.metric, args.descending)
     keys = swept_keys(rows)
     total = total_line(sweep.usage, rows)
-    sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys, total))
     search = load_search_summary(args.sweep_dir)
-    if search is not None:
-        sys.stdout.write(best_trial_text(search))
-    best_num = search.best.num if search is not None and search.best is not None else None
-    export = export_line(args.sweep_dir, rows, best_num) if search is None or best_num is not None else None
-    if export:
-        sys.stdout.write(export + "\n")
+    if args.efficiency:
+        sys.stdout.write(render_efficiency_markdown(rows) if args.markdown else render_efficiency_text(rows, total))
+    else:
+        sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys, total))
+        if search is not None:
+            sys.stdout.write(best_trial_text(search))
+        best_num = search.best.num if search is not None and search.best is not None else None
+        export = export_line(args.sweep_dir, rows, best_num) if search is None or best_num is not None else None
+        if export:
+            sys.stdout.write(export + "\n")
+        if args.markdown:
+            sys.stdout.write("\n" + render_efficiency_markdown(rows))
     if args.csv:
         every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
         args.csv.write_text(render_csv(rows, every_key))
@@ -196,6 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         history = [functools.partial(plot_history, summary=search)] if search is not None else []
         plot_sweep(rows, sweep.scalars, keys, args.metric, args.top, args.plot, history)
+        from hpcsweep.results.heatmap import heatmap_path, plot_heatmap
+
+        heatmap = heatmap_path(args.plot)
+        if plot_heatmap(sweep.scalars, heatmap):
+            print(f"utilisation heat map: {heatmap}", file=sys.stderr)
+        else:
+            print("no utilisation heat map: no trial has sys/gpu*/util or sys/cpu/util scalars", file=sys.stderr)
     return 0
 
 

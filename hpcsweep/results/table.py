@@ -29,6 +29,7 @@ from hpcsweep.files.tb_runs import run_event_files
 from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, TrialFiles
 from hpcsweep.files.usage_file import USAGE_FILE, read_runs
 from hpcsweep.results.budget import usage_of_local_trials, usage_of_states
+from hpcsweep.results.efficiency import TrialEfficiency, efficiency_of
 from hpcsweep.results.failure import summarize_error, trial_error_text
 from hpcsweep.results.gpu_hours import allocated_hours_by_trial
 from hpcsweep.results.overrides import override_values, trained_values
@@ -100,6 +101,8 @@ class TrialRow:
     """The memory plan's tensors per GPU (metrics.json ``memory_plan.tensors_bytes``; ``hpcsweep.memory_plan``)."""
     memory_peak_bytes: int | None = None
     """What rank 0 measured: ``torch.cuda.max_memory_allocated`` on GPU, the peak resident set on CPU."""
+    efficiency: TrialEfficiency = field(default_factory=TrialEfficiency)
+    """How the trial used its hardware (``hpcsweep.results.efficiency``): ``report --efficiency``'s row."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,7 @@ def build_row(
         step = max((s.steps[-1] for s in scalars.values() if s.steps), default=None)
     status = trial_status(metrics.get("status"), job, on_slurm)
     throughput = scalars.get("perf/tokens_per_s")
+    mean_rate = mean_tokens_per_s(throughput.values if throughput else ())
     nodes = job.nodes if job is not None and job.nodes else ",".join(metrics.get("nodes") or [])
     waiting = job if status == "pending" and job is not None else None
     return TrialRow(
@@ -239,7 +243,7 @@ def build_row(
         step=step,
         max_steps=metrics.get("max_steps"),
         best_val_loss=best,
-        mean_tokens_per_s=mean_tokens_per_s(throughput.values if throughput else ()),
+        mean_tokens_per_s=mean_rate,
         restarts=metrics.get("restarts"),
         gpu_hours=allocated_hours,
         own_gpu_hours=own_gpu_hours(metrics),
@@ -253,6 +257,7 @@ def build_row(
         last_stop_reason=metrics.get("last_stop_reason") or "",
         memory_plan_bytes=(metrics.get("memory_plan") or {}).get("tensors_bytes"),
         memory_peak_bytes=(metrics.get("memory_peak") or {}).get("bytes"),
+        efficiency=efficiency_of(metrics, mean_rate if mean_rate is not None else values["tokens_per_s"]),
         **values,
     )
 

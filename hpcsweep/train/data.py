@@ -8,6 +8,7 @@ a step is the same for any split into ranks x micro-steps, so 2 ranks x batch b 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,6 +113,11 @@ def window_starts(seed: int, split: int, step: int, global_batch: int, num_start
     return rng.integers(0, num_starts, size=global_batch)
 
 
+def wait_as_slow_storage(delay_ms: int) -> None:
+    """``data.read_delay_ms``: hold a training batch read back, a test's stand-in for slow storage."""
+    time.sleep(delay_ms / 1000)
+
+
 def get_batch(
     corpus: Corpus,
     cfg: DataConfig,
@@ -126,10 +132,12 @@ def get_batch(
     """Inputs and next-token targets (``batch_size x seq_len`` each) for one rank and micro-step.
 
     The global batch of ``step`` is ``batch_size x world_size x grad_accum`` windows; this rank and
-    micro-step take one contiguous slice of it.
+    micro-step take one contiguous slice of it. A training read waits ``data.read_delay_ms`` first.
     """
     import torch  # here, not at the top: scripts/prepare-data imports this module and needs no torch
 
+    if split == "train" and cfg.read_delay_ms:
+        wait_as_slow_storage(cfg.read_delay_ms)
     lo, hi = (0, corpus.val_start) if split == "train" else (corpus.val_start, len(corpus.tokens))
     global_batch = cfg.batch_size * world_size * grad_accum
     starts = window_starts(

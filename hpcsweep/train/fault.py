@@ -12,6 +12,9 @@ The fault fires once per trial dir: the rank writes a marker file into the trial
 (``fault_injected.txt``, which also tells a test that the fault has fired), so the retry or resume of
 the trial runs clean. Parsing is pure (``parse_fault``); the step hook is ``fault_hooks``, the save's
 pause ``save_pause``.
+
+Slow data is not a fault of this variable, which reaches every trial of a sweep alike: it is the
+per-trial config key ``data.read_delay_ms`` (``data.read_delay_ms=0,0,0,50`` slows one trial of four).
 """
 
 from __future__ import annotations

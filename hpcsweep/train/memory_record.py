@@ -5,7 +5,8 @@ and attention kernel resolved, the real world size), compared with this GPU's to
 CPU: compared with nothing). ``memory_peak`` is what rank 0 measured: on CUDA
 ``torch.cuda.max_memory_allocated``, comparable with the plan's ``tensors_bytes`` (the plan less
 its fixed overhead, which the caching allocator does not see); on CPU the process's peak resident
-set (``ru_maxrss``), which also counts the interpreter and every library.
+set (``ru_maxrss``), which also counts the interpreter and every library. ``PeakMemory`` also gives
+each log window its own peak (``hpcsweep.train.step_timer``) without losing the trial's.
 """
 
 from __future__ import annotations
@@ -66,3 +67,32 @@ def measured_peak(device: torch.device) -> dict[str, Any]:
     # Linux reports ru_maxrss in KiB, macOS in bytes.
     scale = 1 if sys.platform == "darwin" else 1024
     return {"bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "source": "ru_maxrss"}
+
+
+class PeakMemory:
+    """The peak memory of each log window and of the whole trial, from one counter.
+
+    On CUDA a window's peak is ``torch.cuda.max_memory_allocated`` since the window before, whose end
+    reset the counter; the trial's is the largest of those and the counter's now. On CPU the
+    resident-set peak (``ru_maxrss``) never resets: each window's peak is the process's so far.
+    Built at the trial's start, it starts the CUDA peak afresh (``reset_peak``).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.earlier_windows_bytes = 0
+        reset_peak(device)
+
+    def window_peak(self) -> tuple[int, str]:
+        """``(bytes, source)``: the peak since the last call (``cuda``), or the process's so far (``rss``)."""
+        peak = measured_peak(self.device)["bytes"]
+        if self.device.type != "cuda":
+            return peak, "rss"
+        self.earlier_windows_bytes = max(self.earlier_windows_bytes, peak)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak, "cuda"
+
+    def trial_peak(self) -> dict[str, Any]:
+        """metrics.json's ``memory_peak``, as ``measured_peak`` has it, over every window so far."""
+        record = measured_peak(self.device)
+        return {**record, "bytes": max(record["bytes"], self.earlier_windows_bytes)}

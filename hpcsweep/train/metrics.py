@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
+# The step-time breakdown's (hpcsweep.train.step_timer).
+TAGS += ("time/data_pct", "time/compute_pct", "time/optimizer_pct", "time/checkpoint_pct", "time/logging_pct", "mem/peak_gb")
 
 
 @dataclass(frozen=True)

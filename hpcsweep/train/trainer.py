@@ -27,6 +27,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
+from hpcsweep.train import step_timer
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
@@ -84,7 +85,9 @@ class Trainer:
         find_unused = tcfg.grad_comm == "powersgd" or gpu_choices.find_unused_parameters(
             self.choices.deterministic, lora.trainable_parameter_names(self.model)
         )
-        memory_record.reset_peak(world.device)
+        self.peak_memory = memory_record.PeakMemory(world.device)
+        self.step_timer = step_timer.build_step_timer(world.device.type, self.peak_memory,
+                                                      enabled=tcfg.step_timing and self.is_writer)
         memory_plan = memory_record.worker_memory_plan(
             cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation)
         self.parallel = parallel.resolve_parallel(tcfg, ddp_fits=memory_record.planned_parallel(memory_plan) != "fsdp")
@@ -152,12 +155,14 @@ class Trainer:
         In the background unless ``wait``: a stop and the end of training wait until it is durable.
         """
         self.save_schedule.saved()
+        self.step_timer.enter("checkpoint")
         self.ckpt.save(
             model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
             # A checkpoint's name carries the loss of its own step, not of the last evaluation before it.
             step=self.step, val_loss=self.val_loss if self.evaluated_at == self.step else None, wait=wait,
             comm_state=self.grad_comm.state_bytes(self.model, self.optimizer) if self.grad_comm else None,
         )
+        self.step_timer.enter(step_timer.OTHER)
 
     def log_first_save(self) -> None:
         """Once this run's first save is durable, log how long it took against the stop signal's lead."""
@@ -198,17 +203,20 @@ class Trainer:
         tcfg, world = self.cfg.trainer, self.world
         total = torch.zeros((), device=world.device)
         for micro in range(tcfg.grad_accum):
+            self.step_timer.enter("data")
             inputs, targets = data.get_batch(
                 self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
                 micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
             )
             inputs, targets = inputs.to(world.device), targets.to(world.device)
+            self.step_timer.enter("compute")
             last = micro == tcfg.grad_accum - 1
             # Gradients are reduced once, on the last micro-step.
             with parallel.gradient_sync(self.net, sync=last):
                 loss = self._loss(inputs, targets, self.net) / tcfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()
+        self.step_timer.enter("optimizer")
         self.scaler.unscale_(self.optimizer)
         max_norm = tcfg.grad_clip if tcfg.grad_clip > 0 else math.inf
         grad_norm = parallel.clip_grad_norm(self.model, max_norm)
@@ -218,6 +226,7 @@ class Trainer:
             self.grad_comm.after_step(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        self.step_timer.enter(step_timer.OTHER)
         self.step += 1
         return total, grad_norm
 
@@ -245,6 +254,7 @@ class Trainer:
         self.write_report()
         window_start, window_steps = time.perf_counter(), 0
         fit_start, first_step = time.perf_counter(), self.step
+        self.step_timer.start(self.step)
         while self.step < tcfg.max_steps:
             loss, grad_norm = self.train_step()
             window_steps += 1
@@ -253,7 +263,8 @@ class Trainer:
                 hook(self, self.step)
             if self.step % tcfg.log_every == 0 or self.step == tcfg.max_steps:
                 elapsed = time.perf_counter() - window_start
-                self.log_train(loss, grad_norm, window_steps / elapsed)
+                with self.step_timer.phase("logging"):
+                    self.log_train(loss, grad_norm, window_steps / elapsed)
                 window_start, window_steps = time.perf_counter(), 0
             if self.step % tcfg.eval_every == 0 or self.step == tcfg.max_steps:
                 if self.log_eval(self.evaluate()):
@@ -265,7 +276,8 @@ class Trainer:
             stop = any_rank(self.world, self.stop_event.is_set())
             if stop or self.save_schedule.due(self.step):
                 self.save("running", wait=stop)
-            self.ckpt.poll()
+            with self.step_timer.phase("checkpoint"):
+                self.ckpt.poll()
             self.log_first_save()
             if stop:
                 # The reason is known on the ranks that saw the signal or stop file, maybe not on rank 0.
@@ -280,19 +292,22 @@ class Trainer:
         return self.finish("completed")
 
     def log_train(self, loss: torch.Tensor, grad_norm: torch.Tensor, steps_per_s: float) -> None:
-        """Report the (rank-averaged) train loss, lr, grad norm and throughput."""
+        """Report the (rank-averaged) train loss, lr, grad norm, throughput and the window's step time."""
         tokens_per_s = steps_per_s * self.tokens_per_step
+        mfu = metrics.mfu(tokens_per_s, self.flops_per_token, self.world.world_size, self.peak_flops)
+        window = self.step_timer.end_window(self.step, tokens_per_s=tokens_per_s, mfu=mfu)
         scalars = {
             "train/loss": mean_over_ranks(self.world, loss).item(),
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/grad_norm": grad_norm.item(),
             "perf/tokens_per_s": tokens_per_s,
-            "perf/mfu": metrics.mfu(tokens_per_s, self.flops_per_token, self.world.world_size, self.peak_flops),
+            "perf/mfu": mfu,
+            **step_timer.tensorboard_scalars(window),
         }
         self.logger.log(scalars, self.step)
         self.report.update(
             train_loss=scalars["train/loss"], lr=scalars["train/lr"], grad_norm=scalars["train/grad_norm"],
-            tokens_per_s=tokens_per_s, mfu=scalars["perf/mfu"],
+            tokens_per_s=tokens_per_s, mfu=scalars["perf/mfu"], **self.step_timer.report(),
         )
         self.write_report()
         log.info("step %d loss %.4f lr %.3g %.0f tok/s", self.step, scalars["train/loss"], scalars["train/lr"], tokens_per_s)
@@ -301,10 +316,12 @@ class Trainer:
         """Report a validation loss; True when early stopping says stop."""
         self.val_loss, self.evaluated_at = val_loss, self.step
         stop = self.early.update(val_loss)
+        self.step_timer.enter("logging")
         self.logger.log({"val/loss": val_loss, "hparams/best_val_loss": self.early.best}, self.step)
         self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
         self.write_report()
         log.info("step %d val_loss %.4f", self.step, val_loss)
+        self.step_timer.enter(step_timer.OTHER)
         return stop
 
     def pruned(self) -> bool:
@@ -352,7 +369,7 @@ class Trainer:
     def write_report(self, **extra: Any) -> None:
         """Rewrite metrics.json (rank 0 only)."""
         if self.is_writer:
-            self.report.update(step=self.step, memory_peak=memory_record.measured_peak(self.world.device), **extra)
+            self.report.update(step=self.step, memory_peak=self.peak_memory.trial_peak(), **extra)
             metrics_file.write_metrics(TrialFiles(self.trial_dir).metrics, self.report)
 
     def close(self) -> None:

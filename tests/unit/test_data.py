@@ -3,12 +3,15 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from hpcsweep.config import DataConfig
+from hpcsweep.train import data
 from hpcsweep.train.data import (
     Corpus,
     get_batch,
@@ -90,3 +93,23 @@ def test_uint32_is_used_for_large_vocabularies(tmp_path):
     write_token_file(path, np.array([0, 70_000, 5]), vocab_size=100_000, tokenizer="t")
     tokens, vocab = open_token_file(path)
     assert tokens.dtype == np.uint32 and tokens.tolist() == [0, 70_000, 5] and vocab == 100_000
+
+
+def test_read_delay_holds_back_training_reads_only_and_changes_no_batch(monkeypatch):
+    cfg = DataConfig(seq_len=8, batch_size=2, synthetic_tokens=5_000)
+    slow = DataConfig(seq_len=8, batch_size=2, synthetic_tokens=5_000, read_delay_ms=30)
+    corpus = load_corpus(cfg, 64)
+    start = time.perf_counter()
+    inputs, _ = batch(corpus, slow, step=3)
+    assert time.perf_counter() - start >= 0.03
+    assert torch.equal(inputs, batch(corpus, cfg, step=3)[0])
+    waits = []
+    monkeypatch.setattr(data, "wait_as_slow_storage", waits.append)
+    batch(corpus, slow, split="val")
+    batch(corpus, slow, split="train")
+    assert waits == [30]
+
+
+def test_read_delay_must_not_be_negative():
+    with pytest.raises(ValueError, match=r"data.read_delay_ms=-1 .*an integer >= 0"):
+        DataConfig(read_delay_ms=-1)

@@ -28,11 +28,14 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "memory     tiny: plan " in printed.out and "(CPU: the resident set counts the whole process" in printed.out
     assert "FSDP (tiny-x2, trainer.parallel=fsdp over one rank):" in printed.out
     assert "LoRA fine-tuning of a saved tiny folder" in printed.out
+    assert "step time (fast path, last window of 3 steps" in printed.out and "(rss) OK" in printed.out
+    assert "step time, slow data (data.read_delay_ms=100): SKIPPED on CPU: it proves the CUDA events" in printed.out
     result = json.loads(out.read_text())
     assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
     assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
     assert result["exact_resume"]["straight"] == result["exact_resume"]["resumed"]
     assert result["fsdp"]["tokens_per_s"] > 0
+    assert result["step_time"]["fast"]["peak_memory_source"] == "rss" and result["step_time"]["slow_data"] is None
     assert json.loads((tmp_path / "work" / "large-fsdp" / "metrics.json").read_text())["parallel"] == "fsdp"
     lora = result["lora"]
     assert lora["tokens_per_s"] > 0 and (lora["mfu"], lora["peak_memory_gib"]) == (None, None)

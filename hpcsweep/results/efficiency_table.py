@@ -1,0 +1,50 @@
+"""The cells of ``report --efficiency``: one row per trial, ``-`` wherever its metrics.json says nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hpcsweep.results.efficiency import OutlierReport, find_outliers
+from hpcsweep.results.table import TrialRow
+
+
+def device_word(rows: Sequence[TrialRow]) -> str:
+    """What tokens/s are divided by: ``GPU``, ``worker`` (no trial ran on a GPU) or ``GPU|worker`` (some did)."""
+    kinds = {row.efficiency.on_gpu for row in rows if row.efficiency.tokens_per_device is not None}
+    return "GPU|worker" if len(kinds) > 1 else ("worker" if kinds == {False} else "GPU")
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _memory(row: TrialRow) -> str:
+    """``78.5/80.0``: the peak against the GPU's memory in GB (``0.4/-`` on CPU: a peak RSS, no GPU)."""
+    peak, total = row.efficiency.peak_memory_gb, row.efficiency.memory_total_gb
+    if peak is None:
+        return "-"
+    return f"{peak:.1f}/{_cell(total, 1)}"
+
+
+def efficiency_cells(rows: Sequence[TrialRow]) -> tuple[list[str], list[list[str]]]:
+    """The header and cells of the efficiency table, one row per trial in ``rows``' order."""
+    header = ["#", "status", "MFU", f"tok/s/{device_word(rows)}", "GPU-util%", "data%", "GB(peak/GPU)", "GPU-h"]
+    cells = [
+        [
+            str(row.num),
+            row.status,
+            _cell(row.efficiency.mfu, 3),
+            _cell(row.efficiency.tokens_per_device, 0),
+            _cell(row.efficiency.gpu_util_pct, 0),
+            _cell(row.efficiency.data_pct, 1),
+            _memory(row),
+            _cell(row.gpu_hours, 3),
+        ]
+        for row in rows
+    ]
+    return header, cells
+
+
+def sweep_outliers(rows: Sequence[TrialRow]) -> OutlierReport:
+    """The outlier rule (``hpcsweep.results.efficiency.find_outliers``) over every trial of ``rows``."""
+    return find_outliers({row.num: row.efficiency for row in rows})
