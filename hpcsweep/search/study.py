@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -33,11 +33,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpcsweep.search.settings import STUDY_NAME, SearchFiles, SearchSettings
 from hpcsweep.search.space import Dimension, SearchSpace
+from hpcsweep.search.warm_start import SeedTrial
 
 HEARTBEAT_ATTR = "hpcsweep:heartbeat"
 """The trial system attribute holding the time (``time.time()``) of its last heartbeat."""
 NUM_ATTR = "hpcsweep_num"
 """The user attribute naming the sweep's trial (Hydra's job number, the array task) a study trial runs."""
+WARM_START_ATTR = "hpcsweep_warm_start"
+"""The user attribute of a study trial seeded by warm start: the earlier trial, ``{"sweep_dir": str, "num": int}``."""
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -164,6 +167,24 @@ def create_study(files: SearchFiles, settings: SearchSettings) -> optuna.Study:
         direction=settings.direction,
         load_if_exists=True,
     )
+
+
+def seed_study(study: optuna.Study, trials: Sequence[SeedTrial], space: SearchSpace) -> None:
+    """Add warm start's earlier trials to a new study, as finished trials of the space's distributions.
+
+    The sweeper calls it on the login node once the study is created and before it submits, so
+    they are in the journal before the first array task asks for a trial; the search's
+    ``n_trials`` new trials come after them.
+    """
+    dists = distributions(space)
+    study.add_trials([
+        optuna.trial.create_trial(
+            state=TrialState[trial.state], value=trial.value, params=trial.params, distributions=dists,
+            user_attrs={WARM_START_ATTR: {"sweep_dir": trial.sweep_dir, "num": trial.num}},
+            intermediate_values=trial.intermediate_values,
+        )
+        for trial in trials
+    ])
 
 
 def load_study(files: SearchFiles, settings: SearchSettings, num: int = 0) -> optuna.Study:
