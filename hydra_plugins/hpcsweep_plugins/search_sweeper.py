@@ -1,7 +1,7 @@
 """The search sweeper (``hydra/sweeper=search``): adaptive search with Optuna, as one job array, with no driver.
 
 It validates the space and every end of it, creates the study (an Optuna journal in
-``SWEEP_DIR/search/``), and hands the launcher ``n_trials`` slots carrying the fixed overrides
+``SWEEP_DIR/search/``; with ``warm_start``, seeded with earlier sweeps' finished trials), and hands the launcher ``n_trials`` slots carrying the fixed overrides
 only: on Slurm one array throttled by ``array_parallelism``, and the command returns. Each slot
 asks the study for its parameters when it starts (``hpcsweep.search.trial_slot``), so later trials
 learn from earlier ones; the local launcher runs the slots one after another the same way.
@@ -65,7 +65,8 @@ class SearchSweeper(Sweeper):
             settings = with_trial_steps(asked, check_space(self, asked, space))
             plan = same_search(read_plan(files), SearchPlan(asked, space), SearchPlan(settings, space))
             settings = plan.settings
-            warm = warm_start(self, settings, space, sweep_dir)
+            # A study is seeded once, when it is created: a rerun resumes it without its earlier sweeps.
+            warm = None if files.journal.exists() else warm_start(self, settings, space, sweep_dir)
         except ValueError as err:
             exit_with_config_error(err, "nothing was submitted")
         created = missing_dirs(sweep_dir)
@@ -76,8 +77,8 @@ class SearchSweeper(Sweeper):
         from hpcsweep.search.study import create_study, seed_study
 
         study = create_study(files, settings)
-        if warm is not None and not study.get_trials(deepcopy=False):
-            seed_study(study, warm.kept, space)
+        if warm is not None:
+            seed_study(study, warm.kept, space, settings)
             for line in warm.lines(len(settings.warm_start)):
                 log.info("%s", line)
         try:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from hpcsweep.files.sweep_record import SweepRecord, write_sweep_record
 from hpcsweep.search.earlier_sweeps import read_earlier_sweep
 from hpcsweep.search.settings import SearchFiles, SearchPlan, SearchSettings, settings_from_mapping, write_plan
 from hpcsweep.search.space import parse_space
@@ -31,6 +32,8 @@ CONFIG = {
     "trainer": {"max_steps": 20, "warmup_steps": 0, "eval_every": 5, "weight_decay": 0.0},
 }
 FIXED_KEYS = ["trainer.max_steps"]
+# The slots of a search record heartbeats themselves, which Optuna warns is meant for optimize().
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
 
 def earlier(num, status="completed", value=0.5, pruned_values=None, overrides=None, **changes):
@@ -175,7 +178,7 @@ def test_seeded_trials_are_complete_in_the_journal_and_tpe_starts_from_them(tmp_
     settings = SearchSettings(seed=0, n_startup_trials=n_startup_trials)
     files = SearchFiles(tmp_path)
     write_plan(files, SearchPlan(settings, SPACE))
-    seed_study(create_study(files, settings), seeds(8), SPACE)
+    seed_study(create_study(files, settings), seeds(8), SPACE, settings)
 
     study = load_study(files, settings, num=0)
     assert [(t.number, t.state) for t in study.trials] == [(i, TrialState.COMPLETE) for i in range(8)]
@@ -200,6 +203,24 @@ TINY = [
 def run(args, cwd):
     return subprocess.run([sys.executable, "-m", "hpcsweep", "-m", "hydra/launcher=local", *args, *TINY], cwd=cwd,
                           env=dict(os.environ), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("earlier", "message"), [
+    ("nowhere", "hydra.sweeper.warm_start={dir} is not allowed: {dir} holds no sweep.json"),
+    ("search", "hydra.sweeper.warm_start={dir} is not allowed: that search minimized val_loss and this one "
+               "would minimize best_val_loss; warm start needs the same objective and direction"),
+])
+def test_a_warm_start_that_cannot_be_taken_stops_the_command_before_anything_is_written(tmp_path, earlier, message):
+    earlier_dir = tmp_path / earlier
+    if earlier == "search":
+        write_sweep_record(SweepRecord(str(earlier_dir), "local", "2026-12-01T00:00:00+00:00", []))
+        write_plan(SearchFiles(earlier_dir), SearchPlan(SearchSettings(objective="val_loss"), SPACE))
+    result = run(["hydra/sweeper=search", "model.lr=interval(1e-3, 1e-2)", f"hydra.sweeper.warm_start=[{earlier_dir}]",
+                  f"hydra.sweep.dir={tmp_path / 'new'}"], tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert len([line for line in output.splitlines() if message.format(dir=earlier_dir) in line]) == 1, output
+    assert "Traceback" not in output and not (tmp_path / "new").exists()
 
 
 def test_a_search_warm_started_from_an_8_trial_grid_holds_its_trials_then_asks_tpe(tmp_path):
@@ -229,6 +250,12 @@ def test_a_search_warm_started_from_an_8_trial_grid_holds_its_trials_then_asks_t
     (first,) = new
     assert first.number == 8 and first.user_attrs["hpcsweep_num"] == 0 and first.state == TrialState.COMPLETE
 
+    # Running the sweep dir again resumes the study: nothing is seeded twice.
+    again = run(search_args, tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "warm start" not in again.stdout + again.stderr
+    assert len(load_study(SearchFiles(search_dir), SearchSettings()).trials) == 9
+
     # The first new trial is TPE's choice from the 8, not a random start-up draw: its sampler, given
     # the seeded trials alone, takes the model's path and picks the same parameters.
     plan = SearchPlan(SearchSettings(seed=0, n_startup_trials=8), parse_space(search_args[2:4]))
@@ -237,3 +264,40 @@ def test_a_search_warm_started_from_an_8_trial_grid_holds_its_trials_then_asks_t
     spy = RandomStartupSpy(replay.sampler)
     assert replay.ask(distributions(plan.space)).params == first.params
     assert spy.calls == 0
+
+
+def test_seeded_reported_values_are_rungs_that_successive_halving_prunes_a_new_trial_against(tmp_path):
+    settings = SearchSettings(seed=0, pruner="sha", min_resource=2, reduction_factor=2)
+    files = SearchFiles(tmp_path)
+    earlier_trials = [SeedTrial("/sweeps/search", i, "COMPLETE", 0.8, seeds(4)[i].params, {2: 1.0, 4: 0.8})
+                      for i in range(3)]
+    seed_study(create_study(files, settings), [*earlier_trials, SeedTrial(
+        "/sweeps/search", 3, "PRUNED", None, seeds(4)[3].params, {2: 1.5})], SPACE, settings)
+    study = load_study(files, settings)
+    assert [t.system_attrs for t in study.trials] == [{"completed_rung_0": 1.0, "completed_rung_1": 0.8}] * 3 + [
+        {"completed_rung_0": 1.5}]
+    assert study.trials[3].state == TrialState.PRUNED and study.trials[3].intermediate_values == {2: 1.5}
+    worse, better = study.ask(distributions(SPACE)), study.ask(distributions(SPACE))
+    worse.report(5.0, 2)
+    better.report(0.5, 2)
+    # Alone at its rung, a trial is never pruned; against the seeded values, the worse one is.
+    assert worse.should_prune() and not better.should_prune()
+
+
+def test_seeded_trials_of_a_hyperband_search_hold_the_rungs_of_their_bracket(tmp_path):
+    settings = SearchSettings(seed=0, pruner="hyperband", min_resource=1, max_resource=8, reduction_factor=2)
+    files = SearchFiles(tmp_path)
+    values = {1: 3.0, 2: 2.0, 4: 1.5, 8: 1.0}
+    seed_study(create_study(files, settings), [SeedTrial("/g", i, "COMPLETE", 1.0, p, values)
+                                               for i, p in enumerate(t.params for t in seeds(8))], SPACE, settings)
+    pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=8, reduction_factor=2)
+    study = load_study(files, settings)
+    pruner._try_initialization(study)
+    brackets = set()
+    for trial in study.trials:
+        bracket = pruner._get_bracket_id(study, trial)
+        brackets.add(bracket)
+        # Bracket b's first rung is at step 2**b; each later rung doubles it, up to step 8.
+        rung_steps = [2 ** (bracket + r) for r in range(4 - bracket)]
+        assert trial.system_attrs == {f"completed_rung_{r}": values[step] for r, step in enumerate(rung_steps)}
+    assert len(brackets) > 1
