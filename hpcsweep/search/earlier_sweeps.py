@@ -39,7 +39,9 @@ def read_earlier_sweep(path: Path, this_sweep_dir: Path) -> EarlierSweep:
             f"{where} is not allowed: {path} holds no {SWEEP_FILE}; name the sweep dir of an earlier sweep"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{where} is not allowed: {path / SWEEP_FILE} or its search.json cannot be read ({err})") from None
+        raise ValueError(
+            f"{where} is not allowed: {path / SWEEP_FILE} or its search.json cannot be read ({err})"
+        ) from None
     reported = reported_values(path, plan) if plan is not None else {}
     trials = tuple(read_trial(path, trial, reported.get(trial.num, {})) for trial in record.trials)
     if plan is None:

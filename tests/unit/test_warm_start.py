@@ -225,7 +225,8 @@ def test_a_warm_start_that_cannot_be_taken_stops_the_command_before_anything_is_
 
 def test_a_search_warm_started_from_an_8_trial_grid_holds_its_trials_then_asks_tpe(tmp_path):
     grid_dir, search_dir = tmp_path / "grid", tmp_path / "search"
-    grid = run(["model.lr=1e-3,3e-3,1e-2,3e-2", "trainer.warmup_steps=1,2", f"hydra.sweep.dir={grid_dir}"], tmp_path)
+    grid = run(["model.lr=1e-3,3e-3,1e-2,3e-2", "trainer.warmup_steps=1,2", "hydra.launcher.local_parallelism=2",
+                f"hydra.sweep.dir={grid_dir}"], tmp_path)
     assert grid.returncode == 0, grid.stdout + grid.stderr
     search_args = [
         "hydra/sweeper=search", "hydra.sweeper.seed=0", "model.lr=tag(log, interval(1e-3, 3e-2))",
@@ -301,3 +302,17 @@ def test_seeded_trials_of_a_hyperband_search_hold_the_rungs_of_their_bracket(tmp
         rung_steps = [2 ** (bracket + r) for r in range(4 - bracket)]
         assert trial.system_attrs == {f"completed_rung_{r}": values[step] for r, step in enumerate(rung_steps)}
     assert len(brackets) > 1
+
+
+def test_the_report_names_a_seeded_best_trial_by_the_earlier_trial_it_copies(tmp_path):
+    from hpcsweep.results.search_report import best_trial_text, summarize_study
+
+    settings = SearchSettings(seed=0)
+    files = SearchFiles(tmp_path)
+    seeded = seeds(8)
+    seed_study(create_study(files, settings), seeded, SPACE, settings)
+    summary = summarize_study(load_study(files, settings).trials, "best_val_loss", "minimize", {})
+    best = min(seeded, key=lambda t: t.value)
+    assert summary.best.warm_start == f"/sweeps/grid#{best.num}"
+    assert f"best: warm start /sweeps/grid#{best.num} (study trial {best.num}) best_val_loss={best.value:.6g}" \
+        in best_trial_text(summary)
