@@ -2,9 +2,10 @@
 
 It validates the space and every end of it, creates the study (an Optuna journal in
 ``SWEEP_DIR/search/``; with ``warm_start``, seeded with earlier sweeps' finished trials), and
-hands the launcher ``n_trials`` slots carrying the fixed overrides only: on Slurm one array throttled by ``array_parallelism``, and the command returns. Each slot
-asks the study for its parameters when it starts (``hpcsweep.search.trial_slot``), so later trials
-learn from earlier ones; the local launcher runs the slots one after another the same way.
+hands the launcher ``n_trials`` slots carrying the fixed overrides only: on Slurm one array
+throttled by ``array_parallelism``, and the command returns. Each slot asks the study for its
+parameters when it starts (``hpcsweep.search.trial_slot``), so later trials learn from earlier
+ones; the local launcher runs the slots one after another the same way.
 """
 
 from __future__ import annotations

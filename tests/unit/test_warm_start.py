@@ -94,6 +94,15 @@ def test_keys_that_only_one_side_sets_count_and_unset_keys_left_at_their_default
     assert select([earlier(0, model__lr=0.01)]).kept
 
 
+def test_a_searched_config_group_takes_the_choice_its_overrides_name_and_leaves_its_keys_uncompared():
+    space = parse_space(["model=choice(deepseek_tiny, llama_small)"])
+    chose = earlier(0, overrides={"model": "llama_small"}, model__n_layers=8)
+    result = select_trials([EarlierSweep("/sweeps/grid", None, None, (chose, earlier(1)))], space, CONFIG, [],
+                           "best_val_loss", "none")
+    assert [(t.num, t.params) for t in result.kept] == [(0, {"model": "llama_small"})]
+    assert result.dropped[0].reason == "model is not in its config.yaml or its overrides"
+
+
 def test_a_pruned_search_trial_seeds_a_hyperband_search_with_its_reported_values():
     result = select([earlier(0, status="pruned", value=None, pruned_values={2: 1.5, 4: 1.25}),
                      earlier(1, status="pruned", value=None)], pruner="hyperband")
