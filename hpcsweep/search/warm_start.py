@@ -26,6 +26,7 @@ trials' values of the key are taken.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -171,8 +172,9 @@ def _ending(trial: EarlierTrial, objective: str, pruner: str) -> tuple[str | Non
     """``(state, value)`` to seed it with, or ``(None, (kind, reason))`` when it did not finish usably."""
     if trial.status in FINISHED_STATUSES:
         value = trial.metrics.get(objective)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None, ("without the objective", f"its metrics.json has no number {objective}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            # Optuna fails a trial told NaN: a diverged trial is no point of the objective.
+            return None, ("without the objective", f"its metrics.json has no finite number {objective}")
         return "COMPLETE", float(value)
     if trial.status == "pruned":
         if pruner not in PRUNED_KEEPING_PRUNERS:

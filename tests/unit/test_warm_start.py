@@ -71,7 +71,8 @@ def test_a_finished_trial_inside_the_space_with_the_same_fixed_settings_is_kept_
     # A key the earlier trial's own overrides set counts, though the search does not name it.
     (earlier(0, overrides={"trainer.weight_decay": 0.1}, trainer__weight_decay=0.1), "with other fixed settings",
      "trainer.weight_decay=0.1, and this search has 0.0"),
-    (earlier(0, value=None), "without the objective", "its metrics.json has no number best_val_loss"),
+    (earlier(0, value=None), "without the objective", "its metrics.json has no finite number best_val_loss"),
+    (earlier(0, value=float("nan")), "without the objective", "its metrics.json has no finite number best_val_loss"),
     (earlier(0, status="failed", value=None), "not finished", "status failed, not completed"),
     (earlier(0, status=None, value=None), "not finished", "no metrics.json (it never started), not completed"),
     (earlier(0, status="pruned", value=None, pruned_values={2: 1.0}), "pruned",
