@@ -4,7 +4,7 @@ Pure: the earlier sweeps come in as their files record them (``hpcsweep.search.e
 reads them), and out come the trials to seed the new study with and, for every other trial, why
 it was left out. A trial is kept when all of these hold:
 
-- **it finished**: ``completed`` or ``stopped_early`` with a number for the objective in its
+- **it finished**: ``completed`` or ``stopped_early`` with a finite number for the objective in its
   metrics.json (seeded COMPLETE); or ``pruned`` in a search whose study holds the values it
   reported, when the new pruner is ``sha`` or ``hyperband`` (seeded PRUNED with those values, so
   the pruner's rungs compare new trials with it);
