@@ -178,6 +178,14 @@ def read_sweep_record(sweep_dir: str | Path) -> SweepRecord:
     return parse_sweep_record((Path(sweep_dir) / SWEEP_FILE).read_text())
 
 
+def resolve_trial_dir(sweep_dir: Path, trial: TrialRecord) -> Path:
+    """The trial's dir: as recorded, or ``SWEEP_DIR/<num>`` when the sweep was copied elsewhere."""
+    recorded = Path(trial.trial_dir)
+    if not recorded.is_absolute():
+        recorded = sweep_dir / recorded
+    return recorded if recorded.exists() else sweep_dir / str(trial.num)
+
+
 @contextmanager
 def sweep_record_locked(sweep_dir: str | Path) -> Iterator[None]:
     """Hold the sweep's lock on ``sweep.json`` updates (array tasks of a search update it at once)."""

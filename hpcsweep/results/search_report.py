@@ -28,6 +28,8 @@ class StudyTrial:
     value: float | None
     last_step: int | None
     params: dict[str, Any]
+    warm_start: str | None = None
+    """For a trial seeded by ``hydra.sweeper.warm_start``: the earlier trial, ``SWEEP_DIR#NUM``."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class SearchSummary:
 
 def summarize_study(frozen: Sequence[Any], objective: str, direction: str, choices: dict[int, TrialChoice]) -> SearchSummary:
     """The summary of a study's frozen trials (pure; ``best`` is the best COMPLETE trial)."""
-    from hpcsweep.search.study import NUM_ATTR
+    from hpcsweep.search.study import NUM_ATTR, WARM_START_ATTR
 
     trials = [
         StudyTrial(
@@ -53,6 +55,7 @@ def summarize_study(frozen: Sequence[Any], objective: str, direction: str, choic
             value=t.value if t.value is not None else (t.intermediate_values[t.last_step] if t.last_step is not None else None),
             last_step=t.last_step,
             params=dict(t.params),
+            warm_start=earlier_trial_name(t.user_attrs.get(WARM_START_ATTR)),
         )
         for t in frozen
     ]
@@ -60,6 +63,11 @@ def summarize_study(frozen: Sequence[Any], objective: str, direction: str, choic
     pick = max if direction == "maximize" else min
     best = pick(complete, key=lambda t: t.value) if complete else None
     return SearchSummary(objective, direction, trials, best, choices)
+
+
+def earlier_trial_name(origin: Any) -> str | None:
+    """``SWEEP_DIR#NUM`` of a seeded trial's warm-start attribute; None for a trial of this sweep."""
+    return f"{origin['sweep_dir']}#{origin['num']}" if isinstance(origin, dict) else None
 
 
 def load_search_summary(sweep_dir: Path) -> SearchSummary | None:
@@ -96,6 +104,8 @@ def best_trial_text(summary: SearchSummary) -> str:
     params = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in best.params.items())
     slot = f"#{best.num}" if best.num is not None else "no trial dir"
+    if best.warm_start is not None:
+        slot = f"warm start {best.warm_start}"
     lines.append(f"best: {slot} (study trial {best.number}) {summary.objective}={best.value:.6g}  {params}")
     choice = summary.choices.get(best.num) if best.num is not None else None
     if choice is not None:

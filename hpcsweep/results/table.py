@@ -24,6 +24,7 @@ from hpcsweep.files.sweep_record import (
     SweepRecord,
     TrialRecord,
     read_sweep_record,
+    resolve_trial_dir,
 )
 from hpcsweep.files.tb_runs import run_event_files
 from hpcsweep.files.trial_files import CONFIG_FILE, ENVIRONMENT_FILE, TrialFiles
@@ -281,14 +282,6 @@ def swept_keys(rows: Sequence[TrialRow]) -> list[str]:
         keys.extend(k for k in row.overrides if k not in keys)
     varying = [k for k in keys if len({row.overrides.get(k) for row in rows}) > 1]
     return varying or keys
-
-
-def resolve_trial_dir(sweep_dir: Path, trial: TrialRecord) -> Path:
-    """The trial's dir: as recorded, or ``SWEEP_DIR/<num>`` when the sweep was copied elsewhere."""
-    recorded = Path(trial.trial_dir)
-    if not recorded.is_absolute():
-        recorded = sweep_dir / recorded
-    return recorded if recorded.exists() else sweep_dir / str(trial.num)
 
 
 def single_trial_record(

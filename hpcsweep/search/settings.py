@@ -43,8 +43,11 @@ class SearchSettings:
     reduction_factor: int = 3
     heartbeat_interval_s: int = 30
     grace_period_s: int = 300
+    warm_start: tuple[str, ...] = ()
+    """Earlier sweep dirs whose finished trials seed the study when it is created (``hpcsweep.search.warm_start``)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "warm_start", _sweep_dirs(self.warm_start))
         for name, allowed in (("sampler", SAMPLERS), ("pruner", PRUNERS), ("direction", DIRECTIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -69,6 +72,16 @@ class SearchSettings:
             )
         if not self.objective:
             raise ValueError("hydra.sweeper.objective='' is not allowed: a metrics.json key such as best_val_loss")
+
+
+def _sweep_dirs(value: Any) -> tuple[str, ...]:
+    """``warm_start`` as a tuple of paths: null is none, one path is a list of one."""
+    if value is None:
+        return ()
+    paths = (value,) if isinstance(value, str) else value
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
+        raise ValueError(f"hydra.sweeper.warm_start={value!r} is not allowed: a list of sweep dirs, [DIR, ...]")
+    return tuple(paths)
 
 
 def _whole(name: str, value: Any, least: int) -> None:
@@ -97,9 +110,12 @@ def with_trial_steps(settings: SearchSettings, steps: Sequence[tuple[int, int]])
 
 
 def settings_from_mapping(raw: Mapping[str, Any]) -> SearchSettings:
-    """``SearchSettings`` from ``hydra.sweeper``'s keys (others, such as ``_target_``, are ignored)."""
+    """``SearchSettings`` from ``hydra.sweeper``'s keys (others, such as ``_target_``, are ignored);
+    ``warm_start``'s paths are made absolute, from the working directory."""
     names = {f.name for f in fields(SearchSettings)}
-    return SearchSettings(**{k: v for k, v in raw.items() if k in names})
+    settings = SearchSettings(**{k: v for k, v in raw.items() if k in names})
+    # Absolute, so that running the sweep dir again from elsewhere names the same sweeps.
+    return replace(settings, warm_start=tuple(str(Path(p).expanduser().resolve()) for p in settings.warm_start))
 
 
 @dataclass(frozen=True)

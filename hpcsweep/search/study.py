@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -33,11 +33,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from hpcsweep.search.settings import STUDY_NAME, SearchFiles, SearchSettings
 from hpcsweep.search.space import Dimension, SearchSpace
+from hpcsweep.search.warm_start import SeedTrial
 
 HEARTBEAT_ATTR = "hpcsweep:heartbeat"
 """The trial system attribute holding the time (``time.time()``) of its last heartbeat."""
 NUM_ATTR = "hpcsweep_num"
 """The user attribute naming the sweep's trial (Hydra's job number, the array task) a study trial runs."""
+WARM_START_ATTR = "hpcsweep_warm_start"
+"""The user attribute of a study trial seeded by warm start: the earlier trial, ``{"sweep_dir": str, "num": int}``."""
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -164,6 +167,63 @@ def create_study(files: SearchFiles, settings: SearchSettings) -> optuna.Study:
         direction=settings.direction,
         load_if_exists=True,
     )
+
+
+def seed_study(study: optuna.Study, trials: Sequence[SeedTrial], space: SearchSpace, settings: SearchSettings) -> None:
+    """Add warm start's earlier trials to a new study, as finished trials of the space's distributions.
+
+    The sweeper calls it on the login node once the study is created and before it submits, so
+    they are in the journal before the first array task asks for a trial; the search's
+    ``n_trials`` new trials come after them. A trial with reported values also gets the rungs the
+    search's successive-halving or Hyperband pruner compares new trials with.
+    """
+    dists = distributions(space)
+    pruner = build_pruner(settings)
+    first = len(study.get_trials(deepcopy=False))
+    study.add_trials([
+        optuna.trial.create_trial(
+            state=TrialState[trial.state], value=trial.value, params=trial.params, distributions=dists,
+            user_attrs={WARM_START_ATTR: {"sweep_dir": trial.sweep_dir, "num": trial.num}},
+            system_attrs=completed_rungs(pruner, study, first + i, trial.intermediate_values),
+            intermediate_values=trial.intermediate_values,
+        )
+        for i, trial in enumerate(trials)
+    ])
+
+
+def completed_rungs(
+    pruner: optuna.pruners.BasePruner, study: optuna.Study, number: int, values: Mapping[int, float]
+) -> dict[str, float]:
+    """The ``completed_rung_N`` system attributes that successive halving (alone, or in study trial
+    ``number``'s Hyperband bracket) would have given a trial that reported ``values`` and went on
+    at every rung; {} for another pruner.
+
+    Successive halving compares a trial at a rung only with the trials holding that rung's
+    attribute: without them, a seeded trial's reported values would count for nothing.
+    """
+    from types import SimpleNamespace
+
+    if isinstance(pruner, optuna.pruners.HyperbandPruner):
+        # Optuna sizes the brackets on the first prune; a trial's bracket is a hash of the study's
+        # name and the trial's number, the only attribute of the trial that _get_bracket_id reads.
+        if not pruner._pruners:
+            pruner._try_initialization(study)
+        if not pruner._pruners:
+            return {}
+        halving = pruner._pruners[pruner._get_bracket_id(study, SimpleNamespace(number=number))]
+    elif isinstance(pruner, optuna.pruners.SuccessiveHalvingPruner):
+        halving = pruner
+    else:
+        return {}
+    if not isinstance(halving._min_resource, int):
+        return {}
+    rungs: dict[str, float] = {}
+    for step in sorted(values):
+        while step >= halving._min_resource * halving._reduction_factor ** (
+            halving._min_early_stopping_rate + len(rungs)
+        ):
+            rungs[f"completed_rung_{len(rungs)}"] = values[step]
+    return rungs
 
 
 def load_study(files: SearchFiles, settings: SearchSettings, num: int = 0) -> optuna.Study:

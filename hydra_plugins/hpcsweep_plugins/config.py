@@ -1,7 +1,7 @@
 """Launcher and sweeper configs, stored in Hydra's ConfigStore under ``hydra/launcher`` and ``hydra/sweeper``."""
 
 from dataclasses import dataclass, fields
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
@@ -143,6 +143,9 @@ class SearchSweeperConf:
     # A RUNNING trial without a heartbeat for this long (killed, node lost) is failed by the next
     # trial that starts; longer than a requeued trial waits in the queue, or it resumes as a new study trial.
     grace_period_s: int = 300
+    # Earlier sweep dirs (grid or search), [DIR, ...]: their finished trials that lie in this space,
+    # with the same fixed settings and objective, seed the study before its first new trial.
+    warm_start: Optional[Any] = None
     # More of the space, as {key: sweep}, besides the command line's.
     params: Optional[dict[str, str]] = None
 

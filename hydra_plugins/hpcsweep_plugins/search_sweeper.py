@@ -1,10 +1,11 @@
 """The search sweeper (``hydra/sweeper=search``): adaptive search with Optuna, as one job array, with no driver.
 
 It validates the space and every end of it, creates the study (an Optuna journal in
-``SWEEP_DIR/search/``), and hands the launcher ``n_trials`` slots carrying the fixed overrides
-only: on Slurm one array throttled by ``array_parallelism``, and the command returns. Each slot
-asks the study for its parameters when it starts (``hpcsweep.search.trial_slot``), so later trials
-learn from earlier ones; the local launcher runs the slots one after another the same way.
+``SWEEP_DIR/search/``; with ``warm_start``, seeded with earlier sweeps' finished trials), and
+hands the launcher ``n_trials`` slots carrying the fixed overrides only: on Slurm one array
+throttled by ``array_parallelism``, and the command returns. Each slot asks the study for its
+parameters when it starts (``hpcsweep.search.trial_slot``), so later trials learn from earlier
+ones; the local launcher runs the slots one after another the same way.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class SearchSweeper(Sweeper):
             settings = with_trial_steps(asked, check_space(self, asked, space))
             plan = same_search(read_plan(files), SearchPlan(asked, space), SearchPlan(settings, space))
             settings = plan.settings
+            # A study is seeded once, when it is created: a rerun resumes it without its earlier sweeps.
+            warm = None if files.journal.exists() else warm_start(self, settings, space, sweep_dir)
         except ValueError as err:
             exit_with_config_error(err, "nothing was submitted")
         created = missing_dirs(sweep_dir)
@@ -72,9 +75,13 @@ class SearchSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / MULTIRUN_FILE)
         write_plan(files, plan)
-        from hpcsweep.search.study import create_study
+        from hpcsweep.search.study import create_study, seed_study
 
-        create_study(files, settings)
+        study = create_study(files, settings)
+        if warm is not None:
+            seed_study(study, warm.kept, space, settings)
+            for line in warm.lines(len(settings.warm_start)):
+                log.info("%s", line)
         try:
             returns = self.launcher.launch(slot_overrides(sweep_dir, space, settings.n_trials), initial_job_idx=0)
         except BaseException as err:
@@ -144,6 +151,30 @@ def merge_choices(sweep_dir: Path) -> None:
     choices = read_choices(sweep_dir)
     if choices:
         record_trial_overrides(sweep_dir, {num: choice.overrides for num, choice in choices.items()})
+
+
+def warm_start(sweeper: SearchSweeper, settings: Any, space: Any, sweep_dir: Path) -> Any:
+    """The earlier trials the new study starts from (``hydra.sweeper.warm_start``), and those left out;
+    None without it. ``ValueError`` for a dir that is no readable sweep, or an earlier search of
+    another objective."""
+    if not settings.warm_start:
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hpcsweep.search.earlier_sweeps import read_earlier_sweeps
+    from hpcsweep.search.space import check_trials
+    from hpcsweep.search.warm_start import check_objective, select_trials
+    from hpcsweep.sweep.compose import SweepComposer
+
+    sweeps = read_earlier_sweeps(settings.warm_start, sweep_dir)
+    for sweep in sweeps:
+        check_objective(sweep, settings.objective, settings.direction)
+    assert sweeper.hydra_context is not None and sweeper.config is not None
+    composer = SweepComposer(sweeper.hydra_context.config_loader, sweeper.config)
+    # Any trial of the space has the fixed settings; the searched keys are not compared.
+    config = composer.compose_values(check_trials(space)[0].overrides)
+    fixed_keys = [o.key_or_group for o in OverridesParser.create().parse_overrides(list(space.fixed))]
+    return select_trials(sweeps, space, config, fixed_keys, settings.objective, settings.pruner)
 
 
 def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> list[tuple[int, int]]:
