@@ -58,6 +58,7 @@ SLOW_TESTS = {
         "test_prepare_data_with_a_model_folder_writes_what_the_sweep_reads",
     },
     "test_trainer_learning.py": {"test_val_loss_falls_far_below_the_unigram_entropy"},
+    "test_warm_start.py": {"test_a_search_warm_started_from_an_8_trial_grid_holds_its_trials_then_asks_tpe"},
     "test_worker_failure.py": {"test_failing_workers_fail_the_trial_with_their_traceback"},
 }
 """Slow tests by unit test module, by function name (every parameter set of a parametrized test)."""
