@@ -187,6 +187,29 @@ def test_the_cpu_sampler_reads_the_process_tree_from_proc():
         child.communicate(b"")
 
 
+def write_proc(proc: Path, processes: dict[int, tuple[int, int, int]]) -> None:
+    """A fake ``/proc`` with ``{pid: (ppid, cpu ticks, resident pages)}``."""
+    for pid, (ppid, ticks, pages) in processes.items():
+        (proc / str(pid)).mkdir(exist_ok=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (w) S {ppid} 0 0 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 9 0 0\n")
+        (proc / str(pid) / "statm").write_text(f"9000 {pages} 0 0 0 0 0\n")
+
+
+def test_the_known_tree_is_read_between_scans_and_a_reused_pid_is_not_counted(tmp_path):
+    write_proc(tmp_path, {1: (0, 0, 1), 10: (1, 100, 1000), 11: (10, 50, 500), 12: (1, 999, 9999)})
+    (tmp_path / "self").mkdir()  # not a pid
+    sampler = ProcessTreeSampler([10], proc=tmp_path, rescan_s=60.0)
+    first = sampler.read(0.0)
+    assert sampler.tree == {10, 11} and first.util_pct is None
+    assert first.rss_gb == pytest.approx(1500 * sampler.page_size / 2**30)
+    # 11 ends and its pid is reused by a stranger; 13, a new child, waits for the next scan.
+    write_proc(tmp_path, {10: (1, 100 + sampler.ticks_per_s, 1000), 11: (1, 0, 7777), 13: (10, 0, 100)})
+    second = sampler.read(1.0)
+    assert second.util_pct == pytest.approx(100.0 / sampler.cpus)
+    assert second.rss_gb == pytest.approx(1000 * sampler.page_size / 2**30)
+    assert sampler.read(61.0).rss_gb == pytest.approx(1100 * sampler.page_size / 2**30) and 13 in sampler.tree
+
+
 def test_the_sampler_thread_samples_until_stopped_and_a_failing_sample_never_raises():
     rounds = []
     thread = SamplerThread(lambda: rounds.append(time.monotonic()), interval_s=0.01)
