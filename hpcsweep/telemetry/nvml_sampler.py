@@ -59,7 +59,7 @@ class Gpu:
 
 
 class NvmlSampler:
-    """Reads the GPUs named by ``uuids`` through ``nvml``; ``open`` and ``close`` bracket its use."""
+    """Reads a node's GPUs through ``nvml``; ``open`` (by the GPUs' UUIDs) and ``close`` bracket its use."""
 
     def __init__(self, nvml: ModuleType, gpus: list[Gpu]) -> None:
         self.nvml, self.gpus = nvml, gpus
