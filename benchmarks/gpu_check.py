@@ -22,6 +22,11 @@ adds up to 100 % with its peak memory from the CUDA allocator, and on a GPU a ~1
 data ``SLOW_DATA_MS`` slow (``data.read_delay_ms``) shows, through CUDA events read once per window,
 the GPU waiting on data for most of its step (skipped on CPU, where the host clock times it: the unit
 tests prove that path).
+Telemetry: the large trial's metrics.json must hold NVML samples of its GPU (``telemetry.source``
+``nvml``, utilisation not null), and real ``pynvml`` samples the GPU during a matmul loop, through the
+trainer's own sampler and thread: the check prints them and the cost of one sample, and FAILs if the
+utilisation is null. On CPU (``--smoke``) the trial's telemetry must come from the CPU sampler, with
+the reason, and the matmul case is skipped, saying why.
 
 It measures the product, not a copy: every trial is a trial dir with a ``config.yaml`` trained by
 ``hpcsweep.train.worker.run_trial``, as a 1-process trial runs in production (the runner calls it
@@ -56,6 +61,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable from a checkout
 
 from hpcsweep.config import trial_config_from_dict, trial_config_to_dict  # noqa: E402
+from hpcsweep.telemetry.cpu_sampler import ProcessTreeSampler  # noqa: E402
+from hpcsweep.telemetry.node_sampler import NodeSampler  # noqa: E402
+from hpcsweep.telemetry.sampler_thread import SamplerThread  # noqa: E402
+from hpcsweep.telemetry.trial_telemetry import load_pynvml, open_gpus, torch_cuda_uuids  # noqa: E402
 from hpcsweep.train import model as model_lib  # noqa: E402
 from hpcsweep.train.distributed import destroy_distributed, init_distributed  # noqa: E402
 from hpcsweep.train.trainer import Trainer  # noqa: E402
@@ -96,6 +105,8 @@ class Plan:
     expect_mfu: bool
     lora_base: Size
     """The model folder a LoRA fine-tuning trains over."""
+    telemetry_every_s: float
+    """``trainer.telemetry_every_s`` of every trial: short, so that even the short trials have samples."""
     trainer: dict[str, Any] = field(default_factory=dict)
 
 
@@ -116,6 +127,7 @@ GPU_PLAN = Plan(
     expect_attention=("sdpa", "flash_attention_2"),
     expect_mfu=True,
     lora_base=Size("~1B", model_group("deepseek_1b"), {"seq_len": 2048, "batch_size": 8}),
+    telemetry_every_s=0.2,
 )
 SMOKE_PLAN = Plan(
     device="cpu",
@@ -130,6 +142,7 @@ SMOKE_PLAN = Plan(
     expect_attention=("eager",),
     expect_mfu=False,
     lora_base=Size("tiny", model_group("deepseek_tiny"), {"seq_len": 32, "batch_size": 4, "synthetic_tokens": 20_000}),
+    telemetry_every_s=0.05,
 )
 
 
@@ -149,6 +162,7 @@ def write_trial(path: Path, plan: Plan, size: Size, deterministic: bool) -> Path
             "eval_batches": 1,
             "ckpt_every": 0,
             "keep_top_k": 0,
+            "telemetry_every_s": plan.telemetry_every_s,
         },
     })
     path.mkdir(parents=True)
@@ -290,6 +304,94 @@ def fsdp_line(fsdp: dict[str, Any]) -> str:
             f"MFU {mfu}, x{fsdp['ratio_to_ddp']:.2f} the DDP trial's tokens/s")
 
 
+MATMUL_S = 3.0
+"""How long the matmul loop runs while NVML samples the GPU."""
+MATMUL_SAMPLE_S = 0.25
+"""Its sampling interval: a dozen samples; NVML's utilisation counts over its last 1/6 to 1 s."""
+SAMPLE_COST_ROUNDS = 50
+
+
+def trial_telemetry_check(plan: Plan, name: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The trial's ``telemetry``: NVML with a utilisation for every GPU on a GPU, the CPU sampler on CPU."""
+    telemetry = metrics.get("telemetry")
+    if not telemetry:
+        raise CheckFailed(f"{name}: metrics.json has no telemetry")
+    if plan.device == "cuda":
+        if telemetry["source"] != "nvml" or not telemetry["gpus"]:
+            raise CheckFailed(f"{name}: telemetry source {telemetry['source']!r} with {len(telemetry['gpus'])} GPUs, "
+                              f"not NVML: {telemetry['reason']}")
+        null = [(gpu["index"], gpu["reasons"].get("util_pct"), gpu["lost"]) for gpu in telemetry["gpus"]
+                if gpu["util_pct"] is None]
+        if null:
+            raise CheckFailed(f"{name}: GPU utilisation is null in metrics.json's telemetry (index, reason, lost): {null}")
+    elif telemetry["source"] != "cpu" or not telemetry["reason"]:
+        raise CheckFailed(f"{name}: on CPU telemetry must come from the CPU sampler with its reason: {telemetry}")
+    return telemetry
+
+
+def nvml_matmul_check(plan: Plan) -> dict[str, Any]:
+    """Real pynvml sampling GPU 0 through the trainer's sampler and thread during a matmul loop; the cost
+    of one sample. FAILs if NVML does not start or the utilisation is null or 0 under the loop."""
+    if plan.device != "cuda":
+        return {"skipped": "no GPU (--smoke): NVML is proved by a run on a GPU"}
+    gpus, reason = open_gpus(load_pynvml, torch_cuda_uuids(1))
+    if gpus is None:
+        raise CheckFailed(f"NVML: {reason}")
+    node = NodeSampler("gpu_check", gpus, None, ProcessTreeSampler([os.getpid()]))
+    thread = SamplerThread(node.sample, MATMUL_SAMPLE_S)
+    try:
+        x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        thread.start()
+        start = time.perf_counter()
+        while time.perf_counter() - start < MATMUL_S:
+            for _ in range(10):
+                x = (x @ x).clamp_(-1, 1)
+            torch.cuda.synchronize()
+        thread.stop()
+        result = node.summary()
+        start = time.perf_counter()
+        for _ in range(SAMPLE_COST_ROUNDS):
+            node.sample()
+        sample_ms = (time.perf_counter() - start) / SAMPLE_COST_ROUNDS * 1e3
+    finally:
+        thread.stop()
+        node.close()
+    if thread.error:
+        raise CheckFailed(f"NVML sampling failed: {thread.error}")
+    gpu = result["gpus"][0]
+    if gpu["util_pct"] is None or gpu["util_pct"]["max"] == 0:
+        raise CheckFailed(f"NVML utilisation {gpu['util_pct']!r} during a matmul loop ({result['samples']} samples): "
+                          f"{gpu['reasons'].get('util_pct')} {gpu['lost'] or ''}")
+    return {"samples": result["samples"], "gpu": gpu, "sample_ms": sample_ms}
+
+
+def stats_text(stats: dict[str, float] | None, unit: str, digits: int = 0) -> str:
+    if stats is None:
+        return "null"
+    return f"{stats['mean']:.{digits}f}{unit} (p5 {stats['p5']:.{digits}f}, max {stats['max']:.{digits}f})"
+
+
+def telemetry_lines(telemetry: dict[str, Any]) -> list[str]:
+    """What the trial's telemetry and the matmul loop's NVML samples say, one line each."""
+    trial, matmul = telemetry["trial"], telemetry["matmul"]
+    lines = [f"telemetry of the large trial: source {trial['source']}"
+             + (f" ({trial['reason']})" if trial["reason"] else "") + f", {trial['samples']} samples every "
+             f"{trial['interval_s']} s; CPU {stats_text(trial['cpu']['util_pct'], '%')}, "
+             f"RSS {stats_text(trial['cpu']['rss_gb'], ' GB', 2)}"]
+    lines += [f"  GPU{gpu['index']} {gpu['name']}: util {stats_text(gpu['util_pct'], '%')}, energy {gpu['energy_j']} J"
+              for gpu in trial["gpus"]]
+    if "skipped" in matmul:
+        return [*lines, f"NVML samples during a matmul loop: skipped: {matmul['skipped']}"]
+    gpu = matmul["gpu"]
+    gpm = {key: stats_text(gpu[key], "%") if gpu[key] else f"null ({gpu['reasons'][key]})"
+           for key in ("sm_active_pct", "tensor_active_pct")}
+    return [*lines, f"NVML samples during a matmul loop ({matmul['samples']} samples, {gpu['name']}): util "
+            f"{stats_text(gpu['util_pct'], '%')}, memory {stats_text(gpu['mem_used_gb'], ' GB', 1)} of "
+            f"{gpu['mem_total_gb']:.0f} GB, power {stats_text(gpu['power_w'], ' W')}, SM clock "
+            f"{stats_text(gpu['sm_clock_mhz'], ' MHz')}, SM active {gpm['sm_active_pct']}, tensor active "
+            f"{gpm['tensor_active_pct']}, energy {gpu['energy_j']} J; one sample {matmul['sample_ms']:.2f} ms"]
+
+
 CONFIG_JSON_KEYS = {
     "vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
     "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
@@ -417,6 +519,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     release_gpu_memory(plan)
     large_metrics = train(large)
     check_run("large", large_metrics, plan, False)
+    telemetry = {"trial": trial_telemetry_check(plan, "large", large_metrics), "matmul": nvml_matmul_check(plan)}
     fsdp = fsdp_check(plan, workdir, large_metrics)
 
     rows = []
@@ -436,6 +539,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
         "fsdp": fsdp,
         "lora": lora,
         "step_time": step_time,
+        "telemetry": telemetry,
         "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
                          "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
         "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
@@ -471,6 +575,7 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
           f"MFU {mfu} (over the frozen base's forward and backward), peak memory {peak}; "
           f"checkpoint {lora['checkpoint_gb'] * 1e3:.1f} MB")
     print("\n".join(step_time_lines(result["step_time"])))
+    print("\n".join(telemetry_lines(result["telemetry"])))
     print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
 
 

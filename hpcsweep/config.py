@@ -472,6 +472,12 @@ class TrainerConfig:
     checkpoint, logging, other) and its peak memory: metrics.json ``step_time`` and
     ``step_time_total``, TensorBoard ``time/*_pct`` and ``mem/peak_gb``. False switches it off (the
     overhead benchmark's baseline)."""
+    # Per-trial telemetry (hpcsweep.telemetry, docs/user/telemetry.md).
+    telemetry_every_s: float = 10.0
+    """Seconds between two samples of the trial's GPUs (NVML: utilisation, memory, power, SM clock,
+    GPM's SM- and tensor-active %) and its workers' CPU and memory, taken by a thread on each node's
+    local rank 0; logged as ``sys/...`` scalars at each log window and summarised in metrics.json's
+    ``telemetry``. 0 disables it."""
 
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
@@ -505,6 +511,8 @@ class TrainerConfig:
             self.hang_timeout_min >= 0, "trainer.hang_timeout_min", self.hang_timeout_min, "minutes >= 0 (0 disables)"
         )
         self._check_parallel()
+        _require(self.telemetry_every_s >= 0, "trainer.telemetry_every_s", self.telemetry_every_s,
+                 "seconds >= 0 (0 disables telemetry)")
 
     def _check_parallel(self) -> None:
         _require(self.powersgd_rank >= 1, "trainer.powersgd_rank", self.powersgd_rank, "an integer >= 1")

@@ -26,6 +26,7 @@ from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
+from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
 from hpcsweep.train import step_timer
 from hpcsweep.train.checkpoint import CheckpointManager
@@ -133,6 +134,9 @@ class Trainer:
                            intra_op_threads=torch.get_num_threads(), **dataclasses.asdict(self.choices))
         self.report["memory_plan"] = memory_plan
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
+        self.telemetry = TrialTelemetry.start(tcfg.telemetry_every_s, device_type=world.device.type, ranks=ranks,
+                                              rank=world.rank, gather=lambda obj: all_gather_objects(world, obj),
+                                              is_writer=self.is_writer)
 
     # ----- checkpoints -------------------------------------------------------------------------
 
@@ -305,6 +309,7 @@ class Trainer:
             **step_timer.tensorboard_scalars(window),
         }
         self.logger.log(scalars, self.step)
+        self.telemetry.log_window(self.step, self.logger)
         self.report.update(
             train_loss=scalars["train/loss"], lr=scalars["train/lr"], grad_norm=scalars["train/grad_norm"],
             tokens_per_s=tokens_per_s, mfu=scalars["perf/mfu"], **self.step_timer.report(),
@@ -369,12 +374,14 @@ class Trainer:
     def write_report(self, **extra: Any) -> None:
         """Rewrite metrics.json (rank 0 only)."""
         if self.is_writer:
-            self.report.update(step=self.step, memory_peak=self.peak_memory.trial_peak(), **extra)
+            self.report.update(step=self.step, memory_peak=self.peak_memory.trial_peak(),
+                               **self.telemetry.report_fields(), **extra)
             metrics_file.write_metrics(TrialFiles(self.trial_dir).metrics, self.report)
 
     def close(self) -> None:
         """Wait for the save under way, flush and close the logger (safe to call twice)."""
         try:
+            self.telemetry.close()
             self.ckpt.close()
         finally:
             self.logger.close()

@@ -31,11 +31,12 @@ MODEL_RECORD_KEY = "model"
 """The key of ``environment.json`` that holds the identity of the model folder the attempt trained from."""
 
 FREE_KEYS: tuple[str, ...] = (
-    # Logging, checkpoints and retention: no effect on the computation or the RNG streams.
+    # Logging, telemetry, checkpoints and retention: no effect on the computation or the RNG streams.
     "trainer.log_every",
     "trainer.ckpt_every",
     "trainer.ckpt_every_min",
     "trainer.keep_top_k",
+    "trainer.telemetry_every_s",
     # When a stalled run is given up: never what a step computes.
     "trainer.hang_timeout_min",
     # How bytes move between ranks and where the trial is placed, not what is computed: a

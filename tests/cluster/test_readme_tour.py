@@ -45,6 +45,7 @@ PAGES = (
     "docs/user/failures.md",
     "docs/user/results.md",
     "docs/user/efficiency.md",
+    "docs/user/telemetry.md",
     "docs/user/sbatch.md",
     "docs/user/gpus.md",
     "docs/user/memory-plan.md",

@@ -30,6 +30,8 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "LoRA fine-tuning of a saved tiny folder" in printed.out
     assert "step time (fast path, last window of 3 steps" in printed.out and "(rss) OK" in printed.out
     assert "step time, slow data (data.read_delay_ms=100): SKIPPED on CPU: it proves the CUDA events" in printed.out
+    assert "telemetry of the large trial: source cpu (the trial trains on CPU: no GPU to read)" in printed.out
+    assert "NVML samples during a matmul loop: skipped: no GPU (--smoke)" in printed.out
     result = json.loads(out.read_text())
     assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
     assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
@@ -37,6 +39,7 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert result["fsdp"]["tokens_per_s"] > 0
     assert result["step_time"]["fast"]["peak_memory_source"] == "rss" and result["step_time"]["slow_data"] is None
     assert json.loads((tmp_path / "work" / "large-fsdp" / "metrics.json").read_text())["parallel"] == "fsdp"
+    assert result["telemetry"]["trial"]["source"] == "cpu" and result["telemetry"]["trial"]["gpus"] == []
     lora = result["lora"]
     assert lora["tokens_per_s"] > 0 and (lora["mfu"], lora["peak_memory_gib"]) == (None, None)
     # It trained LoRA over the folder's architecture (the tokenizer's vocabulary, not the preset's 256).
@@ -68,6 +71,19 @@ def test_gpu_check_fails_a_memory_plan_off_the_measured_peak():
     for plan_gb in (9, 16):
         with pytest.raises(check["CheckFailed"], match=r"^~125M: memory plan .* the measured peak 10.00 GB"):
             check["memory_plan_checks"](gpu, [(size, metrics(plan_gb, 10))])
+
+
+def test_gpu_check_fails_a_gpu_trial_whose_telemetry_has_no_utilisation():
+    check = runpy.run_path(str(SCRIPT))
+    gpu = {"index": 0, "util_pct": {"mean": 80.0, "p5": 10.0, "max": 100.0}, "reasons": {}, "lost": None}
+    telemetry = {"source": "nvml", "reason": None, "gpus": [gpu, {**gpu, "index": 1, "util_pct": None,
+                                                                   "reasons": {"util_pct": "NVML gave no value"}}]}
+    with pytest.raises(check["CheckFailed"], match=r"^large: GPU utilisation is null .*\(1, 'NVML gave no value', None\)"):
+        check["trial_telemetry_check"](check["GPU_PLAN"], "large", {"telemetry": telemetry})
+    cpu = {"source": "cpu", "reason": "NVML did not start: x", "gpus": []}
+    with pytest.raises(check["CheckFailed"], match=r"^large: telemetry source 'cpu' with 0 GPUs, not NVML: NVML did not"):
+        check["trial_telemetry_check"](check["GPU_PLAN"], "large", {"telemetry": cpu})
+    assert check["trial_telemetry_check"](check["GPU_PLAN"], "large", {"telemetry": {**telemetry, "gpus": [gpu]}})
 
 
 def test_gpu_check_fails_loudly_without_a_gpu(monkeypatch, capsys):

@@ -16,7 +16,7 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offline", "memory_plan")
+SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offline", "memory_plan", "telemetry")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 TOOLS = ("export",)
 """After a sweep, beside the stages: reads trials with the workers' code; no stage imports a tool."""
@@ -31,6 +31,7 @@ ALLOWED = {
     "model_folder": {"model_folder"},
     "offline": {"offline"},
     "memory_plan": {"config", "memory_plan", "model_folder"},
+    "telemetry": {"config", "telemetry"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
     "export": {*SHARED, "train", "results", "export"},
 }

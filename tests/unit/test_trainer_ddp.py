@@ -95,6 +95,10 @@ def test_ranks_record_where_they_ran(two_rank_runs):
     assert [(r["rank"], r["local_rank"]) for r in ranks] == [(0, 0), (1, 1)]
     assert len({r["pid"] for r in ranks}) == 2
     assert read_metrics(straight)["nodes"] == [socket.gethostname()]
+    # Rank 0 summarised the telemetry its node's local rank 0 sampled, through the log windows' gather.
+    telemetry = read_metrics(straight)["telemetry"]
+    assert (telemetry["source"], telemetry["reason"], telemetry["gpus"]) == (
+        "cpu", "the trial trains on CPU: no GPU to read", [])
 
 
 @pytest.mark.parametrize("one_rank", [{"data.batch_size": 8}, {"trainer.grad_accum": 2}])

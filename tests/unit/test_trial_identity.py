@@ -29,7 +29,7 @@ def test_what_changes_the_weights_or_the_data_order_is_refused(key):
 
 @pytest.mark.parametrize("key", ["trainer.log_every", "trainer.ckpt_every", "trainer.keep_top_k",
                                  "trainer.eval_every", "trainer.eval_batches", "nccl.pg_timeout_s",
-                                 "topology.max_wait_min"])
+                                 "topology.max_wait_min", "trainer.telemetry_every_s"])
 def test_logging_checkpointing_transport_and_placement_may_change(key):
     assert differing_keys({}, {key: 7}) == []
 
