@@ -461,6 +461,17 @@ class TrainerConfig:
     steps. DDP only."""
     comm_warmup_steps: int = 20
     """Steps of plain all-reduce before ``grad_comm=powersgd`` compresses or ``sync_every`` goes local."""
+    # Profiler traces (hpcsweep.train.profiling, docs/user/profiling.md): they never change what a step computes.
+    profile_steps: list[int] | None = None
+    """``[START, END]``: run ``torch.profiler`` over optimizer steps START..END (1-based, inclusive) and
+    write one Chrome/Perfetto trace per rank to ``TRIAL_DIR/profile/steps-START-END/rankR.json``. A
+    resumed trial skips a window it has passed and takes the rest of one it stopped inside. null: none
+    (a running trial can still be asked for one: ``python -m hpcsweep.profile``)."""
+    profile_memory: bool = False
+    """Also record memory: allocations in the trace and, on CUDA, an allocator snapshot
+    (``rankR-memory.pickle``, for https://pytorch.org/memory_viz)."""
+    profile_stacks: bool = False
+    """Also record the Python stack of every operator (larger traces, slower steps while profiling)."""
 
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
@@ -494,6 +505,13 @@ class TrainerConfig:
             self.hang_timeout_min >= 0, "trainer.hang_timeout_min", self.hang_timeout_min, "minutes >= 0 (0 disables)"
         )
         self._check_parallel()
+        self._check_profile()
+
+    def _check_profile(self) -> None:
+        steps = self.profile_steps
+        _require(steps is None or (len(steps) == 2 and 1 <= steps[0] <= steps[1] <= self.max_steps),
+                 "trainer.profile_steps", steps,
+                 f"null or [START, END]: two optimizer steps with 1 <= START <= END <= trainer.max_steps={self.max_steps}")
 
     def _check_parallel(self) -> None:
         _require(self.powersgd_rank >= 1, "trainer.powersgd_rank", self.powersgd_rank, "an integer >= 1")

@@ -100,6 +100,8 @@ class TrialRow:
     """The memory plan's tensors per GPU (metrics.json ``memory_plan.tensors_bytes``; ``hpcsweep.memory_plan``)."""
     memory_peak_bytes: int | None = None
     """What rank 0 measured: ``torch.cuda.max_memory_allocated`` on GPU, the peak resident set on CPU."""
+    profile_dir: str = ""
+    """Where the trial's latest profiler traces are, relative to its trial dir (``profile/steps-3-4``; metrics.json ``profile``)."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,7 @@ def build_row(
         last_stop_reason=metrics.get("last_stop_reason") or "",
         memory_plan_bytes=(metrics.get("memory_plan") or {}).get("tensors_bytes"),
         memory_peak_bytes=(metrics.get("memory_peak") or {}).get("bytes"),
+        profile_dir=str(Path(traces[0]).parent) if (traces := (metrics.get("profile") or {}).get("traces")) else "",
         **values,
     )
 
