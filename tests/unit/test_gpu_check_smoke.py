@@ -29,6 +29,10 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "FSDP (tiny-x2, trainer.parallel=fsdp over one rank):" in printed.out
     assert "LoRA fine-tuning of a saved tiny folder" in printed.out
     result = json.loads(out.read_text())
+    assert "profile of steps 2-3 (trainer.profile_steps, profile_memory): trace " in printed.out
+    # On CPU: a trace of the two steps, no CUDA kernels in it and no CUDA memory snapshot.
+    assert ({k: result["profile"][k] for k in ("steps", "kernels", "memory_snapshot_mb")}
+            == {"steps": [2, 3], "kernels": 0, "memory_snapshot_mb": None})
     assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
     assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
     assert result["exact_resume"]["straight"] == result["exact_resume"]["resumed"]
