@@ -12,7 +12,7 @@ from hpcsweep import profile, status
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.control import profile_request
 from hpcsweep.train import worker as train
-from hpcsweep.train.profiling import Window, profiler_options, request_window, window_from
+from hpcsweep.train.profiling import StepProfiler, Window, profiler_options, request_window, window_from
 from hpcsweep.trial.identity import config_differences
 
 from .sweep_fixtures import make_sweep, metrics
@@ -160,6 +160,21 @@ def test_a_trial_takes_a_request_for_its_next_steps_and_answers_it(tmp_path):
         id=request.id, steps=(2, 3), traces=("profile/steps-2-3/rank0.json",))
     assert not profile_request.request_path(trial).exists()
     assert read_metrics(trial)["profile"]["steps"] == [2, 3]
+
+
+def test_a_request_rank_0_cannot_read_is_dropped_with_a_warning(tmp_path, caplog):
+    profiler = StepProfiler(trial_config_from_dict({}).trainer, tmp_path, rank=0, world_size=2,
+                            device=torch.device("cpu"), is_reader=True, on_trace=lambda summary: None)
+    profile_request.request_path(tmp_path).parent.mkdir()
+    profile_request.request_path(tmp_path).write_text('{"steps": 3}')
+    assert profiler.asked_steps() == 0
+    assert not profile_request.request_path(tmp_path).exists()
+    assert "not a profile request (KeyError" in caplog.text
+    # Only rank 0 reads: the others ask for nothing, and follow what the stop check agrees on.
+    profile_request.write_request(tmp_path, 3)
+    other = StepProfiler(trial_config_from_dict({}).trainer, tmp_path, rank=1, world_size=2,
+                         device=torch.device("cpu"), is_reader=False, on_trace=lambda summary: None)
+    assert (other.asked_steps(), profiler.asked_steps()) == (0, 3)
 
 
 # ----- the command -------------------------------------------------------------------------------
