@@ -27,6 +27,8 @@ Telemetry: the large trial's metrics.json must hold NVML samples of its GPU (``t
 trainer's own sampler and thread: the check prints them and the cost of one sample, and FAILs if the
 utilisation is null. On CPU (``--smoke``) the trial's telemetry must come from the CPU sampler, with
 the reason, and the matmul case is skipped, saying why.
+Last, the ~125M model with ``trainer.profile_steps=[2,3]`` and ``profile_memory``: a Perfetto trace of
+exactly those steps holding CUDA kernels, and a CUDA allocator snapshot.
 
 It measures the product, not a copy: every trial is a trial dir with a ``config.yaml`` trained by
 ``hpcsweep.train.worker.run_trial``, as a 1-process trial runs in production (the runner calls it
@@ -47,6 +49,7 @@ import dataclasses
 import gc
 import json
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -390,6 +393,42 @@ def telemetry_lines(telemetry: dict[str, Any]) -> list[str]:
             f"{gpu['mem_total_gb']:.0f} GB, power {stats_text(gpu['power_w'], ' W')}, SM clock "
             f"{stats_text(gpu['sm_clock_mhz'], ' MHz')}, SM active {gpm['sm_active_pct']}, tensor active "
             f"{gpm['tensor_active_pct']}, energy {gpu['energy_j']} J; one sample {matmul['sample_ms']:.2f} ms"]
+PROFILED_STEPS = (2, 3)
+
+
+def profile_check(plan: Plan, workdir: Path) -> dict[str, Any]:
+    """The small model with ``trainer.profile_steps`` and ``profile_memory``: a Perfetto trace of exactly
+    those steps, with CUDA kernels and a CUDA allocator snapshot on a GPU."""
+    trial = write_trial(workdir / "small-profiled", plan, plan.small, deterministic=False)
+    config = yaml.safe_load((trial / "config.yaml").read_text())
+    config["trainer"].update(profile_steps=list(PROFILED_STEPS), profile_memory=True)
+    (trial / "config.yaml").write_text(yaml.safe_dump(trial_config_to_dict(trial_config_from_dict(config)), sort_keys=False))
+    release_gpu_memory(plan)
+    metrics = train(trial)
+    start, end = PROFILED_STEPS
+    if (metrics.get("profile") or {}).get("steps") != [start, end]:
+        raise CheckFailed(f"profile: metrics.json has profile {metrics.get('profile')!r}, not steps {start}-{end}")
+    trace = trial / metrics["profile"]["traces"][0]
+    events = json.loads(trace.read_text())["traceEvents"]
+    labels = sorted({e["name"] for e in events if e.get("ph") == "X" and e["name"].startswith("step ")})
+    kernels = sum(e.get("cat") == "kernel" for e in events)
+    if labels != [f"step {n}" for n in range(start, end + 1)]:
+        raise CheckFailed(f"profile: the trace labels {labels}, not steps {start}-{end}")
+    snapshots = metrics["profile"].get("memory_snapshots", [])
+    if plan.device == "cuda":
+        if not kernels:
+            raise CheckFailed(f"profile: no CUDA kernel in {trace}: the profiler did not record the GPU")
+        if not snapshots or "segments" not in pickle.loads((trial / snapshots[0]).read_bytes()):
+            raise CheckFailed(f"profile: no CUDA memory snapshot with segments: {snapshots!r}")
+    return {"steps": [start, end], "trace_mb": trace.stat().st_size / 1e6, "events": len(events), "kernels": kernels,
+            "memory_snapshot_mb": (trial / snapshots[0]).stat().st_size / 1e6 if snapshots else None}
+
+
+def profile_line(profile: dict[str, Any]) -> str:
+    snapshot = "none (CPU)" if profile["memory_snapshot_mb"] is None else f"{profile['memory_snapshot_mb']:.1f} MB"
+    return (f"profile of steps {profile['steps'][0]}-{profile['steps'][1]} (trainer.profile_steps, profile_memory): "
+            f"trace {profile['trace_mb']:.1f} MB, {profile['events']} events, {profile['kernels']} CUDA kernels; "
+            f"memory snapshot {snapshot} OK")
 
 
 CONFIG_JSON_KEYS = {
@@ -530,6 +569,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
                      **checkpoint_times(trial)})
     lora = run_lora_check(plan, workdir)
     step_time = step_time_check(plan, workdir, fast_metrics)
+    profile = profile_check(plan, workdir)
     return {
         "device": fast_metrics.get("device_name") or "cpu",
         "sizes": rows,
@@ -540,6 +580,7 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
         "lora": lora,
         "step_time": step_time,
         "telemetry": telemetry,
+        "profile": profile,
         "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
                          "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
         "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
@@ -576,6 +617,7 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
           f"checkpoint {lora['checkpoint_gb'] * 1e3:.1f} MB")
     print("\n".join(step_time_lines(result["step_time"])))
     print("\n".join(telemetry_lines(result["telemetry"])))
+    print(profile_line(result["profile"]))
     print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
 
 

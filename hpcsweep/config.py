@@ -478,6 +478,17 @@ class TrainerConfig:
     GPM's SM- and tensor-active %) and its workers' CPU and memory, taken by a thread on each node's
     local rank 0; logged as ``sys/...`` scalars at each log window and summarised in metrics.json's
     ``telemetry``. 0 disables it."""
+    # Profiler traces (hpcsweep.train.profiling, docs/user/profiling.md): they never change what a step computes.
+    profile_steps: list[int] | None = None
+    """``[START, END]``: run ``torch.profiler`` over optimizer steps START..END (1-based, inclusive) and
+    write one Chrome/Perfetto trace per rank to ``TRIAL_DIR/profile/steps-START-END/rankR.json``. A
+    resumed trial skips a window it has passed and takes the rest of one it stopped inside. null: none
+    (a running trial can still be asked for one: ``python -m hpcsweep.profile``)."""
+    profile_memory: bool = False
+    """Also record memory: allocations in the trace and, on CUDA, an allocator snapshot
+    (``rankR-memory.pickle``, for https://pytorch.org/memory_viz)."""
+    profile_stacks: bool = False
+    """Also record the Python stack of every operator (larger traces, slower steps while profiling)."""
 
     def __post_init__(self) -> None:
         _require(self.nodes >= 1, "trainer.nodes", self.nodes, "an integer >= 1")
@@ -513,6 +524,13 @@ class TrainerConfig:
         self._check_parallel()
         _require(self.telemetry_every_s >= 0, "trainer.telemetry_every_s", self.telemetry_every_s,
                  "seconds >= 0 (0 disables telemetry)")
+        self._check_profile()
+
+    def _check_profile(self) -> None:
+        steps = self.profile_steps
+        _require(steps is None or (len(steps) == 2 and 1 <= steps[0] <= steps[1] <= self.max_steps),
+                 "trainer.profile_steps", steps,
+                 f"null or [START, END]: two optimizer steps with 1 <= START <= END <= trainer.max_steps={self.max_steps}")
 
     def _check_parallel(self) -> None:
         _require(self.powersgd_rank >= 1, "trainer.powersgd_rank", self.powersgd_rank, "an integer >= 1")

@@ -4,7 +4,7 @@ One line per trial, labelled by the values it trained with (``hpcsweep.results.o
 state, a progress bar of step/max_steps, the ETA from its throughput, the latest loss, restarts
 and nodes, or for a pending trial Slurm's reason it waits; failed trials add why, and a reason
 that never clears (``PartitionConfig`` ...) is flagged in red with what it means. A retried trial
-shows its attempt. Above the trials: the GPU-hours every run of the sweep has spent (allocated
+shows its attempt, and one with profiler traces where they are. Above the trials: the GPU-hours every run of the sweep has spent (allocated
 GPU-hours, ``hpcsweep.results.gpu_hours``), against ``hydra.launcher.budget_gpu_hours``, flagged
 from 80 % of it on. Each poll makes one ``sacct`` call for the whole sweep (none for a local
 sweep), plus one ``squeue`` while a trial is queued, and for a ``data=text`` sweep one for its token
@@ -131,6 +131,8 @@ def status_line(row: TrialRow, params: str, eta: float | None, color: bool = Fal
         line += "  (stopped by the budget)"
     if row.status == "failed":
         line += f"\n     error: {row.error or 'no error recorded'}"
+    if row.profile_dir:
+        line += f"\n     profile: {Path(row.trial_dir) / row.profile_dir}/ (Perfetto traces, one per rank)"
     if row.status == "pending" and row.never_starts:
         line += "\n     " + paint(f"never starts: {row.reason.split(',')[0]}: {row.never_starts}", color)
     return line

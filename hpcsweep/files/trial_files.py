@@ -15,6 +15,8 @@ TB_DIR = "tb"
 """The trial's TensorBoard folder (its run is a folder below it: ``hpcsweep.files.tb_runs``)."""
 CHECKPOINT_DIR = "checkpoints"
 """The trial's checkpoints (``hpcsweep.train.checkpoint``)."""
+PROFILE_DIR = "profile"
+"""The trial's profiler traces, one folder per window, and the request files (``hpcsweep.control.profile_request``)."""
 TRIAL_FILES = (METRICS_FILE, CONFIG_FILE, ENVIRONMENT_FILE)
 """Files a trial dir holds once it has started: without sweep.json, they make it a sweep of one."""
 
@@ -44,6 +46,10 @@ class TrialFiles:
     @property
     def checkpoints(self) -> Path:
         return self.root / CHECKPOINT_DIR
+
+    @property
+    def profile(self) -> Path:
+        return self.root / PROFILE_DIR
 
     @property
     def tb(self) -> Path:

@@ -104,6 +104,8 @@ class TrialRow:
     """What rank 0 measured: ``torch.cuda.max_memory_allocated`` on GPU, the peak resident set on CPU."""
     efficiency: TrialEfficiency = field(default_factory=TrialEfficiency)
     """How the trial used its hardware (``hpcsweep.results.efficiency``): ``report --efficiency``'s row."""
+    profile_dir: str = ""
+    """Where the trial's latest profiler traces are, relative to its trial dir (``profile/steps-3-4``; metrics.json ``profile``)."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,7 @@ def build_row(
         memory_plan_bytes=(metrics.get("memory_plan") or {}).get("tensors_bytes"),
         memory_peak_bytes=(metrics.get("memory_peak") or {}).get("bytes"),
         efficiency=efficiency_of(metrics, mean_rate if mean_rate is not None else values["tokens_per_s"]),
+        profile_dir=str(Path(traces[0]).parent) if (traces := (metrics.get("profile") or {}).get("traces")) else "",
         **values,
     )
 

@@ -11,7 +11,7 @@ import datetime
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,15 @@ def any_rank(world: WorldInfo, flag: bool) -> bool:
     tensor = torch.tensor([int(flag)], device=world.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+def max_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
+    """Each of ``values``' maxima over all ranks, in one collective: several decisions agreed at once."""
+    if not world.is_distributed:
+        return list(values)
+    tensor = torch.tensor(list(values), dtype=torch.int64, device=world.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
 
 
 def mean_over_ranks(world: WorldInfo, value: torch.Tensor) -> torch.Tensor:

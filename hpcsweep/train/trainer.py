@@ -29,12 +29,14 @@ from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
 from hpcsweep.train import step_timer
+from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,
     any_rank,
+    max_over_ranks,
     mean_over_ranks,
     node_name,
 )
@@ -133,6 +135,8 @@ class Trainer:
         self.report.update(device_name=self.device_facts.name, parallel=self.parallel,
                            intra_op_threads=torch.get_num_threads(), **dataclasses.asdict(self.choices))
         self.report["memory_plan"] = memory_plan
+        self.profiler = StepProfiler(tcfg, trial_dir, rank=world.rank, world_size=world.world_size, device=world.device,
+                                     is_reader=self.is_writer, on_trace=lambda summary: self.write_report(profile=summary))
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
         self.telemetry = TrialTelemetry.start(tcfg.telemetry_every_s, device_type=world.device.type, ranks=ranks,
                                               rank=world.rank, gather=lambda obj: all_gather_objects(world, obj),
@@ -260,7 +264,8 @@ class Trainer:
         fit_start, first_step = time.perf_counter(), self.step
         self.step_timer.start(self.step)
         while self.step < tcfg.max_steps:
-            loss, grad_norm = self.train_step()
+            with self.profiler.step(self.step + 1):
+                loss, grad_norm = self.train_step()
             window_steps += 1
             self.step_seconds = (time.perf_counter() - fit_start) / (self.step - first_step)
             for hook in self.hooks:
@@ -277,7 +282,10 @@ class Trainer:
                     return self.finish("pruned")
             if self.step == tcfg.max_steps:
                 break
-            stop = any_rank(self.world, self.stop_event.is_set())
+            # A profile request (read by rank 0) is agreed in the same collective as the stop.
+            stop_flag, asked_steps = max_over_ranks(self.world, [self.stop_event.is_set(), self.profiler.asked_steps()])
+            stop = bool(stop_flag)
+            self.profiler.take_request(0 if stop else asked_steps, self.step)
             if stop or self.save_schedule.due(self.step):
                 self.save("running", wait=stop)
             with self.step_timer.phase("checkpoint"):
@@ -289,6 +297,7 @@ class Trainer:
                 reason = next((r for r in reasons if r), None)
                 # Whether the trial is requeued is its runner's decision, not this worker's (a local stop never is).
                 log.info("stop requested (%s): saved at step %d, stopped", reason, self.step)
+                self.profiler.close()
                 self.report_speed_if_unlogged()
                 self.write_report(last_stop_reason=reason)
                 self.stop_event.clear()
@@ -360,6 +369,7 @@ class Trainer:
 
     def finish(self, status: str) -> int:
         """Save the final checkpoint and report the final weights (hashed on the one rank that reports)."""
+        self.profiler.close()
         self.save(status, wait=True)
         self.log_first_save()
         self.report_speed_if_unlogged()

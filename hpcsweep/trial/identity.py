@@ -39,6 +39,10 @@ FREE_KEYS: tuple[str, ...] = (
     "trainer.telemetry_every_s",
     # When a stalled run is given up: never what a step computes.
     "trainer.hang_timeout_min",
+    # Profiler traces watch the steps, they never change what a step computes.
+    "trainer.profile_steps",
+    "trainer.profile_memory",
+    "trainer.profile_stacks",
     # How bytes move between ranks and where the trial is placed, not what is computed: a
     # resumed trial may need another NCCL setting or other nodes (a requeue moves it anyway).
     "nccl.",

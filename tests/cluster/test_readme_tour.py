@@ -46,6 +46,7 @@ PAGES = (
     "docs/user/results.md",
     "docs/user/efficiency.md",
     "docs/user/telemetry.md",
+    "docs/user/profiling.md",
     "docs/user/sbatch.md",
     "docs/user/gpus.md",
     "docs/user/memory-plan.md",

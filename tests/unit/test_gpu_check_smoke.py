@@ -33,6 +33,10 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "telemetry of the large trial: source cpu (the trial trains on CPU: no GPU to read)" in printed.out
     assert "NVML samples during a matmul loop: skipped: no GPU (--smoke)" in printed.out
     result = json.loads(out.read_text())
+    assert "profile of steps 2-3 (trainer.profile_steps, profile_memory): trace " in printed.out
+    # On CPU: a trace of the two steps, no CUDA kernels in it and no CUDA memory snapshot.
+    assert ({k: result["profile"][k] for k in ("steps", "kernels", "memory_snapshot_mb")}
+            == {"steps": [2, 3], "kernels": 0, "memory_snapshot_mb": None})
     assert [row["size"] for row in result["sizes"]] == ["tiny", "tiny-x2"]
     assert all(row["tokens_per_s"] > 0 and row["save_s"] > 0 and row["resume_s"] > 0 for row in result["sizes"])
     assert result["exact_resume"]["straight"] == result["exact_resume"]["resumed"]

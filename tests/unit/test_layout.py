@@ -20,8 +20,8 @@ SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offl
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 TOOLS = ("export",)
 """After a sweep, beside the stages: reads trials with the workers' code; no stage imports a tool."""
-COMMANDS = ("__main__", "app", "report", "retry", "status", "topology")
-"""What users type: ``python -m hpcsweep[.report|.retry|.status|.topology]``; nothing imports them."""
+COMMANDS = ("__main__", "app", "profile", "report", "retry", "status", "topology")
+"""What users type: ``python -m hpcsweep[.profile|.report|.retry|.status|.topology]``; nothing imports them."""
 ALLOWED = {
     "config": {"config"},
     "files": {"config", "files"},
@@ -197,6 +197,7 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
     "modules",
     [
         ["hpcsweep.status"],
+        ["hpcsweep.profile"],
         ["hpcsweep.report"],
         ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
