@@ -86,10 +86,11 @@ def resolve_head_address(rdzv: Rendezvous) -> Rendezvous:
     """Give agents an address they can dial for the head node.
 
     A node name normally resolves through DNS; where it does not (aliased names, or the local test
-    cluster's several "nodes" on one host), the controller's ``NodeAddr`` for it does.
+    cluster's several "nodes" on one host), the controller's ``NodeAddr`` for it does. A one-node
+    trial's agent and workers all run here: they meet on the loopback address, whatever DNS says.
     """
     if rdzv.nnodes == 1:
-        return rdzv
+        return dataclasses.replace(rdzv, master_addr="127.0.0.1")
     try:
         socket.getaddrinfo(rdzv.master_addr, rdzv.master_port)
         return rdzv

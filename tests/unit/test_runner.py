@@ -2,7 +2,8 @@
 
 import pytest
 
-from hpcsweep.trial.launch import worker_threads
+from hpcsweep.trial.launch import resolve_head_address, worker_threads
+from hpcsweep.trial.rendezvous import Rendezvous
 
 
 @pytest.mark.parametrize(
@@ -23,3 +24,10 @@ def test_workers_share_the_tasks_cpus(env, nproc, visible, threads):
 
 def test_a_users_omp_num_threads_is_kept():
     assert worker_threads({"OMP_NUM_THREADS": "6", "SLURM_CPUS_PER_TASK": "64"}, 8, 128) is None
+
+
+def test_a_one_node_trial_meets_on_the_loopback_whatever_its_node_name_resolves_to():
+    # The local cluster's "node1" resolves nowhere; a real node's name may resolve to an interface the
+    # workers do not listen on. Every process of a one-node trial is on this host.
+    rdzv = Rendezvous("node1", 29500, nnodes=1, node_rank=0, nproc_per_node=2, rdzv_id="41_0")
+    assert resolve_head_address(rdzv) == Rendezvous("127.0.0.1", 29500, 1, 0, 2, "41_0")
