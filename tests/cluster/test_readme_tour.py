@@ -44,6 +44,7 @@ PAGES = (
     "docs/user/budget-and-retry.md",
     "docs/user/failures.md",
     "docs/user/results.md",
+    "docs/user/step-time.md",
     "docs/user/sbatch.md",
     "docs/user/gpus.md",
     "docs/user/memory-plan.md",
