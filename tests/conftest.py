@@ -22,6 +22,7 @@ SLOW_MODULES = {
     "test_export.py",  # a LoRA and a full trial, exported, loaded in a fresh process
     "test_lora_ddp.py",  # a torchrun run of two ranks
     "test_sharded_checkpoint.py",  # torchrun runs of two ranks
+    "test_step_timer.py",  # three CPU trials in one module fixture (normal, slow data, timing off)
     "test_trainer_ddp.py",  # torchrun runs of two ranks
     "test_trainer_parallel.py",  # torchrun runs of two ranks (FSDP, DDP's communication hooks)
 }

@@ -47,6 +47,7 @@ PAGES = (
     "docs/user/efficiency.md",
     "docs/user/telemetry.md",
     "docs/user/profiling.md",
+    "docs/user/step-time.md",
     "docs/user/sbatch.md",
     "docs/user/gpus.md",
     "docs/user/memory-plan.md",

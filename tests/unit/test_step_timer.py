@@ -193,6 +193,38 @@ def test_peak_memory_on_cpu_is_the_process_peak_which_never_resets():
     assert memory.trial_peak()["source"] == "ru_maxrss" and memory.trial_peak()["bytes"] >= first
 
 
+class FakeAllocator:
+    """``torch.cuda``'s peak counter: allocations raise it, a reset brings it down to what is held now."""
+
+    def __init__(self):
+        self.held, self.peak = 0, 0
+
+    def allocate(self, nbytes):
+        self.held += nbytes
+        self.peak = max(self.peak, self.held)
+
+    def max_memory_allocated(self, device=None):
+        return self.peak
+
+    def reset_peak_memory_stats(self, device=None):
+        self.peak = self.held
+
+
+def test_cuda_windows_reset_the_allocator_peak_and_the_trial_keeps_the_largest(monkeypatch):
+    fake = FakeAllocator()
+    fake.allocate(5 * 2**30)  # before the trial: not its peak
+    for name in ("max_memory_allocated", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    fake.held = 1 * 2**30
+    memory = PeakMemory(torch.device("cuda"))
+    fake.allocate(3 * 2**30)
+    fake.held -= 3 * 2**30
+    assert memory.window_peak() == (4 * 2**30, "cuda")
+    fake.allocate(1 * 2**30)
+    assert memory.window_peak() == (2 * 2**30, "cuda")  # this window's own peak
+    assert memory.trial_peak() == {"bytes": 4 * 2**30, "source": "torch.cuda.max_memory_allocated"}
+
+
 TRIAL = {
     "data.batch_size": 2, "data.seq_len": 16, "data.synthetic_tokens": 20_000, "trainer.device": "cpu",
     "trainer.max_steps": 6, "trainer.warmup_steps": 0, "trainer.log_every": 3, "trainer.eval_every": 6,
