@@ -90,9 +90,11 @@ def sacct_states(env: dict[str, str], job_id: str) -> dict[str, str]:
 
 
 def all_job_ids(env: dict[str, str]) -> set[str]:
-    """Every job id accounting knows about since the cluster started."""
+    """Every job accounting knows about since the cluster started, by its submission's id: an array's
+    tasks are one id (a pending array is one record until its tasks start, so a task's own record
+    appearing later is no new submission)."""
     out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "--allusers", "--starttime=2020-01-01", "--format=JobID")
-    return {line for line in out.splitlines() if line}
+    return {line.split("_", 1)[0] for line in out.splitlines() if line}
 
 
 def submitted_from(env: dict[str, str], cwd: Path, before: set[str]) -> set[str]:
@@ -102,7 +104,8 @@ def submitted_from(env: dict[str, str], cwd: Path, before: set[str]) -> set[str]
     out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "--allusers", "--starttime=2020-01-01",
                 "--format=JobID,WorkDir")
     jobs = dict(line.split("|", 1) for line in out.splitlines() if line)
-    return {job for job, workdir in jobs.items() if job not in before and Path(workdir).is_relative_to(cwd)}
+    return {job for job, workdir in jobs.items()
+            if job.split("_", 1)[0] not in before and Path(workdir).is_relative_to(cwd)}
 
 
 def run_hpcsweep(

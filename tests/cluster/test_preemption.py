@@ -261,8 +261,10 @@ def test_a_trial_needing_three_time_limits_completes_through_requeues(tmp_path, 
     # The reference trains outside Slurm: under load it may get a smaller share of the cores than the trial.
     assert metrics["weights_sha256"] == expected.weights_sha256(timeout=1800)
     # Every run but the last was requeued by the trial itself, none ran into the limit.
-    runs = slurm(slurm_env, "sacct", "--duplicates", "--noheader", "--parsable2", "-X", "-j", job_id,
-                 "--format=State").split()
+    # metrics.json is final before the job has ended: its last run's record reaches accounting after.
+    runs = wait_for(lambda: (r := slurm(slurm_env, "sacct", "--duplicates", "--noheader", "--parsable2", "-X", "-j",
+                                        job_id, "--format=State").split()) and r[-1] not in ("RUNNING", "PENDING") and r,
+                    timeout=120, what="the last run to end in accounting")
     assert runs.count("REQUEUED") == metrics["restarts"] and runs[-1] == "COMPLETED", runs
     assert "TIMEOUT" not in runs
 
