@@ -163,14 +163,13 @@ class Trainer:
         In the background unless ``wait``: a stop and the end of training wait until it is durable.
         """
         self.save_schedule.saved()
-        self.step_timer.enter("checkpoint")
-        self.ckpt.save(
-            model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
-            # A checkpoint's name carries the loss of its own step, not of the last evaluation before it.
-            step=self.step, val_loss=self.val_loss if self.evaluated_at == self.step else None, wait=wait,
-            comm_state=self.grad_comm.state_bytes(self.model, self.optimizer) if self.grad_comm else None,
-        )
-        self.step_timer.enter(step_timer.OTHER)
+        with self.step_timer.phase("checkpoint"):
+            self.ckpt.save(
+                model=self.model, optimizer=self.optimizer, trainer_state=self.trainer_state(status),
+                # A checkpoint's name carries the loss of its own step, not of the last evaluation before it.
+                step=self.step, val_loss=self.val_loss if self.evaluated_at == self.step else None, wait=wait,
+                comm_state=self.grad_comm.state_bytes(self.model, self.optimizer) if self.grad_comm else None,
+            )
 
     def log_first_save(self) -> None:
         """Once this run's first save is durable, log how long it took against the stop signal's lead."""
@@ -330,12 +329,11 @@ class Trainer:
         """Report a validation loss; True when early stopping says stop."""
         self.val_loss, self.evaluated_at = val_loss, self.step
         stop = self.early.update(val_loss)
-        self.step_timer.enter("logging")
-        self.logger.log({"val/loss": val_loss, "hparams/best_val_loss": self.early.best}, self.step)
-        self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
-        self.write_report()
-        log.info("step %d val_loss %.4f", self.step, val_loss)
-        self.step_timer.enter(step_timer.OTHER)
+        with self.step_timer.phase("logging"):
+            self.logger.log({"val/loss": val_loss, "hparams/best_val_loss": self.early.best}, self.step)
+            self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
+            self.write_report()
+            log.info("step %d val_loss %.4f", self.step, val_loss)
         return stop
 
     def pruned(self) -> bool:
