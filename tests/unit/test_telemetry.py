@@ -279,11 +279,16 @@ def test_a_trial_on_cpu_reports_cpu_telemetry_in_metrics_json_and_tensorboard(tm
     })
     cfg = trial_config_from_dict(yaml.safe_load((trial / "config.yaml").read_text()))
 
-    def two_samples_before_the_first_window(trainer: Trainer, step: int) -> None:
+    def busy_until_sampled(trainer: Trainer, step: int) -> None:
+        # The hook works instead of sleeping: a sleeping trainer would rightly read as 0 % CPU.
+        def sampled_while_busy() -> bool:
+            sum(i * i for i in range(20_000))
+            cpu = trainer.telemetry.node.summary()["cpu"]["util_pct"]
+            return trainer.telemetry.node.rounds >= 2 and cpu is not None and cpu["max"] > 0
         if step == 1:
-            wait_until(lambda: trainer.telemetry.node.rounds >= 2, "two telemetry samples")
+            wait_until(sampled_while_busy, "two telemetry samples, one of them while the trainer works")
 
-    trainer = Trainer(cfg, init_distributed("cpu", 60, env={}), trial, hooks=[two_samples_before_the_first_window])
+    trainer = Trainer(cfg, init_distributed("cpu", 60, env={}), trial, hooks=[busy_until_sampled])
     try:
         assert trainer.fit() == 0
     finally:
