@@ -6,7 +6,8 @@ directory above its own. Then:
 - ``skip_if_spent``: a trial that starts once the budget is spent trains nothing; node 0 marks it
   ``skipped_budget`` and cancels the sweep's tasks that have not started.
 - ``watching``: while the trial runs, node 0 looks at the sweep's spending every
-  ``HPCSWEEP_BUDGET_POLL_S`` seconds (one ``sacct`` call on Slurm). Once the budget is spent, or
+  ``HPCSWEEP_BUDGET_POLL_S`` seconds (on Slurm the look its trials share: one ``sacct`` call per
+  interval for the whole sweep, ``hpcsweep.trial.spending_look``). Once the budget is spent, or
   would be before the next look, it stops the trial the way a stop signal does (a checkpoint, then
   ``last_stop_reason: budget``; ``hpcsweep.trial.preempt`` never requeues it), writes the stop
   file of every other running trial of the sweep, and cancels the pending tasks. Locally it also
@@ -35,13 +36,14 @@ from hpcsweep.results.budget import budget_reached, query_sweep_usage
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.usage import Usage
 from hpcsweep.trial.rendezvous import Rendezvous
+from hpcsweep.trial.spending_look import shared_usage
 
 log = logging.getLogger(__name__)
 
 POLL_VAR = "HPCSWEEP_BUDGET_POLL_S"
 """Seconds between two looks at the sweep's spending (default ``DEFAULT_POLL_S``): a site's setting, in the
 environment of the login node and the jobs, since each look is one ``sacct`` call on the site's controller
-(and the login node's budget horizon must match the trials' look)."""
+(shared by the sweep's running trials) and the login node's budget horizon must match the trials' look."""
 DEFAULT_POLL_S = 60.0
 ARRAY_JOB_VAR = "SLURM_ARRAY_JOB_ID"
 """Set in a Slurm array task: a trial of a sweep, whose ``sweep.json`` may not be written yet."""
@@ -70,7 +72,8 @@ exit, and Slurm's end of the job (4 s on the loaded local cluster, after a 0.5 s
 
 def horizon_s(poll_s: float) -> float:
     """How far ahead a look at the spending reaches: a poll until the next look (by this trial or
-    another), one more for a look that just missed it, and the stop itself (``STOP_ALLOWANCE_S``)."""
+    another), one more for a look that just missed it (on Slurm, a shared look up to a poll old), and
+    the stop itself (``STOP_ALLOWANCE_S``)."""
     return 2 * poll_s + STOP_ALLOWANCE_S
 
 
@@ -120,13 +123,24 @@ def stop_running_trials(sweep_dir: Path, record: SweepRecord) -> None:
             write_stop_file(TrialFiles(trial_dir).stop_file(0), BUDGET)
 
 
-def budget_spent(sweep_dir: Path, record: SweepRecord, horizon: float, starting_units: int = 0) -> bool:
-    """Whether the sweep's budget is spent, or will be within ``horizon`` seconds at the current rate
+def sweep_usage(sweep_dir: Path, record: SweepRecord, poll_s: float) -> Usage:
+    """The sweep's spending. On Slurm, the look its trials share (``spending_look``): one ``sacct``
+    call per poll interval for the whole sweep, however many trials watch it. Locally, the usage
+    files, read afresh: they cost no controller anything."""
+    def query() -> Usage:
+        return query_sweep_usage(record, _trial_dirs(sweep_dir, record))
+
+    return shared_usage(sweep_dir, query, max_age_s=poll_s) if record.launcher == "slurm" else query()
+
+
+def budget_spent(sweep_dir: Path, record: SweepRecord, poll_s: float, starting_units: int = 0) -> bool:
+    """Whether the sweep's budget is spent, or will be within ``horizon_s(poll_s)`` at the current rate
     (plus ``starting_units`` about to start). False when accounting does not answer."""
     if record.budget_gpu_hours is None:
         return False
+    horizon = horizon_s(poll_s)
     try:
-        usage = query_sweep_usage(record, _trial_dirs(sweep_dir, record))
+        usage = sweep_usage(sweep_dir, record, poll_s)
     except commands.SlurmCommandError as err:
         log.warning("budget: spending unknown this time (%s)", err)
         return False
@@ -156,7 +170,7 @@ def skip_if_spent(trial: TrialConfig, trial_dir: Path, rdzv: Rendezvous, env: Ma
         spent = decided
     else:
         starting = local_units(trial, rdzv) if found[1].launcher != "slurm" else 0
-        spent = budget_spent(*found, horizon=horizon_s(poll_interval(env)), starting_units=starting)
+        spent = budget_spent(*found, poll_s=poll_interval(env), starting_units=starting)
     if rdzv.node_rank == 0 and rdzv.nnodes > 1:
         write_start_decision(trial_dir, attempt, spent)
     if not spent:
@@ -224,7 +238,7 @@ def watching(
             if local:
                 touch_run(usage_path, time.time())
             sweep = find_sweep(trial_dir)
-            if sweep is not None and budget_spent(*sweep, horizon=horizon_s(poll)):
+            if sweep is not None and budget_spent(*sweep, poll_s=poll):
                 on_stop(BUDGET)
                 stop_running_trials(*sweep)
                 cancel_pending_tasks(sweep[1])
