@@ -20,8 +20,6 @@ A ``data=text`` sweep whose token cache was missing adds ``"token_preparation": 
 "log": str, "entries": [str, ...]}``: the one Slurm job that tokenized the corpus, which every array
 waits on (``afterok``), its log, and the cache entries it writes.
 
-``budget_gpu_hours``, ``attempts`` and an array's ``launcher`` came later and may be missing: no
-budget, one attempt (the trial's ``job_id`` and ``submitted_at``), settings not recorded.
 ``job_id`` and ``submitted_at`` are always the current attempt's; ``arrays`` lists every array
 ever submitted, retries included, each with the ``hydra.launcher`` settings it was submitted with
 (a retry's are the sweep's own, the first arrays', plus that retry's overrides).
