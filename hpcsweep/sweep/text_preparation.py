@@ -32,7 +32,7 @@ from hpcsweep.sweep.sweep_trials import exit_with_config_error
 log = logging.getLogger(__name__)
 
 PREPARATION_DIR = ".token-preparation"
-"""In the sweep dir: the preparation job's script and log."""
+"""In the sweep dir: the preparation job's script, its request, and each preparation job's log."""
 JOB_NAME = "hpcsweep-tokenize"
 DEFAULT_CPUS = 8
 """CPUs of the preparation job when the launcher names no ``cpus_per_task``."""
@@ -108,6 +108,11 @@ def sbatch_options(params: Mapping[str, Any], log_path: Path) -> list[str]:
     return options
 
 
+def log_name(job_id: str) -> str:
+    """The preparation job's log file, in ``PREPARATION_DIR``."""
+    return f"prepare-{job_id}.log"
+
+
 def submit_preparation(
     trials: Sequence[TrialConfig], params: Mapping[str, Any], sweep_dir: Path
 ) -> TokenPreparationRecord | None:
@@ -119,10 +124,13 @@ def submit_preparation(
     if not corpora:
         return None
     folder = sweep_dir / PREPARATION_DIR
-    script, request, log_path = folder / "prepare.sh", folder / "request.json", folder / "prepare.log"
+    script, request = folder / "prepare.sh", folder / "request.json"
     atomic_write_text(script, SCRIPT)
     atomic_write_text(request, preparation_request(corpora))
-    job_id = commands.sbatch(sbatch_options(params, log_path), str(script), [sys.executable, "--request", str(request)])
+    # Each job logs to its own file (sbatch fills in %j): a retry's preparation keeps the failed one's log.
+    options = sbatch_options(params, folder / log_name("%j"))
+    job_id = commands.sbatch(options, str(script), [sys.executable, "--request", str(request)])
+    log_path = folder / log_name(job_id)
     log.info("token preparation: job %s tokenizes %s; the trials wait on it", job_id,
              ", ".join(f"{len(c.files)} files into {c.entry}" for c in corpora))
     return TokenPreparationRecord(job_id, str(log_path), [str(c.entry) for c in corpora])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +110,9 @@ def test_a_failed_preparation_cancels_the_array_status_says_why_and_a_retry_prep
     record = read_json(sweep_dir / "sweep.json")
     again = record["token_preparation"]["job_id"]
     assert again != prep_id
+    # The new job logs beside the failed one, which keeps its reason.
+    assert Path(record["token_preparation"]["log"]).name == f"prepare-{again}.log"
+    assert Path(log).name == f"prepare-{prep_id}.log" and "is not a JSON object" in Path(log).read_text()
     assert wait_until_ended(slurm_env, again, timeout=300) == "COMPLETED"
     for trial in record["trials"]:
         assert wait_until_ended(slurm_env, trial["job_id"], timeout=300) == "COMPLETED"
