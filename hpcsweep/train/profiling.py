@@ -8,7 +8,8 @@ rank, and a request (``hpcsweep.control.profile_request``) is read by rank 0 and
 step's stop check, a collective every rank already makes.
 
 A resumed trial does not take a window it has passed, and takes the remaining steps of one it
-stopped inside; a stop, early stop or prune inside a window writes the steps taken so far. One
+stopped inside; a stop, early stop or prune inside a window writes the steps taken so far, and a
+failure writes them with the failing step's part (``failed_step``). One
 profile runs at a time: a request waits while one runs, and a config window that came meanwhile
 is taken for its steps still ahead.
 """
@@ -117,6 +118,8 @@ class StepProfiler:
         self.last_done = 0
         """The last step done inside the running profile."""
         self.first_step = True
+        self.inside: int | None = None
+        """The profiled step under way: set on entering it, cleared once it returns."""
 
     # ----- requests ----------------------------------------------------------------------------
 
@@ -152,11 +155,27 @@ class StepProfiler:
         if self.running is None:
             yield
             return
+        self.inside = n
         with record_function(f"step {n}"):
             yield
+        self.inside = None
         self.last_done = n
         if n == self.running.end:
             self.finish(cut_short=False)
+
+    def write_after_failure(self) -> None:
+        """The trial failed inside a profile: write the trace up to the failure, failing step included,
+        which is what the user will want to look at (nothing when no profile runs). A failure while
+        writing is logged, never raised over the trial's own."""
+        if self.running is None:
+            return
+        failed = self.inside if self.inside is not None else self.last_done
+        self.last_done = max(self.last_done, failed)
+        try:
+            self.finish(cut_short=True, failed_step=failed)
+        except Exception as err:  # noqa: BLE001 (the trial's exception is the one to report)
+            log.warning("profile not written after the failure in step %d: %s", failed, err)
+            self.running = self.profiler = self.requested = None
 
     def start_if_chosen(self, n: int) -> None:
         """Start the profile when step ``n`` is in the requested window, or else in the config's."""
@@ -182,9 +201,9 @@ class StepProfiler:
         if self.running is not None:
             self.finish(cut_short=True)
 
-    def finish(self, cut_short: bool) -> None:
-        """Stop the running profile after its last step done, write this rank's trace, tell ``on_trace``,
-        and on rank 0 answer the request it served."""
+    def finish(self, cut_short: bool, failed_step: int | None = None) -> None:
+        """Stop the running profile after its last step done (or the step that failed, ``failed_step``),
+        write this rank's trace, tell ``on_trace``, and on rank 0 answer the request it served."""
         assert self.running is not None and self.profiler is not None
         start, end = self.running.start, self.last_done
         self.profiler.stop()
@@ -194,14 +213,18 @@ class StepProfiler:
             "steps": [start, end],
             "traces": [profile_request.trace_path(start, end, r) for r in range(self.world_size)],
         }
+        if failed_step is not None:
+            # A rank that failed alone leaves the others' traces unwritten: they are listed as expected.
+            summary["failed_step"] = failed_step
         if self.options.memory_snapshot:
             snapshot = profile_request.memory_snapshot_path(start, end, self.rank)
             atomic_write_bytes(self.trial_dir / snapshot, pickle.dumps(torch.cuda.memory._snapshot()))
             torch.cuda.memory._record_memory_history(enabled=None)
             summary["memory_snapshots"] = [
                 profile_request.memory_snapshot_path(start, end, r) for r in range(self.world_size)]
-        log.info("profile of steps %d-%d written to %s%s", start, end, self.trial_dir / path,
-                 " (cut short by the end of this run)" if cut_short else "")
+        why = f" (cut short by a failure in or after step {failed_step})" if failed_step is not None else (
+            " (cut short by the end of this run)" if cut_short else "")
+        log.info("profile of steps %d-%d written to %s%s", start, end, self.trial_dir / path, why)
         served = self.requested is not None
         self.running = self.profiler = self.requested = None
         self.on_trace(summary)

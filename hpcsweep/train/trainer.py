@@ -256,7 +256,16 @@ class Trainer:
     # ----- the loop ----------------------------------------------------------------------------
 
     def fit(self) -> int:
-        """Train to ``max_steps``, an early stop, or a stop request; returns the exit code."""
+        """Train to ``max_steps``, an early stop, or a stop request; returns the exit code.
+
+        A failure inside a profile window writes its trace so far before it is raised on."""
+        try:
+            return self.train_to_the_end()
+        except Exception:
+            self.profiler.write_after_failure()
+            raise
+
+    def train_to_the_end(self) -> int:
         tcfg = self.cfg.trainer
         self.write_report()
         window_start, window_steps = time.perf_counter(), 0

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.profiler import record_function
 
 from hpcsweep import profile, status
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.control import profile_request
 from hpcsweep.train import worker as train
 from hpcsweep.train.profiling import StepProfiler, Window, profiler_options, request_window, window_from
+from hpcsweep.train.trainer import Trainer
 from hpcsweep.trial.identity import config_differences
 
 from .sweep_fixtures import make_sweep, metrics
@@ -137,6 +139,27 @@ def test_a_resumed_trial_takes_the_rest_of_a_window_it_stopped_inside(tmp_path, 
     assert step_labels(trial / "profile" / "steps-5-5" / "rank0.json") == ["step 5"]
     assert read_metrics(trial)["profile"] == {"steps": [5, 5], "traces": ["profile/steps-5-5/rank0.json"]}
     assert "profile of steps 3-5: taking steps 5-5, the rest of it" in (trial / "train.log").read_text()
+
+
+def test_a_trial_that_fails_inside_a_window_writes_the_trace_up_to_its_failing_step(tmp_path, monkeypatch):
+    trial = make_trial_dir(tmp_path / "t", {**TINY, "trainer.profile_steps": [2, 5]})
+    real_step = Trainer.train_step
+
+    def fails_in_step_4(self):
+        if self.step == 3:
+            with record_function("the failing part"):
+                raise RuntimeError("CUDA out of memory (a stand-in)")
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", fails_in_step_4)
+    assert train.run_trial(trial) == train.EXIT_FAILED
+    trace = trial / "profile" / "steps-2-4" / "rank0.json"
+    assert step_labels(trace) == ["step 2", "step 3", "step 4"]
+    assert "the failing part" in {e["name"] for e in json.loads(trace.read_text())["traceEvents"]}
+    report = read_metrics(trial)
+    assert report["status"] == "failed" and "CUDA out of memory (a stand-in)" in report["error"][-1]
+    assert report["profile"] == {"steps": [2, 4], "traces": ["profile/steps-2-4/rank0.json"], "failed_step": 4}
+    assert "(cut short by a failure in or after step 4)" in (trial / "train.log").read_text()
 
 
 def test_a_resumed_trial_does_not_take_a_window_it_has_passed(tmp_path, monkeypatch):
