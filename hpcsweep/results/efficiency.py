@@ -73,7 +73,8 @@ class TrialEfficiency:
     """Mean NVML utilisation, averaged over the trial's GPUs."""
     cpu_util_pct: float | None = None
     data_pct: float | None = None
-    """Share of step time waiting for data: over the whole run (``step_time_total``), else the last window."""
+    """Share of step time waiting for data: over every run of the trial (``step_time_total``), else the
+    last window."""
     step_shares: Mapping[str, float] = field(default_factory=dict)
     """Each part of ``STEP_PARTS`` as % of step time, from the same record as ``data_pct``."""
     peak_memory_gb: float | None = None

@@ -4,7 +4,8 @@ blocking, logging, and the rest.
 The trainer marks where each phase begins (``StepTimer.enter``, or ``phase`` around a call); the time
 up to the next mark belongs to that phase. At the end of each log window (``end_window``) the intervals
 are read and summed into metrics.json's ``step_time`` (that window) and ``step_time_total`` (every window
-of this run), and TensorBoard's ``time/*_pct`` and ``mem/peak_gb``.
+of every run of the trial: a resume goes on from the total its last run left), and TensorBoard's
+``time/*_pct`` and ``mem/peak_gb``.
 
 The marks come from a clock chosen by device type (``clock_for``). On CPU, ``HostClock`` reads
 ``time.perf_counter``. On CUDA, ``CudaEventClock`` records a ``torch.cuda.Event(enable_timing=True)`` on
@@ -64,6 +65,16 @@ def add_window(total: Mapping[str, Any] | None, window: Mapping[str, Any]) -> di
     keys = ("steps", "seconds", *SECONDS_KEYS)
     summed = {key: (total[key] if total else 0) + window[key] for key in keys}
     return with_percentages(summed)
+
+
+def carried_total(previous: Any) -> dict[str, Any] | None:
+    """The ``step_time_total`` an earlier run of the trial left in metrics.json, to go on summing;
+    None when there is none or it lacks a key (a trial from before the key)."""
+    keys = ("steps", "seconds", *SECONDS_KEYS)
+    if not isinstance(previous, Mapping) or not all(
+            isinstance(previous.get(key), (int, float)) and not isinstance(previous.get(key), bool) for key in keys):
+        return None
+    return with_percentages({key: previous[key] for key in keys})
 
 
 def tensorboard_scalars(window: Mapping[str, Any] | None) -> dict[str, float]:
@@ -162,10 +173,12 @@ class StepTimer:
         self.last: dict[str, Any] | None = None
         self.total: dict[str, Any] | None = None
 
-    def start(self, step: int) -> None:
-        """Open the first window at ``step``; marks before this are ignored."""
+    def start(self, step: int, earlier_total: Any = None) -> None:
+        """Open the first window at ``step``; marks before this are ignored. ``earlier_total``: the
+        ``step_time_total`` of the trial's earlier runs, which this run's windows add to."""
         self.marks, self.intervals, self.current = [self.clock.mark()], [], OTHER
         self.window_start, self.window_start_step = self.wall(), step
+        self.total = carried_total(earlier_total)
 
     def enter(self, phase: str) -> None:
         """From now on the time belongs to ``phase`` (one of ``PHASES``, or ``OTHER``)."""
@@ -216,7 +229,7 @@ class StepTimer:
 class NoStepTimer:
     """``trainer.step_timing=false``, and every rank but the one that logs: times nothing."""
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, earlier_total: Any = None) -> None:
         """Nothing to start."""
 
     def enter(self, phase: str) -> None:

@@ -270,7 +270,7 @@ class Trainer:
         self.write_report()
         window_start, window_steps = time.perf_counter(), 0
         fit_start, first_step = time.perf_counter(), self.step
-        self.step_timer.start(self.step)
+        self.step_timer.start(self.step, earlier_total=self.report.get("step_time_total"))
         while self.step < tcfg.max_steps:
             with self.profiler.step(self.step + 1):
                 loss, grad_norm = self.train_step()

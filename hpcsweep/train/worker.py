@@ -58,7 +58,7 @@ from hpcsweep.train.trainer import (
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
 # What a resumed run keeps of the last one's metrics.json: how it stopped, and every failure so far.
-CARRIED = ("last_stop_reason", "stop_to_exit_s", "failures")
+CARRIED = ("last_stop_reason", "stop_to_exit_s", "failures", "step_time_total")
 
 
 def setup_logging(trial_dir: Path, rank: int) -> None:
@@ -111,7 +111,7 @@ def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
         ]
         trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts,
                           signal_delay_s=attempt.signal_delay_s, search_trial=attempt.search_trial)
-        # Why and how fast the last run stopped, and its failures, stay on record after the resume.
+        # Why and how fast the last run stopped, its failures and its step time stay on record after the resume.
         trainer.report.update({k: previous[k] for k in CARRIED if previous and k in previous})
         trainer.resume()
         code = trainer.fit()

@@ -19,6 +19,7 @@ from hpcsweep.train.step_timer import (
     StepTimer,
     add_window,
     build_step_timer,
+    carried_total,
     clock_for,
     tensorboard_scalars,
     window_record,
@@ -281,3 +282,26 @@ def test_step_timing_off_records_no_breakdown(trials):
     report = read_metrics(trials["untimed"])
     assert "step_time" not in report and "step_time_total" not in report and report["status"] == "completed"
     assert not any(tag.startswith(("time/", "mem/")) for tag in scalars(trials["untimed"]))
+
+
+def test_an_earlier_runs_total_is_carried_only_when_whole():
+    total = add_window(None, record(10.0, data=2.0, compute=5.0))
+    assert carried_total(total) == total
+    assert carried_total({k: v for k, v in total.items() if k != "optimizer_s"}) is None  # a trial from before a key
+    assert carried_total({**total, "steps": True}) is None and carried_total(None) is None and carried_total([]) is None
+
+
+def test_a_resumed_trial_adds_its_windows_to_the_total_its_last_run_left(tmp_path, monkeypatch):
+    trial = make_trial_dir(tmp_path / "t", {**TRIAL, "trainer.ckpt_every": 0})
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=3,rank=0")
+    assert train.run_trial(trial) == train.EXIT_STOPPED
+    first = read_metrics(trial)["step_time_total"]
+    assert first["steps"] == 3
+    monkeypatch.delenv("HPCSWEEP_FAULT")
+    assert train.run_trial(trial) == train.EXIT_OK
+    report = read_metrics(trial)
+    total, last = report["step_time_total"], report["step_time"]
+    assert (report["restarts"], last["steps"], total["steps"]) == (1, 3, 6)
+    assert total["seconds"] == pytest.approx(first["seconds"] + last["seconds"])
+    assert total["data_s"] == pytest.approx(first["data_s"] + last["data_s"])
+    assert sum(total[key] for key in PCT_KEYS) + 100 * total["other_s"] / total["seconds"] == pytest.approx(100.0)
