@@ -23,7 +23,8 @@ runs these parts, in order:
   --two-node-trials 2-node trials of whole nodes (`--exclusive`) with `topology.mode=switches`, then the
   same with `topology.mode=off`: each allocation's NodeList (sacct) against `scontrol show
   topology`, and each task's wait (Eligible to Start). The off sweep carries a budget of half the
-  switches sweep's GPU-hours, watched every --budget-poll-s seconds: its overshoot;
+  switches sweep's GPU-hours, watched every --budget-poll-s seconds: its overshoot, and the sacct
+  calls its trials' budget watches made (logged by the same wrappers, which the jobs inherit);
 - **pin:** --pin-trials 2-node trials with `topology.mode=pin`, submitted held: the nodes each array
   was pinned to (its ReqNodeList), pairwise disjoint and each under one leaf; then cancelled.
 
@@ -424,11 +425,15 @@ def placement_sweeps(table: Table, tmp: Path, args: argparse.Namespace, two_node
               "all inside one leaf", len(spans) == len(on_rows) and all(s == 1 for s in spans))
     on_hours = gpu_hours(on_rows)
     budget = round(on_hours / 2, 4)
-    env = {**os.environ, "HPCSWEEP_BUDGET_POLL_S": str(args.budget_poll_s)}
+    # The jobs inherit the counting PATH: every sacct a trial's budget watch makes is logged.
+    calls_log = tmp / "budget-calls.log"
+    env = {**os.environ, "HPCSWEEP_BUDGET_POLL_S": str(args.budget_poll_s),
+           "PATH": counting_path(tmp / "budget-bin", calls_log)}
     _, _, off_record = submit(tmp / "off", [lrs(args.two_node_trials), *two_node, "topology.mode=off",
                                             f"hydra.launcher.budget_gpu_hours={budget}"], env=env)
     off_rows = wait_ended(array_ids(off_record), task_count(off_record), args.timeout_s)
     ran = [r for r in off_rows if r["NodeList"] not in ("", "None assigned")]
+    budget_watch_calls(table, calls_log, ran, args.budget_poll_s)
     off_spans = leaf_spans(ran, leaf_of)
     table.add("placement, the same with topology.mode=off (budget-stopped)",
               f"{sum(s > 1 for s in off_spans)} of {len(off_spans)} allocations span 2+ leaves; "
@@ -444,6 +449,18 @@ def placement_sweeps(table: Table, tmp: Path, args: argparse.Namespace, two_node
               f"{failed} task(s) failed",
               f"overshoot <= {allowed:.4f} GPU-h ({concurrent} running x {gpus_per_trial} GPUs x "
               f"({args.budget_poll_s:g} s watch + {step_s:.1f} s step)); none failed", spent - budget <= allowed and not failed)
+
+
+def budget_watch_calls(table: Table, calls_log: Path, ran: Sequence[dict[str, str]], poll_s: float) -> None:
+    """The sacct calls the budget watches made over the sweep, against one a poll (the running
+    trials share one look) and against one per running task a poll (each asking for itself)."""
+    lines = calls_log.read_text().splitlines() if calls_log.exists() else []
+    calls = sum(line.startswith("sacct ") and "--allocations --duplicates" in line for line in lines)
+    span = max(timestamp(r["End"]) for r in ran) - min(timestamp(r["Start"]) for r in ran) if ran else 0.0
+    per_task = sum(int(r["ElapsedRaw"]) for r in ran) / poll_s
+    table.add(f"budget watch: sacct calls over the sweep's {span:.0f} s ({len(ran)} tasks ran, watch every {poll_s:g} s)",
+              f"{calls} calls; one per running task a poll would have been about {per_task:.0f}",
+              f"<= {span / poll_s + 1:.0f} (one a poll, + 1)", calls <= span / poll_s + 1)
 
 
 def pin_mode(table: Table, tmp: Path, args: argparse.Namespace) -> None:
