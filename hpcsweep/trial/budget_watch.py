@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -77,25 +78,76 @@ def horizon_s(poll_s: float) -> float:
     return 2 * poll_s + STOP_ALLOWANCE_S
 
 
+FileVersion = tuple[int, int, int]
+
+
+def file_version(path: Path) -> FileVersion | None:
+    """What tells one ``sweep.json`` from the next (each write is an atomic rename: a new inode); None
+    when there is none."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def find_sweep(trial_dir: Path) -> tuple[Path, SweepRecord] | None:
     """The sweep dir above ``trial_dir`` whose ``sweep.json`` lists it, and that record; None outside a sweep."""
+    found = find_sweep_version(trial_dir)
+    return None if found is None else (found[0], found[1])
+
+
+def find_sweep_version(trial_dir: Path) -> tuple[Path, SweepRecord, FileVersion] | None:
+    """``find_sweep``, and the version of the ``sweep.json`` it read (``file_version``, taken before
+    the read: a write after it reads as a change)."""
     target = trial_dir.resolve()
     for folder in target.parents:
-        if not (folder / SWEEP_FILE).exists():
+        version = file_version(folder / SWEEP_FILE)
+        if version is None:
             continue
         try:
             record = read_sweep_record(folder)
         except (ValueError, KeyError, TypeError, OSError) as err:
             log.warning("budget: %s/%s unreadable: %s", folder, SWEEP_FILE, err)
             return None
-        if any(_resolved(folder, t.trial_dir) == target for t in record.trials):
-            return folder, record
+        if lists_trial(folder, record, target):
+            return folder, record, version
     return None
 
 
-def _resolved(sweep_dir: Path, trial_dir: str) -> Path:
+def lists_trial(sweep_dir: Path, record: SweepRecord, target: Path) -> bool:
+    """Whether ``record`` lists the (resolved) trial dir ``target``. Compared as written first, which
+    costs no system call; only then is every entry resolved (a symlink in a recorded path), since on a
+    parallel filesystem each resolution is a metadata round trip and a sweep may list 10,000 trials."""
+    if any(Path(os.path.normpath(_joined(sweep_dir, t.trial_dir))) == target for t in record.trials):
+        return True
+    return any(_resolved(sweep_dir, t.trial_dir) == target for t in record.trials)
+
+
+def _joined(sweep_dir: Path, trial_dir: str) -> Path:
     path = Path(trial_dir)
-    return (path if path.is_absolute() else sweep_dir / path).resolve()
+    return path if path.is_absolute() else sweep_dir / path
+
+
+def _resolved(sweep_dir: Path, trial_dir: str) -> Path:
+    return _joined(sweep_dir, trial_dir).resolve()
+
+
+class SweepLookup:
+    """``find_sweep`` for a watch that asks every poll: the answer stands while its ``sweep.json`` is
+    the same file, so a poll costs one stat, not a read of the whole record (5 MB at 10,000 trials)."""
+
+    def __init__(self, trial_dir: Path) -> None:
+        self.trial_dir = trial_dir
+        self.found: tuple[Path, SweepRecord] | None = None
+        self.version: FileVersion | None = None
+
+    def find(self) -> tuple[Path, SweepRecord] | None:
+        if self.found is not None and file_version(self.found[0] / SWEEP_FILE) == self.version:
+            return self.found
+        found = find_sweep_version(self.trial_dir)
+        self.found, self.version = (None, None) if found is None else ((found[0], found[1]), found[2])
+        return self.found
 
 
 def _trial_dirs(sweep_dir: Path, record: SweepRecord) -> list[Path]:
@@ -232,12 +284,13 @@ def watching(
         start_run(usage_path, local_units(trial, rdzv), time.time())
     poll = poll_interval(env)
     done = threading.Event()
+    lookup = SweepLookup(trial_dir)
 
     def watch() -> None:
         while not done.wait(poll):
             if local:
                 touch_run(usage_path, time.time())
-            sweep = find_sweep(trial_dir)
+            sweep = lookup.find()
             if sweep is not None and budget_spent(*sweep, poll_s=poll):
                 on_stop(BUDGET)
                 stop_running_trials(*sweep)

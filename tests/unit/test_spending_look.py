@@ -1,7 +1,9 @@
-"""The look at a Slurm sweep's spending that its trials share: one sacct call per poll interval, not one per trial."""
+"""What a budget watch's poll costs a large sweep: one shared look at the spending (one sacct call a
+poll interval, not one per trial), and one stat of sweep.json while it is unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -133,3 +135,34 @@ def test_eight_watching_trials_share_one_sacct_call_per_poll(tmp_path, fake_slur
     assert 2 <= calls <= len(looks) / 3, f"{calls} sacct calls for {len(looks)} looks of {trials} trials"
     assert stops == [] and not (tmp_path / CLAIM_FILE).exists()
     assert read_look(tmp_path).usage == Usage(spent_hours=pytest.approx(trials * 60 / 3600), burn_per_hour=8.0)
+
+
+def test_a_watch_reads_sweep_json_again_only_once_it_changed(tmp_path, monkeypatch):
+    _slurm_sweep(tmp_path, 3, budget=10.0)
+    reads = []
+    real_read = budget_watch.read_sweep_record
+    monkeypatch.setattr(budget_watch, "read_sweep_record", lambda folder: reads.append(folder) or real_read(folder))
+    lookup = budget_watch.SweepLookup(tmp_path / "1")
+    assert [lookup.find()[1].budget_gpu_hours for _ in range(3)] == [10.0] * 3
+    assert len(reads) == 1
+    # A retry or a new budget rewrites sweep.json (an atomic rename): the next poll reads it.
+    record = real_read(tmp_path)
+    write_sweep_record(dataclasses.replace(record, budget_gpu_hours=20.0))
+    assert lookup.find()[1].budget_gpu_hours == 20.0 and len(reads) == 2
+    assert lookup.find()[1].budget_gpu_hours == 20.0 and len(reads) == 2
+
+
+def test_a_trial_listed_through_a_symlink_is_still_found(tmp_path):
+    real = tmp_path / "lustre" / "sweep"
+    real.mkdir(parents=True)
+    (tmp_path / "scratch").symlink_to(tmp_path / "lustre")
+    linked = tmp_path / "scratch" / "sweep" / "0"  # how the launcher wrote it: through the link
+    (real / "0").mkdir()
+    write_sweep_record(SweepRecord(str(real), "slurm", "2026-01-01T00:00:00+00:00",
+                                   [TrialRecord(0, [], str(linked), "41_0", "2026-01-01T00:00:00+00:00")],
+                                   [ArrayRecord("41", [0])], budget_gpu_hours=1.0))
+    found = budget_watch.find_sweep(real / "0")
+    assert found is not None and found[0] == real.resolve()
+    assert budget_watch.find_sweep(tmp_path / "scratch" / "sweep" / "0")[0] == real.resolve()
+    (tmp_path / "elsewhere").mkdir()
+    assert budget_watch.find_sweep(tmp_path / "elsewhere") is None
