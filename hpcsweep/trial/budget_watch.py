@@ -273,7 +273,8 @@ def watching(
     An array task may start before its sweep's ``sweep.json`` is written: it looks for it again at
     every poll, and reads the budget afresh each time.
     """
-    found = find_sweep(trial_dir) if rdzv.node_rank == 0 else None
+    lookup = SweepLookup(trial_dir)
+    found = lookup.find() if rdzv.node_rank == 0 else None
     array_task = bool(env.get(ARRAY_JOB_VAR))
     if rdzv.node_rank != 0 or (found is None and not array_task):
         yield
@@ -284,7 +285,6 @@ def watching(
         start_run(usage_path, local_units(trial, rdzv), time.time())
     poll = poll_interval(env)
     done = threading.Event()
-    lookup = SweepLookup(trial_dir)
 
     def watch() -> None:
         while not done.wait(poll):
