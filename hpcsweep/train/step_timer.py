@@ -27,6 +27,8 @@ PHASES = ("data", "compute", "optimizer", "checkpoint", "logging")
 OTHER = "other"
 """Everything else in a window (evaluation, step hooks, stop checks): its wall less the phases."""
 SECONDS_KEYS = tuple(f"{phase}_s" for phase in (*PHASES, OTHER))
+TOTAL_KEYS = ("steps", "seconds", *SECONDS_KEYS)
+"""What ``step_time_total`` sums; its percentages are derived from these."""
 GIB = 2**30
 
 
@@ -62,19 +64,19 @@ def window_record(
 def add_window(total: Mapping[str, Any] | None, window: Mapping[str, Any]) -> dict[str, Any]:
     """``step_time_total``: the steps and seconds of ``total`` (None: no window yet) plus ``window``'s,
     with the percentages of the sum."""
-    keys = ("steps", "seconds", *SECONDS_KEYS)
-    summed = {key: (total[key] if total else 0) + window[key] for key in keys}
+    summed = {key: (total[key] if total else 0) + window[key] for key in TOTAL_KEYS}
     return with_percentages(summed)
 
 
 def carried_total(previous: Any) -> dict[str, Any] | None:
     """The ``step_time_total`` an earlier run of the trial left in metrics.json, to go on summing;
     None when there is none or it lacks a key (a trial from before the key)."""
-    keys = ("steps", "seconds", *SECONDS_KEYS)
-    if not isinstance(previous, Mapping) or not all(
-            isinstance(previous.get(key), (int, float)) and not isinstance(previous.get(key), bool) for key in keys):
+    def is_number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if not isinstance(previous, Mapping) or not all(is_number(previous.get(key)) for key in TOTAL_KEYS):
         return None
-    return with_percentages({key: previous[key] for key in keys})
+    return with_percentages({key: previous[key] for key in TOTAL_KEYS})
 
 
 def tensorboard_scalars(window: Mapping[str, Any] | None) -> dict[str, float]:

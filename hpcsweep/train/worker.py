@@ -57,7 +57,8 @@ from hpcsweep.train.trainer import (
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "STOP_REQUESTED", "main", "run_trial"]
 log = logging.getLogger("hpcsweep.train")
-# What a resumed run keeps of the last one's metrics.json: how it stopped, and every failure so far.
+# What a resumed run keeps of the last one's metrics.json: how it stopped, every failure so far, and
+# the step time of every run (which this run's windows add to).
 CARRIED = ("last_stop_reason", "stop_to_exit_s", "failures", "step_time_total")
 
 
@@ -111,7 +112,6 @@ def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
         ]
         trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts,
                           signal_delay_s=attempt.signal_delay_s, search_trial=attempt.search_trial)
-        # Why and how fast the last run stopped, its failures and its step time stay on record after the resume.
         trainer.report.update({k: previous[k] for k in CARRIED if previous and k in previous})
         trainer.resume()
         code = trainer.fit()

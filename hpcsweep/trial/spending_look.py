@@ -72,10 +72,10 @@ def claim(sweep_dir: Path, now: float) -> bool:
             return True
         except FileExistsError:
             try:
-                if now - path.stat().st_mtime < CLAIM_STALE_S:
+                age = now - path.stat().st_mtime
+                if age < CLAIM_STALE_S:
                     return False
-                log.warning("budget: breaking %s, left %.0f s ago by a trial that never wrote its look",
-                            path, now - path.stat().st_mtime)
+                log.warning("budget: breaking %s, left %.0f s ago by a trial that never wrote its look", path, age)
                 path.unlink()
             except FileNotFoundError:
                 pass  # released meanwhile: try again
