@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict
 from hpcsweep.control import exit_codes, stop
 from hpcsweep.control.outcome import Outcome, ends_the_task
-from hpcsweep.offline import stay_offline
+from hpcsweep.model.offline import stay_offline
 from hpcsweep.sweep.hooks import trial_hook
 from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials, checked_trial
 from hpcsweep.sweep.prepare import check_model_and_data, validate_composed
@@ -36,7 +36,7 @@ from hpcsweep.sweep.resume_hint import stopped_line, this_trial
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
 from hpcsweep.sweep.text_preparation import prepare_here
 
-# Before anything imports transformers (hpcsweep.offline says why); nothing above does.
+# Before anything imports transformers (hpcsweep.model.offline says why); nothing above does.
 stay_offline()
 log = logging.getLogger("hpcsweep")
 

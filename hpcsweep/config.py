@@ -235,7 +235,7 @@ class ModelConfig:
     proved with); on CUDA ``sdpa`` (fused, never the full score matrix), or ``flash_attention_2``
     where the ``flash_attn`` package is installed, precision is bf16/fp16 and the trial is not
     deterministic (see ``hpcsweep.train.gpu_choices``)."""
-    # ----- a pretrained model from a local folder (hpcsweep.model_folder) -----
+    # ----- a pretrained model from a local folder (hpcsweep.model.folder) -----
     path: str | None = None
     """A Hugging Face model folder on the shared file system (``config.json``, safetensors weights,
     tokenizer), loaded with ``from_pretrained(local_files_only=True)``; null: the built-in model
@@ -626,7 +626,7 @@ class TrialConfig:
 
     def __post_init__(self) -> None:
         if self.model.path is not None:
-            return  # the folder's sizes count: hpcsweep.model_folder checks them against the data
+            return  # the folder's sizes count: hpcsweep.model.folder checks them against the data
         _require(
             self.data.seq_len <= self.model.max_position_embeddings,
             "data.seq_len",

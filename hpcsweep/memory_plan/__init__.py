@@ -18,7 +18,7 @@ FSDP divides weights, gradients and optimizer states by the world size and adds 
 unsharded at once: the root (embeddings, LM head) and two decoder layers (one prefetched) in the
 compute dtype, and one layer's fp32 gradient for the reduce-scatter.
 
-May import only ``config`` and ``model_folder``; never a stage or a command module.
+May import only ``config`` and ``model``; never a stage or a command module.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from hpcsweep.memory_plan.model_shape import (
     shape_from_model_config,
     total_parameters,
 )
-from hpcsweep.model_folder import read_model_folder
+from hpcsweep.model.folder import read_model_folder
 
 GPU_OVERHEAD_BYTES = 2 * GIB
 """CUDA context with lazy module loading (~0.5 GB on A100/H100 with CUDA 12), cuBLAS workspaces

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokenizer_folder, trial_config_from_dict
 from hpcsweep.files.token_cache import TokenCacheError, tokenizer_sha256
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
-from hpcsweep.model_folder import ModelFolder, check_model_folder, read_model_folder
+from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.sweep.text_preparation import sweep_text_corpus
 from hpcsweep.trial.identity import (
@@ -66,7 +66,7 @@ def check_model_and_data(trial: TrialConfig) -> None:
 
 
 def check_pretrained_model(trial: TrialConfig) -> ModelFolder | None:
-    """The folder ``model.path`` names, checked (``hpcsweep.model_folder``) and against the data: its
+    """The folder ``model.path`` names, checked (``hpcsweep.model.folder``) and against the data: its
     ``max_position_embeddings`` bounds ``data.seq_len``, and its vocabulary is what the synthetic corpus
     is drawn from. None for the built-in model, which ``TrialConfig`` checks itself."""
     model, data = trial.model, trial.data

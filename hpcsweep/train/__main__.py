@@ -2,9 +2,9 @@
 
 import sys
 
-from hpcsweep.offline import stay_offline
+from hpcsweep.model.offline import stay_offline
 
-stay_offline()  # before the worker imports transformers (hpcsweep.offline says why)
+stay_offline()  # before the worker imports transformers (hpcsweep.model.offline says why)
 
 from hpcsweep.train.worker import main  # noqa: E402
 

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from hpcsweep.config import ModelConfig
-from hpcsweep.model_folder import model_identity, read_model_folder
+from hpcsweep.model.folder import model_identity, read_model_folder
 
 _TRAINED = StateDictOptions(ignore_frozen_params=True)
 # Loading: the frozen base is missing from what was saved, by design (checked below, not by strict).

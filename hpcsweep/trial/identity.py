@@ -7,7 +7,7 @@ may differ freely between runs of one trial dir (``FREE_KEYS``; everything not l
 of the identity, so a key added later is protected by default).
 
 A trial that loads a model folder (``model.path``) is also trained *from* that folder: its identity
-(``hpcsweep.model_folder.model_identity``: config.json, weight names and sizes, a fingerprint of the
+(``hpcsweep.model.folder.model_identity``: config.json, weight names and sizes, a fingerprint of the
 safetensors headers and data) is recorded in each attempt's ``environment.json``, and resuming after the
 folder changed is refused the same way, naming what changed. The path itself may change: a folder
 moved whole is the same model.
@@ -25,7 +25,7 @@ import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_from_dict, trial_config_to_dict
 from hpcsweep.files.trial_files import CONFIG_FILE, TrialFiles
-from hpcsweep.model_folder import identity_changes, model_identity, read_model_folder
+from hpcsweep.model.folder import identity_changes, model_identity, read_model_folder
 
 MODEL_RECORD_KEY = "model"
 """The key of ``environment.json`` that holds the identity of the model folder the attempt trained from."""

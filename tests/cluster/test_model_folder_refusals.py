@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from hpcsweep.model_folder import model_identity, read_model_folder
+from hpcsweep.model.folder import model_identity, read_model_folder
 
 from .conftest import SMALL_TRIAL, all_job_ids, read_json, run_hpcsweep, submitted_from, wait_until_ended
 from .test_refused_requests import assert_refused, queued_job_ids

@@ -16,7 +16,7 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search", "control", "model_folder", "offline", "memory_plan", "telemetry")
+SHARED = ("config", "files", "slurm", "search", "control", "model", "memory_plan", "telemetry")
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 TOOLS = ("export",)
 """After a sweep, beside the stages: reads trials with the workers' code; no stage imports a tool."""
@@ -28,9 +28,8 @@ ALLOWED = {
     "slurm": {"config", "slurm"},
     "search": {"config", "files", "slurm", "search"},
     "control": {"files", "slurm", "control"},
-    "model_folder": {"model_folder"},
-    "offline": {"offline"},
-    "memory_plan": {"config", "memory_plan", "model_folder"},
+    "model": {"model"},
+    "memory_plan": {"config", "memory_plan", "model"},
     "telemetry": {"config", "telemetry"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
     "export": {*SHARED, "train", "results", "export"},
@@ -159,6 +158,8 @@ def import_rule(part: str) -> str:
         never_clause = listed([*never, "a command module"], "or")
     else:
         never_clause = "a stage or a command module"
+    if not allowed:
+        return f"Imports nothing of hpcsweep outside this package; never {never_clause}"
     return f"May import only {listed(allowed)}; never {never_clause}"
 
 

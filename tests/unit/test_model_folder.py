@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
-from hpcsweep.model_folder import (
+from hpcsweep.model.folder import (
     identity_changes,
     known_causal_lm_types,
     model_identity,

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.config import DataConfig, ModelConfig
-from hpcsweep.model_folder import model_identity, read_model_folder
+from hpcsweep.model.folder import model_identity, read_model_folder
 from hpcsweep.train import data
 from hpcsweep.train.metrics import weights_sha256
 from hpcsweep.train.model import build_model, flops_per_token, hf_config, load_dtype
