@@ -172,7 +172,7 @@ class LoraConfig:
     target_modules: list[str] | None = None
     """Names of the modules that get adapters (peft's ``target_modules``: a name matches a module
     whose own name or dotted tail equals it). null: every linear layer of attention and of the MLPs,
-    named for the model's architecture (``hpcsweep.train.lora.DEFAULT_TARGETS``)."""
+    named for the model's architecture (``hpcsweep.model.lora_targets.DEFAULT_LORA_TARGETS``)."""
 
     def __post_init__(self) -> None:
         _require(self.r >= 1, "model.lora.r", self.r, "an integer >= 1, e.g. 16")

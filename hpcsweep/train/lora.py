@@ -4,8 +4,8 @@
 only the adapters; the optimizer (``hpcsweep.train.optim``) takes only parameters that need a gradient,
 and a checkpoint holds only those (``hpcsweep.train.trained_state``).
 
-Which modules get adapters (``model.lora.target_modules``, null: ``DEFAULT_TARGETS`` for the model's
-architecture): every linear layer of attention and of the MLPs. transformers 5 stores a MoE layer's
+Which modules get adapters (``model.lora.target_modules``, null: ``hpcsweep.model.lora_targets`` for the
+model's architecture): every linear layer of attention and of the MLPs. transformers 5 stores a MoE layer's
 routed experts fused, as two 3-D parameters per layer (``mlp.experts.gate_up_proj``, ``down_proj``),
 not as ``nn.Linear``. For such a model peft (0.18 and later) turns the names ``gate_proj``, ``up_proj``
 and ``down_proj`` into ``target_parameters`` on those fused tensors: every routed expert gets a rank-r
@@ -30,34 +30,12 @@ import torch
 
 from transformers import PretrainedConfig
 
-from hpcsweep.config import LoraConfig, ModelConfig
+from hpcsweep.config import ModelConfig
+from hpcsweep.model import lora_targets
 from hpcsweep.train import model
 
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    # MLA: queries full rank (q_proj) or low rank (q_a_proj, q_b_proj); the compressed key/value latent
-    # (kv_a_proj_with_mqa) and its expansion (kv_b_proj); the output. Then the MLP projections.
-    "deepseek_v3": ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
-                    "gate_proj", "up_proj", "down_proj"),
-    "deepseek_v2": ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
-                    "gate_proj", "up_proj", "down_proj"),
-    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-}
-"""Adapted module names by ``config.model_type``, every linear layer of attention and of the MLPs."""
-ALL_LINEAR = "all-linear"
-"""peft's name for every ``nn.Linear`` but the output head: the targets of any other architecture."""
 _ADAPTER_STREAM = 0x10A
 """Keeps the adapters' random stream apart from the base model's initialisation (also from the seed)."""
-
-
-def target_modules(cfg: LoraConfig, model_type: str) -> list[str] | str:
-    """The modules to adapt: ``model.lora.target_modules`` when set, else the architecture's defaults.
-
-    Names the architecture does not have (``q_a_proj`` with full-rank queries) match nothing.
-    """
-    if cfg.target_modules is not None:
-        return list(cfg.target_modules)
-    defaults = DEFAULT_TARGETS.get(model_type)
-    return list(defaults) if defaults else ALL_LINEAR
 
 
 def adapter_seed(seed: int) -> int:
@@ -73,7 +51,7 @@ def peft_config(cfg: ModelConfig, model_type: str):
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
-        target_modules=target_modules(cfg.lora, model_type),
+        target_modules=lora_targets.target_modules(model_type, cfg.lora.target_modules),
         bias="none",
     )
 

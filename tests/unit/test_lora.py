@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hpcsweep.config import trial_config_from_dict
+from hpcsweep.model import lora_targets
 from hpcsweep.train import lora, model, optim
 from hpcsweep.train import worker as train
 from hpcsweep.train.checkpoint import TRAINER_FILE, WEIGHTS_DIR, load_plain_file
@@ -62,7 +63,7 @@ def test_llama_adapters_cover_every_attention_and_mlp_linear():
     net, _ = lora_model("llama")
     names = {path.rsplit(".", 1)[1] for path in adapted(net)}
     assert names == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    assert lora.target_modules(trial_config_from_dict({}).model.lora, "mistral") == lora.ALL_LINEAR
+    assert lora_targets.target_modules("mistral", trial_config_from_dict({}).model.lora.target_modules) == lora_targets.ALL_LINEAR
 
 
 def test_adapters_are_drawn_from_the_seed_and_only_they_reach_the_optimizer():
