@@ -173,6 +173,10 @@ class LoraConfig:
     """Names of the modules that get adapters (peft's ``target_modules``: a name matches a module
     whose own name or dotted tail equals it). null: every linear layer of attention and of the MLPs,
     named for the model's architecture (``hpcsweep.model.lora_targets.DEFAULT_LORA_TARGETS``)."""
+    experts: bool = True
+    """Whether a MoE model's routed experts get adapters too: a rank-r adapter per expert on its fused
+    ``gate_up_proj`` and ``down_proj``, run on the tokens routed to it (``hpcsweep.train.expert_lora``).
+    false: only ``target_modules`` (attention, dense and shared-expert MLPs) train."""
 
     def __post_init__(self) -> None:
         _require(self.r >= 1, "model.lora.r", self.r, "an integer >= 1, e.g. 16")
@@ -280,18 +284,6 @@ class ModelConfig:
             self.num_experts_per_tok,
             f"1..model.n_routed_experts={self.n_routed_experts}",
         )
-        if self.peft == "lora" and self.lora.dropout > 0 and self._routed_experts_adapted():
-            _fail(
-                "model.lora.dropout", self.lora.dropout,
-                "0 when the routed experts of a DeepSeek MoE model get adapters (peft's adapters on fused expert "
-                "weights have no dropout); or leave gate_proj, up_proj and down_proj out of model.lora.target_modules",
-            )
-
-    def _routed_experts_adapted(self) -> bool:
-        # transformers 5 fuses the routed experts; peft maps the MLP names onto them (hpcsweep.train.lora).
-        has_moe = self.arch == "deepseek_v3" and self.num_layers > self.first_k_dense_replace
-        names = self.lora.target_modules
-        return has_moe and (names is None or bool({"gate_proj", "up_proj", "down_proj"} & set(names)))
 
     def _check_folder_keys(self) -> None:
         _require(

@@ -115,7 +115,8 @@ class Trainer:
             hparams.write_trial_hparams(trial_dir, tb_dir)
         self.logger = metrics.build_logger(world.rank, world.world_size, tb_dir)
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
-        self.flops_per_token = lora.training_flops_per_token(self.model.config, cfg.model.peft, cfg.data.seq_len)
+        self.flops_per_token = lora.training_flops_per_token(
+            self.model.config, cfg.model.peft, cfg.data.seq_len, self.model)
         self.peak_flops = metrics.peak_flops(self.device_facts.name, self.choices.precision, self.choices.tf32)
         self.step = 0
         self.step_seconds = 0.0

@@ -43,18 +43,20 @@ def adapted(net):
     return found
 
 
-def test_deepseek_adapters_cover_attention_and_the_fused_routed_experts():
+def test_deepseek_adapters_cover_attention_every_mlp_and_the_fused_routed_experts():
     net, _ = lora_model()
     paths = adapted(net)
     attention = {f"model.layers.{i}.self_attn.{m}" for i in (0, 1) for m in ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")}
-    assert set(paths) == attention | {"model.layers.1.mlp.experts"}
+    mlps = {f"model.layers.{mlp}.{m}" for mlp in ("0.mlp", "1.mlp.shared_experts") for m in ("gate_proj", "up_proj", "down_proj")}
+    assert set(paths) == attention | mlps | {"model.layers.1.mlp.experts"}
     assert all(kinds == {"A", "B"} for kinds in paths.values())
-    # peft turned gate/up/down into the experts' fused 3-D parameters: one adapter per expert (gate and up at 2r).
+    # The dense and shared MLP linears are named by parameter, so that peft does not move them onto the experts.
     config = net.peft_config["default"]
-    assert config.target_parameters == {"gate_up_proj", "down_proj"}
+    assert config.target_parameters == {"gate_proj.weight", "up_proj.weight", "down_proj.weight",
+                                        *lora_targets.EXPERT_PARAMETERS}
     experts = dict(net.named_parameters())
     a_gate_up = experts["base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.default.weight"]
-    assert a_gate_up.shape[0] == 2 * 2 * 4  # 2r x n_routed_experts
+    assert a_gate_up.shape[0] == 2 * 4  # r x n_routed_experts: one rank-r adapter per expert
     # Every parameter but the adapters is frozen.
     assert all(("lora_" in name) == p.requires_grad for name, p in net.named_parameters())
 

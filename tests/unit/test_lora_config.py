@@ -30,7 +30,7 @@ def test_defaults_train_every_weight_and_hold_lora_settings():
         ({"lora": {"target_modules": "q_proj"}}, "model.lora.target_modules='q_proj' is not allowed: a list or null"),
         ({"lora": 8}, "model.lora=8 is not allowed: a mapping of model.lora keys"),
         ({"lora": {"rr": 8}}, "model.lora.rr is not a config key; did you mean model.lora.r? (keys of model.lora: "
-                              "alpha, dropout, r, target_modules)"),
+                              "alpha, dropout, experts, r, target_modules)"),
     ],
 )
 def test_bad_lora_values_name_the_nested_key(values, message):
@@ -39,13 +39,13 @@ def test_bad_lora_values_name_the_nested_key(values, message):
     assert str(err.value).startswith(message)
 
 
-def test_dropout_is_refused_where_peft_adapts_fused_experts():
-    # transformers 5 fuses a DeepSeek MoE layer's routed experts; peft's adapters on them have no dropout.
-    with pytest.raises(ValueError, match=r"^model.lora.dropout=0.1 is not allowed: 0 when the routed experts"):
-        lora_model(dropout=0.1)
-    assert lora_model(dropout=0.1, target_modules=["q_proj", "o_proj"]).lora.dropout == 0.1
-    assert trial_config_from_dict({"model": {"arch": "llama", "peft": "lora", "lora": {"dropout": 0.1}}})
-    assert trial_config_from_dict({"model": {"lora": {"dropout": 0.1}}}).model.peft == "none"
+def test_dropout_is_allowed_on_moe_models_whose_experts_get_adapters():
+    # hpcsweep.train.expert_lora applies dropout to the routed experts' adapters (tests/unit/test_expert_lora.py).
+    assert lora_model(dropout=0.1).lora.dropout == 0.1
+    assert lora_model(dropout=0.1).lora.experts is True
+    assert lora_model(experts=False).lora.experts is False
+    with pytest.raises(ValueError, match=r"^model.lora.experts='yes' is not allowed"):
+        lora_model(experts="yes")
 
 
 def test_the_key_check_knows_nested_keys_and_hints_at_the_closest():
