@@ -1,17 +1,26 @@
-"""LoRA against full fine-tuning, on a tiny and a ~125M DeepSeek-style model saved with ``save_pretrained``.
+"""LoRA against full fine-tuning on DeepSeek-style models saved with ``save_pretrained``: speed and training state.
 
-    python benchmarks/finetune.py [--sizes tiny 125m] [--steps 4] [--workdir DIR] [--json FILE]
+    python benchmarks/finetune.py [--shape moe] [--steps 8] [--rank 8] [--workdir DIR] [--json FILE]
+    python benchmarks/finetune.py --checkpoints [--shape tiny 125m] [--steps 4]
 
-For each size it makes a model folder the way users bring one (``tests/model_folders.make_model_folder``:
-``save_pretrained`` safetensors and a ``tokenizers``-trained tokenizer), then measures:
-  - load time from disk: ``AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)``;
-  - trainer tokens/s of the same model trained with ``model.peft=lora`` and ``model.peft=none``
-    (``hpcsweep.train.worker.run_trial`` on a trial dir, metrics.json's ``tokens_per_s``);
-  - each trial's checkpoint: its size, and the time to save it until durable (``Trainer.save``);
-and prints LoRA's figures over full fine-tuning's, side by side.
+For each shape it makes a model folder the way users bring one (``tests/model_folders.make_model_folder``:
+``save_pretrained`` safetensors and a ``tokenizers``-trained tokenizer), loads it twice (``hpcsweep.train.model``)
+and trains both copies side by side in this one process, on CPU with one thread, the same batches (2 x 64):
 
-The trials build the folder's architecture from its config.json (``model.*`` keys of the same sizes):
-the speed and the checkpoint do not depend on where the weights came from.
+- **LoRA** (``hpcsweep.train.lora.apply_lora``, ``model.lora.r`` = ``--rank``, routed experts included),
+  **full fine-tuning**, and for reference the same LoRA run by peft's own ``ParamWrapper`` forward (its fold
+  ``W + s·B·A`` of the expert tensors), each with the trainer's AdamW (``hpcsweep.train.optim.build_optimizer``);
+- the contenders alternate step by step (and which goes first alternates too), each step timed in CPU time
+  (``time.process_time``: forward, backward, optimizer step), and each contender's first step is left out;
+  tokens/s is the batch's tokens over the mean of the other steps;
+- **training-state memory**, computed from the tensors: the parameters that train, their gradients and the
+  optimizer's state (bytes of every tensor in ``optimizer.state``), and for LoRA the expert LoRA's temporaries:
+  the tensors autograd saves for the backward of the experts' adapter products (``expert_lora.ExpertFactors``)
+  during one forward, counted once per storage, parameters' storages left out. All counted as if held at once.
+
+It ends with ``LoRA/full tokens/s X.XX, training-state memory X.XX`` (LoRA's figure over full fine-tuning's)
+for the last shape. ``--checkpoints`` instead trains each shape as a trial (``hpcsweep.train.worker.run_trial``)
+with ``model.peft=lora`` and ``none`` and reports load time, checkpoint size and save time.
 """
 
 from __future__ import annotations
@@ -19,14 +28,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import yaml
+from peft.tuners.lora import ParamWrapper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable from a checkout
@@ -34,10 +47,12 @@ sys.path.insert(0, str(REPO))  # runnable from a checkout
 from gpu_check import checkpoint_times, folder_model_keys  # noqa: E402  (benchmarks/ is sys.path[0] as a script)
 
 from hpcsweep.config import trial_config_from_dict, trial_config_to_dict  # noqa: E402
+from hpcsweep.train import expert_lora, lora, optim  # noqa: E402
+from hpcsweep.train import model as model_lib  # noqa: E402
 from hpcsweep.train.worker import EXIT_OK, run_trial  # noqa: E402
 from tests.model_folders import make_model_folder  # noqa: E402
 
-SIZES: dict[str, dict[str, Any]] = {
+SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {},  # tests/model_folders.TINY_DEEPSEEK
     # configs/model/deepseek_125m.yaml's shape; 16 layers stand in for its 32k vocabulary's embeddings,
     # which a tokenizer trained on the test corpus cannot reach.
@@ -45,8 +60,130 @@ SIZES: dict[str, dict[str, Any]] = {
                  num_key_value_heads=12, max_position_embeddings=2048, n_routed_experts=8, num_experts_per_tok=2,
                  n_shared_experts=1, moe_intermediate_size=192, kv_lora_rank=256, qk_rope_head_dim=32,
                  qk_nope_head_dim=64, v_head_dim=64),
+    # A 28.7M DeepSeek-V3 MoE: hidden 512, 4 layers (one dense, three MoE), 16 routed experts, top-4, one shared.
+    "moe": dict(hidden_size=512, intermediate_size=1472, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=8, max_position_embeddings=256, n_routed_experts=16, num_experts_per_tok=4,
+                n_shared_experts=1, moe_intermediate_size=288, kv_lora_rank=128, qk_rope_head_dim=32,
+                qk_nope_head_dim=64, v_head_dim=64),
 }
-"""DeepseekV3Config overrides of each size's folder."""
+"""DeepseekV3Config overrides of each shape's folder."""
+BATCH, SEQ = 2, 64
+
+
+@dataclass
+class Contender:
+    name: str
+    net: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    seconds: list[float]
+
+
+def contenders(folder: Path, rank: int) -> list[Contender]:
+    """LoRA and full fine-tuning of the same folder, each with the trainer's optimizer."""
+    made = []
+    for name, peft in (("LoRA", "lora"), ("full", "none"), ("LoRA, peft's fold", "lora")):
+        cfg = trial_config_from_dict({"model": {"path": str(folder), "peft": peft, "lora": {"r": rank}}})
+        net = lora.apply_lora(model_lib.build_model(cfg.model, seed=0), cfg.model, seed=0).train()
+        if name == "LoRA, peft's fold":  # the same adapters with peft's own ParamWrapper forward, for reference
+            for module in net.modules():
+                if isinstance(module, expert_lora.GroupedLoraParamWrapper):
+                    module.__class__ = ParamWrapper
+        made.append(Contender(name, net, optim.build_optimizer(net, cfg.model, cfg.trainer), []))
+    return made
+
+
+def train_step(contender: Contender, batch: torch.Tensor) -> None:
+    """One step of the trainer's kind: next-token cross-entropy, backward, optimizer step; its CPU seconds kept."""
+    start = time.process_time()
+    logits = contender.net(input_ids=batch[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+    loss.backward()
+    contender.optimizer.step()
+    contender.optimizer.zero_grad(set_to_none=True)
+    contender.seconds.append(time.process_time() - start)
+
+
+def training_state_bytes(contender: Contender, batch: torch.Tensor) -> dict[str, int]:
+    """Bytes of the parameters that train, their gradients, the optimizer state, and the expert LoRA's
+    temporaries of one forward (0 without expert LoRA)."""
+    net = contender.net
+    trained = [p for p in net.parameters() if p.requires_grad]
+    with expert_lora_saves(net) as saved:
+        loss = net(input_ids=batch[:, :-1]).logits.float().square().mean()
+    loss.backward()
+    state = {
+        "parameters": sum(p.numel() * p.element_size() for p in trained),
+        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in trained if p.grad is not None),
+        "optimizer": sum(t.numel() * t.element_size() for s in contender.optimizer.state.values()
+                         for t in s.values() if isinstance(t, torch.Tensor)),
+        "expert_lora_temporaries": sum(saved.values()),
+    }
+    net.zero_grad(set_to_none=True)
+    return state
+
+
+@contextmanager
+def expert_lora_saves(net: torch.nn.Module) -> Iterator[dict[int, int]]:
+    """``{storage address: bytes}`` of what autograd saves inside ``expert_lora.ExpertFactors`` while in the block,
+    parameters' storages left out."""
+    parameters = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    plain = expert_lora.ExpertFactors.__call__
+
+    def counted(self: expert_lora.ExpertFactors, x: torch.Tensor, expert: int) -> torch.Tensor:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            return plain(self, x, expert)
+
+    expert_lora.ExpertFactors.__call__ = counted
+    try:
+        yield saved
+    finally:
+        expert_lora.ExpertFactors.__call__ = plain
+
+
+def measure_speed(shape: str, workdir: Path, steps: int, rank: int) -> dict[str, Any]:
+    folder = make_model_folder(workdir / f"{shape}-folder", **SHAPES[shape])
+    runners = contenders(folder, rank)
+    vocab = runners[0].net.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, vocab, (BATCH, SEQ + 1), generator=generator) for _ in range(steps)]
+    for step, batch in enumerate(batches):
+        for contender in (runners if step % 2 == 0 else runners[::-1]):
+            train_step(contender, batch)
+    row: dict[str, Any] = {"shape": shape, "steps": steps, "rank": rank, "load_average": os.getloadavg()[0],
+                           "parameters": sum(p.numel() for p in runners[1].net.parameters())}
+    for contender in runners:
+        timed = contender.seconds[1:]  # the first step of each is left out
+        row[contender.name] = {"tokens_per_s": BATCH * SEQ / statistics.mean(timed), "step_s": timed}
+        if contender.name in ("LoRA", "full"):
+            memory = training_state_bytes(contender, batches[0])
+            row[contender.name].update(memory=memory, memory_total=sum(memory.values()))
+    return row
+
+
+def report_speed(rows: list[dict[str, Any]]) -> None:
+    print(f"{'shape':>6} {'params':>8}   {'tokens/s LoRA / full':>24}   {'training state MB LoRA / full':>30}"
+          f"   {'LoRA expert temporaries MB':>26}   {'tokens/s LoRA with peft fold':>28}")
+    for r in rows:
+        lo, fu, fold = r["LoRA"], r["full"], r["LoRA, peft's fold"]
+        print(f"{r['shape']:>6} {r['parameters'] / 1e6:>7.1f}M   "
+              f"{lo['tokens_per_s']:>7.0f} / {fu['tokens_per_s']:<7.0f} x{lo['tokens_per_s'] / fu['tokens_per_s']:.2f}   "
+              f"{lo['memory_total'] / 2**20:>9.2f} / {fu['memory_total'] / 2**20:<9.1f} "
+              f"x{lo['memory_total'] / fu['memory_total']:.3f}   "
+              f"{lo['memory']['expert_lora_temporaries'] / 2**20:>26.2f}   "
+              f"{fold['tokens_per_s']:>11.0f} x{fold['tokens_per_s'] / fu['tokens_per_s']:.2f} of full")
+    last = rows[-1]
+    print(f"LoRA/full tokens/s {last['LoRA']['tokens_per_s'] / last['full']['tokens_per_s']:.2f}, "
+          f"training-state memory {last['LoRA']['memory_total'] / last['full']['memory_total']:.2f}")
+
+
 def load_seconds(folder: Path) -> float:
     from transformers import AutoModelForCausalLM
 
@@ -67,19 +204,17 @@ def write_trial(path: Path, model: dict[str, Any], peft: str, steps: int) -> Pat
     return path
 
 
-def measure(size: str, workdir: Path, steps: int) -> dict[str, Any]:
-    folder = make_model_folder(workdir / f"{size}-folder", **SIZES[size])
+def measure_checkpoints(shape: str, workdir: Path, steps: int) -> dict[str, Any]:
+    folder = make_model_folder(workdir / f"{shape}-folder", **SHAPES[shape])
     model = folder_model_keys(folder)
-    row: dict[str, Any] = {"size": size, "load_s": load_seconds(folder),
+    row: dict[str, Any] = {"shape": shape, "load_s": load_seconds(folder),
                            "parameters": sum(p.numel() for p in _meta_model(folder).parameters())}
     for peft in ("lora", "none"):
-        trial = write_trial(workdir / f"{size}-{peft}", model, peft, steps)
+        trial = write_trial(workdir / f"{shape}-{peft}", model, peft, steps)
         if run_trial(trial) != EXIT_OK:
             raise SystemExit(f"FAIL: {trial}: {json.loads((trial / 'metrics.json').read_text()).get('error')}")
-        metrics = json.loads((trial / "metrics.json").read_text())
         times = checkpoint_times(trial)
-        row[peft] = {"tokens_per_s": metrics["tokens_per_s"], "save_s": times["save_s"],
-                     "checkpoint_mb": times["checkpoint_gb"] * 1e3}
+        row[peft] = {"save_s": times["save_s"], "checkpoint_mb": times["checkpoint_gb"] * 1e3}
     return row
 
 
@@ -90,28 +225,37 @@ def _meta_model(folder: Path) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, local_files_only=True))
 
 
-def report(rows: list[dict[str, Any]]) -> None:
-    print(f"{'size':>6} {'params':>8} {'load':>7}   {'tokens/s LoRA / full':>22}   {'checkpoint MB LoRA / full':>26}"
-          f"   {'save s LoRA / full':>20}")
+def report_checkpoints(rows: list[dict[str, Any]]) -> None:
+    print(f"{'shape':>6} {'params':>8} {'load':>7}   {'checkpoint MB LoRA / full':>26}   {'save s LoRA / full':>20}")
     for r in rows:
         lo, fu = r["lora"], r["none"]
-        print(f"{r['size']:>6} {r['parameters'] / 1e6:>7.1f}M {r['load_s']:>6.2f}s   "
-              f"{lo['tokens_per_s']:>7.0f} / {fu['tokens_per_s']:<7.0f} x{lo['tokens_per_s'] / fu['tokens_per_s']:.2f}   "
+        print(f"{r['shape']:>6} {r['parameters'] / 1e6:>7.1f}M {r['load_s']:>6.2f}s   "
               f"{lo['checkpoint_mb']:>8.2f} / {fu['checkpoint_mb']:<8.1f} x{lo['checkpoint_mb'] / fu['checkpoint_mb']:.3f}   "
               f"{lo['save_s']:>5.2f} / {fu['save_s']:<5.2f} x{lo['save_s'] / fu['save_s']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps of each trial (default: %(default)s)")
+    parser.add_argument("--shape", nargs="+", choices=list(SHAPES), default=None,
+                        help="model shapes (default: moe; with --checkpoints: tiny 125m)")
+    parser.add_argument("--steps", type=int, default=8, help="steps of each contender (default: %(default)s)")
+    parser.add_argument("--rank", type=int, default=8, help="model.lora.r (default: %(default)s)")
+    parser.add_argument("--checkpoints", action="store_true",
+                        help="measure load time, checkpoint size and save time of trials instead")
     parser.add_argument("--workdir", type=Path, help="where folders and trial dirs go (default: a temporary dir)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)  # CPU time of one thread: the contenders compare on the same footing
+    shapes = args.shape or (["tiny", "125m"] if args.checkpoints else ["moe"])
     with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
-        rows = [measure(size, args.workdir or Path(tmp), args.steps) for size in args.sizes]
-    report(rows)
+        workdir = args.workdir or Path(tmp)
+        if args.checkpoints:
+            rows = [measure_checkpoints(shape, workdir, args.steps) for shape in shapes]
+            report_checkpoints(rows)
+        else:
+            rows = [measure_speed(shape, workdir, args.steps, args.rank) for shape in shapes]
+            report_speed(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
