@@ -124,6 +124,8 @@ def experts_forward(
         if down is not None:
             out = out + down(hidden, expert)
         outputs.append(out)
+    if not outputs:  # no tokens at all
+        return torch.zeros_like(hidden_states)
     weighted = torch.cat(outputs) * top_k_weights.reshape(-1)[order].unsqueeze(-1)
     per_choice = weighted[torch.argsort(order)]  # back to (token, choice) order
     return per_choice.view(num_tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
