@@ -169,15 +169,15 @@ def measure_speed(shape: str, workdir: Path, steps: int, rank: int) -> dict[str,
 
 
 def report_speed(rows: list[dict[str, Any]]) -> None:
-    print(f"{'shape':>6} {'params':>8}   {'tokens/s LoRA / full':>24}   {'training state MB LoRA / full':>30}"
-          f"   {'LoRA expert temporaries MB':>26}   {'tokens/s LoRA with peft fold':>28}")
+    print(f"{'shape':>6} {'params':>8}   {'tokens/s LoRA / full':>24}   {'training state MiB LoRA / full':>31}"
+          f"   {'LoRA expert temporaries MiB':>27}   {'tokens/s LoRA with peft fold':>28}")
     for r in rows:
         lo, fu, fold = r["LoRA"], r["full"], r["LoRA, peft's fold"]
         print(f"{r['shape']:>6} {r['parameters'] / 1e6:>7.1f}M   "
               f"{lo['tokens_per_s']:>7.0f} / {fu['tokens_per_s']:<7.0f} x{lo['tokens_per_s'] / fu['tokens_per_s']:.2f}   "
               f"{lo['memory_total'] / 2**20:>9.2f} / {fu['memory_total'] / 2**20:<9.1f} "
               f"x{lo['memory_total'] / fu['memory_total']:.3f}   "
-              f"{lo['memory']['expert_lora_temporaries'] / 2**20:>26.2f}   "
+              f"{lo['memory']['expert_lora_temporaries'] / 2**20:>27.2f}   "
               f"{fold['tokens_per_s']:>11.0f} x{fold['tokens_per_s'] / fu['tokens_per_s']:.2f} of full")
     last = rows[-1]
     print(f"LoRA/full tokens/s {last['LoRA']['tokens_per_s'] / last['full']['tokens_per_s']:.2f}, "
