@@ -93,7 +93,8 @@ def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exp
     assert all(start >= prep[2] for _, start, _ in tasks.values()), (prep, tasks)
     assert len(list((tmp_path / "multirun" / "token-cache").iterdir())) == 1
 
-    # Checkpoints hold what trains (the adapters, and the router's bias buffer), never the base: under 5%.
+    # Checkpoints hold what trains (the adapters, and the router's bias buffer), never the base: under 6% (the
+    # adapters cover attention, the dense and shared MLPs and every routed expert: 5.2% of this small base).
     from hpcsweep.train.checkpoint_store import read_metadata
 
     full_weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
@@ -102,7 +103,7 @@ def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exp
         assert saved and all("lora_" in key or key.endswith("e_score_correction_bias") for key in saved), checkpoint
         size = sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())
         # A full checkpoint holds the weights and two AdamW moments: three times the folder's fp32 weights.
-        assert size < 0.05 * 3 * full_weights, (checkpoint, size, full_weights)
+        assert size < 0.06 * 3 * full_weights, (checkpoint, size, full_weights)
 
     best = min(record["trials"], key=lambda t: read_json(tmp_path / t["trial_dir"] / "metrics.json")["best_val_loss"])
     env = {k: v for k, v in slurm_env.items() if k != "PYTHONPATH"}
