@@ -4,13 +4,13 @@
     python benchmarks/finetune.py --checkpoints [--shape tiny 125m] [--steps 4]
 
 For each shape it makes a model folder the way users bring one (``tests/model_folders.make_model_folder``:
-``save_pretrained`` safetensors and a ``tokenizers``-trained tokenizer), loads it twice (``hpcsweep.train.model``)
-and trains both copies side by side in this one process, on CPU with one thread, the same batches (2 x 64):
+``save_pretrained`` safetensors and a ``tokenizers``-trained tokenizer), loads it three times (``hpcsweep.train.model``)
+and trains the copies side by side in this one process, on CPU with one thread, the same batches (2 x 64):
 
 - **LoRA** (``hpcsweep.train.lora.apply_lora``, ``model.lora.r`` = ``--rank``, routed experts included),
   **full fine-tuning**, and for reference the same LoRA run by peft's own ``ParamWrapper`` forward (its fold
   ``W + s·B·A`` of the expert tensors), each with the trainer's AdamW (``hpcsweep.train.optim.build_optimizer``);
-- the contenders alternate step by step (and which goes first alternates too), each step timed in CPU time
+- the contenders alternate step by step (their order reverses every other step), each step timed in CPU time
   (``time.process_time``: forward, backward, optimizer step), and each contender's first step is left out;
   tokens/s is the batch's tokens over the mean of the other steps;
 - **training-state memory**, computed from the tensors: the parameters that train, their gradients and the

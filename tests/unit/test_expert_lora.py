@@ -14,7 +14,7 @@ from hpcsweep.config import trial_config_from_dict
 from hpcsweep.model import lora_targets
 from hpcsweep.train import expert_lora, lora, model
 
-from ..model_folders import TINY_DEEPSEEK
+from tests.model_folders import TINY_DEEPSEEK
 
 torch.set_num_threads(1)
 
@@ -197,7 +197,7 @@ def test_lora_mfu_counts_the_adapters_and_no_frozen_weight_gradient():
 def test_a_lora_trial_with_dropout_trains_on_a_moe_folder(tmp_path):
     from hpcsweep.train import worker
 
-    from ..model_folders import make_model_folder
+    from tests.model_folders import make_model_folder
     from .trial_dirs import make_trial_dir, read_metrics
 
     folder = make_model_folder(tmp_path / "folder")
