@@ -48,3 +48,22 @@ def skew_router(model: torch.nn.Module, kind: str) -> None:
         else:
             model.model.embed_tokens.weight[:, 0] += 1.0
             router.weight[0, 0] = 1.0
+
+
+def make_collapsed_moe_folder(folder, favoured: int = 2, **overrides):
+    """``tests.model_folders.make_model_folder``'s DeepseekV3, every MoE layer's router pinned to its first
+    ``favoured`` experts: their ``e_score_correction_bias`` raised by 1 (sigmoid scores lie in 0..1), so
+    with top-``favoured`` routing every other expert is idle. Returns ``folder``."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.model_folders import make_model_folder
+
+    make_model_folder(folder, **overrides)
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    biases = [name for name in tensors if name.endswith("e_score_correction_bias")]
+    assert biases, "a DeepseekV3 folder has a router bias per MoE layer"
+    for name in biases:
+        tensors[name][:favoured] += 1.0
+    save_file(tensors, path, metadata={"format": "pt"})
+    return folder

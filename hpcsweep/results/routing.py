@@ -40,4 +40,4 @@ def collapse_reason(router: Any) -> str | None:
         reasons.append(f"the most loaded expert got {load:.1f}x the mean")
     if not reasons:
         return None
-    return "routing collapsed: " + ", ".join(reasons) + " (docs/user/moe.md: router balance)"
+    return "routing collapsed: " + ", ".join(reasons)
