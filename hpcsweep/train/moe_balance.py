@@ -150,14 +150,16 @@ class RouterBalance:
     bias_update_rate: float
     step_counts: torch.Tensor = field(init=False)
     window_counts: torch.Tensor = field(init=False)
-    window_aux: float = 0.0
-    window_forwards: int = 0
+    window_aux: torch.Tensor = field(init=False)
+    """The window's sum of the unweighted aux loss and its count of forwards, kept on the device: no
+    host sync per micro-batch."""
 
     def __post_init__(self) -> None:
         device = self.routers[0].module.weight.device
         shape = (len(self.routers), max(r.experts for r in self.routers))
         self.step_counts = torch.zeros(shape, dtype=torch.int64, device=device)
         self.window_counts = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.window_aux = torch.zeros(2, dtype=torch.float64, device=device)
         for router in self.routers:
             router.module.register_forward_hook(router.record)
 
@@ -179,8 +181,8 @@ class RouterBalance:
             with torch.no_grad():
                 loss = aux_loss(self.routers, self.config)
             weighted = 0.0
-        self.window_aux += float(loss.detach())
-        self.window_forwards += 1
+        self.window_aux += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
+                                                                           device=self.window_aux.device)])
         for router in self.routers:
             router.logits = router.chosen = None
         return weighted
@@ -202,14 +204,12 @@ class RouterBalance:
         """The statistics of the log window (counts over every rank, aux loss averaged over ranks), then a fresh window.
 
         A collective: every rank calls it at the same step."""
-        aux = torch.tensor([self.window_aux, float(self.window_forwards)], dtype=torch.float64,
-                           device=self.window_counts.device)
-        counts = self.window_counts.clone()
+        aux, counts = self.window_aux.clone(), self.window_counts.clone()
         if world.world_size > 1:
             dist.all_reduce(counts)
             dist.all_reduce(aux)
         self.window_counts.zero_()
-        self.window_aux, self.window_forwards = 0.0, 0
+        self.window_aux.zero_()
         loads = {r.layer: counts[row, : r.experts].tolist() for row, r in enumerate(self.routers)}
         mean_aux = aux[0].item() / aux[1].item() if aux[1].item() else None
         return router_stats.window_stats(

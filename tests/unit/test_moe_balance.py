@@ -203,3 +203,18 @@ def test_window_statistics_per_layer_and_overall():
 def test_negative_balance_settings_are_refused_naming_the_key(key, value):
     with pytest.raises(ValueError, match=rf"^model\.moe\.{key}=.* is not allowed"):
         trial_config_from_dict({"model": {"moe": {key: value}}})
+
+
+# The trainer's spelling (hpcsweep.train.trainer), which transformers 5 calls deprecated.
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
+def test_gradient_checkpointing_recomputes_forwards_without_counting_them_twice():
+    counts = {}
+    for checkpointing in (False, True):
+        model = tiny_moe("v3")
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        balance = moe_balance.attach(model, ModelConfig(moe=MoeConfig(aux_loss_coef=0.1, bias_update_rate=0.0)))
+        reports = train(model, balance, steps=2, window=2)
+        counts[checkpointing] = reports[0]
+    assert counts[True] == counts[False]
+    assert counts[True]["layers"]["1"]["tokens"] == 2 * 8 * 32 * 2
