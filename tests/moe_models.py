@@ -2,7 +2,7 @@
 
 ``tiny_moe("v2")`` is DeepSeek-V2-shaped (softmax router, ``aux_loss_alpha`` and ``seq_aux`` in its
 config as DeepSeek-V2-Lite's config.json has them), ``tiny_moe("v3")`` DeepSeek-V3-shaped (sigmoid
-router with ``e_score_correction_bias``), ``tiny_moe("mixtral")`` a Mixtral. Each has one dense layer
+router with ``e_score_correction_bias``), ``tiny_moe("mixtral")`` a Mixtral and ``tiny_moe("qwen2_moe")`` a Qwen2-MoE. Each has one dense layer
 then one MoE layer (layer 1). ``skew_router`` biases layer 1's router toward expert 0.
 """
 
@@ -32,6 +32,14 @@ def tiny_moe(kind: str, seed: int = 0, **overrides) -> torch.nn.Module:
                                                          **overrides}))
     if kind == "v3":
         return DeepseekV3ForCausalLM(DeepseekV3Config(**{**DEEPSEEK, **overrides}))
+    if kind == "qwen2_moe":
+        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+        return Qwen2MoeForCausalLM(Qwen2MoeConfig(**{
+            "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "use_cache": False,
+            "max_position_embeddings": 64, **overrides}))
     return MixtralForCausalLM(MixtralConfig(**{
         "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,

@@ -99,8 +99,9 @@ def test_deepseek_v2_loss_is_deepseeks_moegate_loss_summed_over_layers(seq_aux):
     torch.testing.assert_close(balance.take_aux_loss(), 0.5 * expected, rtol=1e-6, atol=0)
 
 
-def test_mixtral_loss_equals_the_models_own_aux_loss():
-    model = tiny_moe("mixtral")
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_switch_family_loss_equals_the_models_own_aux_loss(kind):
+    model = tiny_moe(kind)
     balance = moe_balance.attach(model, ModelConfig(moe=MoeConfig()))
     assert balance.aux_loss_coef == model.config.router_aux_loss_coef == 0.001  # null: the folder's own
     model.train()
