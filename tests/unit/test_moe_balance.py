@@ -113,6 +113,8 @@ def test_the_coefficient_is_the_folders_own_unless_set_and_zero_switches_it_off(
     v2, v3 = tiny_moe("v2"), tiny_moe("v3")
     assert moe_balance.effective_aux_loss_coef(ModelConfig(), v2.config) == 0.001  # aux_loss_alpha
     assert moe_balance.effective_aux_loss_coef(ModelConfig(), v3.config) == 0.0  # V3 balances by its bias
+    # A DeepSeek-V3 config.json with aux_loss_alpha (the released one has 0.001) adds its sequence-wise loss.
+    assert moe_balance.effective_aux_loss_coef(ModelConfig(), tiny_moe("v3", aux_loss_alpha=0.001).config) == 0.001
     assert moe_balance.effective_aux_loss_coef(ModelConfig(moe=MoeConfig(aux_loss_coef=0.02)), v3.config) == 0.02
     balance = moe_balance.attach(v2, ModelConfig(moe=MoeConfig(aux_loss_coef=0.0)))
     v2.train()
