@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 import types
 import typing
@@ -191,6 +192,32 @@ class LoraConfig:
 
 
 @dataclass(kw_only=True)
+class MoeConfig:
+    """Router balance of a MoE model (``hpcsweep.train.moe_balance``; docs/user/moe.md). A dense model ignores it."""
+
+    aux_loss_coef: float | None = None
+    """Weight of the auxiliary balance loss added to the training loss, as the architecture's authors
+    define it (DeepSeek-MoE/V2/V3: the sequence-wise loss of ``aux_loss_alpha`` and ``seq_aux``; Mixtral
+    and Qwen-MoE: transformers' ``load_balancing_loss_func``). null: the folder's own value
+    (``aux_loss_alpha`` or ``router_aux_loss_coef`` in its config.json; none there: off); 0: off."""
+    bias_update_rate: float = 0.001
+    """DeepSeek-V3's aux-loss-free balance (routers with an ``e_score_correction_bias``): before each
+    optimizer step each expert's bias moves by this much toward the mean load (its tokens summed over
+    every rank). DeepSeek-V3's paper uses 0.001; 0: off. Off under ``model.peft=lora`` (the base is frozen)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.aux_loss_coef is None or (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0),
+            "model.moe.aux_loss_coef", self.aux_loss_coef,
+            "null (the model folder's own value), 0 (off) or a number > 0, e.g. 0.001",
+        )
+        _require(
+            math.isfinite(self.bias_update_rate) and self.bias_update_rate >= 0,
+            "model.moe.bias_update_rate", self.bias_update_rate, "0 (off) or a number > 0, e.g. 0.001",
+        )
+
+
+@dataclass(kw_only=True)
 class ModelConfig:
     """A causal LM built from a transformers config (never downloaded from a hub)."""
 
@@ -256,6 +283,8 @@ class ModelConfig:
     """What trains: ``none``, every parameter; ``lora``, LoRA adapters (``model.lora``) over a frozen base."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """The LoRA adapters' settings (used with ``model.peft=lora``)."""
+    moe: MoeConfig = field(default_factory=MoeConfig)
+    """Router balance of a MoE model (``model.moe.aux_loss_coef``, ``model.moe.bias_update_rate``)."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "model.lr", self.lr, "a learning rate > 0, e.g. 3e-4")

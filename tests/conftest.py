@@ -22,6 +22,7 @@ SLOW_MODULES = {
     "test_export.py",  # a LoRA and a full trial, exported, loaded in a fresh process
     "test_finetune_benchmark.py",  # benchmarks/finetune.py's three contenders, tiny, in this process
     "test_lora_ddp.py",  # a torchrun run of two ranks
+    "test_moe_balance_ddp.py",  # a torchrun run of two ranks
     "test_sharded_checkpoint.py",  # torchrun runs of two ranks
     "test_step_timer.py",  # three CPU trials in one module fixture (normal, slow data, timing off)
     "test_trainer_ddp.py",  # torchrun runs of two ranks
@@ -29,6 +30,7 @@ SLOW_MODULES = {
 }
 """Unit test modules whose every test is slow (most share a module fixture that trains)."""
 SLOW_TESTS = {
+    "test_moe_balance.py": {"test_balance_halves_the_max_mean_load_of_a_router_biased_toward_one_expert"},
     "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
     "test_interrupt_resume.py": {

@@ -10,7 +10,8 @@ sweep's median (``docs/user/efficiency.md``):
 - GPU utilisation below half the median;
 - data waiting: data % of step time above ``max(DATA_PCT_FLOOR, DATA_FACTOR x median)``;
 - a slow node: a GPU whose mean SM clock is below ``SLOW_CLOCK_FACTOR`` x the median over every GPU;
-- memory: under ``HEADROOM_PCT`` % of the GPU's memory left at the peak (against the GPU, not the median).
+- memory: under ``HEADROOM_PCT`` % of the GPU's memory left at the peak (against the GPU, not the median);
+- routing: a MoE trial whose routing collapsed (``hpcsweep.results.routing``, against the trial alone).
 
 A rule against the median needs ``MIN_MEASURED`` trials that have the measure. A trial low on
 throughput or utilisation with no direct cause gets the part of its step time that stands out most
@@ -24,6 +25,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from hpcsweep.results.routing import collapse_reason
 
 MIN_MEASURED = 3
 """Trials that must have a measure before any trial is compared with the sweep's median of it."""
@@ -81,6 +84,10 @@ class TrialEfficiency:
     memory_total_gb: float | None = None
     """The GPU's memory: the telemetry's ``mem_total_gb`` (smallest GPU), else the memory plan's GPU."""
     clocks: tuple[GpuClock, ...] = ()
+    router_load: float | None = None
+    """A MoE trial's worst layer's max/mean expert load over its last log window (metrics.json ``router``)."""
+    routing_collapse: str | None = None
+    """Why its routing collapsed (``hpcsweep.results.routing``); None when it did not, or it is dense."""
 
     @property
     def headroom_pct(self) -> float | None:
@@ -171,6 +178,8 @@ def efficiency_of(metrics: Mapping[str, Any] | None, tokens_per_s: float | None)
         peak_memory_gb=_peak_memory_gb(metrics),
         memory_total_gb=min(totals) if totals else (None if plan_bytes is None else plan_bytes / 2**30),
         clocks=clocks,
+        router_load=_number(_mapping(metrics.get("router")).get("max_mean_load")),
+        routing_collapse=collapse_reason(metrics.get("router")),
     )
 
 
@@ -179,7 +188,8 @@ def efficiency_of(metrics: Mapping[str, Any] | None, tokens_per_s: float | None)
 
 @dataclass(frozen=True)
 class Outlier:
-    """One flagged trial: the rules that flagged it (``throughput``, ``util``, ``data``, ``clock``, ``memory``), and why."""
+    """One flagged trial: the rules that flagged it (``throughput``, ``util``, ``data``, ``clock``, ``memory``,
+    ``routing``), and why."""
 
     num: int
     kinds: tuple[str, ...]
@@ -301,6 +311,8 @@ def find_outliers(trials: Mapping[int, TrialEfficiency]) -> OutlierReport:
         if headroom is not None and headroom < HEADROOM_PCT:
             causes.append(("memory", f"peak memory {trial.peak_memory_gb:.1f} of {trial.memory_total_gb:.1f} GB "
                                      f"({max(headroom, 0.0):.1f}% headroom): close to running out of memory"))
+        if trial.routing_collapse:
+            causes.append(("routing", trial.routing_collapse))
         flagged = [kind for kind, _ in [*symptoms, *causes] if kind]
         if not flagged:
             continue

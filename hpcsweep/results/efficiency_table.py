@@ -28,7 +28,7 @@ def _memory(row: TrialRow) -> str:
 
 def efficiency_cells(rows: Sequence[TrialRow]) -> tuple[list[str], list[list[str]]]:
     """The header and cells of the efficiency table, one row per trial in ``rows``' order."""
-    header = ["#", "status", "MFU", f"tok/s/{device_word(rows)}", "GPU-util%", "data%", "GB(peak/GPU)", "GPU-h"]
+    header = ["#", "status", "MFU", f"tok/s/{device_word(rows)}", "GPU-util%", "data%", "GB(peak/GPU)", "GPU-h", "load(max/mean)"]
     cells = [
         [
             str(row.num),
@@ -39,6 +39,7 @@ def efficiency_cells(rows: Sequence[TrialRow]) -> tuple[list[str], list[list[str
             _cell(row.efficiency.data_pct, 1),
             _memory(row),
             _cell(row.gpu_hours, 3),
+            _cell(row.efficiency.router_load, 2),
         ]
         for row in rows
     ]

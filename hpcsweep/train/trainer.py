@@ -28,7 +28,7 @@ from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
-from hpcsweep.train import step_timer
+from hpcsweep.train import moe_balance, router_stats, step_timer
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
@@ -77,10 +77,14 @@ class Trainer:
         self.choices = gpu_choices.choose(
             tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available()
         )
+        # Restored by close(): a local sweep runs trials one after another in this process.
+        self.deterministic_before = (torch.are_deterministic_algorithms_enabled(),
+                                     torch.is_deterministic_algorithms_warn_only_enabled())
         gpu_choices.apply_backend_settings(self.choices, world.device.type)
         weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none", device=world.device)
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation, weights_dtype).to(world.device)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
+        self.balance = moe_balance.attach(self.model, cfg.model)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
@@ -222,12 +226,14 @@ class Trainer:
             # Gradients are reduced once, on the last micro-step.
             with parallel.gradient_sync(self.net, sync=last):
                 loss = self._loss(inputs, targets, self.net) / tcfg.grad_accum
-                self.scaler.scale(loss).backward()
+                # The router balance loss trains, but train/loss stays the LM loss that val/loss compares with.
+                self.scaler.scale(loss + self.balance.take_aux_loss() / tcfg.grad_accum).backward()
             total += loss.detach()
         self.step_timer.enter("optimizer")
         self.scaler.unscale_(self.optimizer)
         max_norm = tcfg.grad_clip if tcfg.grad_clip > 0 else math.inf
         grad_norm = parallel.clip_grad_norm(self.model, max_norm)
+        self.balance.before_optimizer_step(world)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if self.grad_comm:
@@ -326,8 +332,11 @@ class Trainer:
             "perf/mfu": mfu,
             **step_timer.tensorboard_scalars(window),
         }
-        self.logger.log(scalars, self.step)
+        router = self.balance.window_report(self.world)
+        self.logger.log({**scalars, **router_stats.tensorboard_scalars(router)}, self.step)
         self.telemetry.log_window(self.step, self.logger)
+        if router:
+            self.report["router"] = router
         self.report.update(
             train_loss=scalars["train/loss"], lr=scalars["train/lr"], grad_norm=scalars["train/grad_norm"],
             tokens_per_s=tokens_per_s, mfu=scalars["perf/mfu"], **self.step_timer.report(),
@@ -404,4 +413,6 @@ class Trainer:
         finally:
             self.logger.close()
             self.logger = metrics.Logger()
+            enabled, warn_only = self.deterministic_before
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 

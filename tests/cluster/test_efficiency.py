@@ -1,10 +1,14 @@
-"""report --efficiency on a real 4-trial Slurm sweep where one trial reads its data slowly."""
+"""report --efficiency on real Slurm sweeps: a 4-trial sweep where one trial reads its data slowly, and a
+2-trial sweep of two MoE folders, one whose routers are pinned to two of their experts."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+
+from tests.model_folders import make_model_folder
+from tests.moe_models import make_collapsed_moe_folder
 
 from .conftest import SMALL_TRIAL, only_sweep_dir, read_json, run_hpcsweep, sacct_states, wait_for
 
@@ -43,3 +47,36 @@ def test_report_efficiency_flags_the_trial_that_waits_on_data(tmp_path, slurm_en
     assert slow in flagged, report.stdout
     assert re.search(r"\d+% of step time waits on data \(sweep median \d+%\)$", flagged[slow]), flagged[slow]
     assert not [line for num, line in flagged.items() if num != slow and "waits on data" in line], report.stdout
+
+
+def test_report_efficiency_flags_the_moe_trial_whose_routing_collapsed(tmp_path, slurm_env):
+    # 8 experts, top-2: the pinned folder routes every token to experts 0 and 1, 6 of 8 idle.
+    healthy = make_model_folder(tmp_path / "healthy", n_routed_experts=8)
+    pinned = make_collapsed_moe_folder(tmp_path / "pinned", n_routed_experts=8)
+    result = run_hpcsweep(["-m", "model=pretrained", f"model.path={healthy},{pinned}", *SMALL_TRIAL], tmp_path,
+                          slurm_env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    sweep_dir = only_sweep_dir(tmp_path)
+    record = read_json(sweep_dir / "sweep.json")
+    collapsed, = [t["num"] for t in record["trials"] if f"model.path={pinned}" in t["overrides"]]
+    array_id = record["arrays"][0]["array_job_id"]
+
+    def finished():
+        states = sacct_states(slurm_env, array_id)
+        return len(states) == 2 and all(s == "COMPLETED" for s in states.values()) or any(
+            s in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") for s in states.values())
+
+    wait_for(finished, timeout=300, what=f"array {array_id} to finish", interval=1)
+    report = subprocess.run([sys.executable, "-m", "hpcsweep.report", str(sweep_dir), "--efficiency"],
+                            env=slurm_env, capture_output=True, text=True, timeout=120, check=False)
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    header, *cells = [line.split() for line in lines[:3]]
+    rows = {int(cell[0]): dict(zip(header, cell)) for cell in cells}
+    assert {row["status"] for row in rows.values()} == {"completed"}, report.stdout
+    loads = {num: float(row["load(max/mean)"]) for num, row in rows.items()}
+    assert loads[collapsed] == 4.0 and all(load < 4.0 for num, load in loads.items() if num != collapsed), loads
+    flagged = {int(m.group(1)): line for line in lines if (m := re.match(r"#(\d+): ", line))}
+    assert list(flagged) == [collapsed], report.stdout
+    assert flagged[collapsed] == (f"#{collapsed}: routing collapsed: 75% of experts got no token, the most loaded "
+                                  "expert got 4.0x the mean")

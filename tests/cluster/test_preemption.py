@@ -118,6 +118,28 @@ def wait_until_final(env: dict[str, str], job_id: str, trial_dir: Path, timeout:
     return wait_for(final, timeout=timeout, what=f"job {job_id} to end and leave the queue", interval=1.0)
 
 
+def test_usr2_to_a_moe_folder_trial_with_router_balance_on_resumes_bit_identically(tmp_path, slurm_env, reference):
+    from tests.model_folders import make_model_folder
+
+    # Both balances on: DeepSeek-V3's bias update (the default rate) and its sequence-wise aux loss.
+    folder = make_model_folder(tmp_path / "moe", n_routed_experts=8)
+    moe = ["model=pretrained", f"model.path={folder}", "model.lr=1e-3", "model.moe.aux_loss_coef=0.01"]
+    env = {**slurm_env, "OMP_NUM_THREADS": "1"}
+    job_id, trial_dir = submit(tmp_path, env, *moe)
+    expected = reference(1, *moe, env=env)
+    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
+    slurm(slurm_env, "scancel", "--signal=USR2", job_id)
+
+    metrics = wait_until_final(slurm_env, job_id, trial_dir)
+    assert metrics["status"] == "completed", metrics.get("error")
+    assert metrics["restarts"] >= 1 and metrics["last_stop_reason"] == "time_limit"
+    router = metrics["router"]
+    assert (router["bias_update_rate"], router["aux_loss_coef"], list(router["layers"])) == (0.001, 0.01, ["1"])
+    # The weights' digest covers the router biases (persistent buffers): moved, saved and resumed alike.
+    assert metrics["weights_sha256"] == expected.weights_sha256()
+    assert wait_until_ended(slurm_env, job_id, timeout=60) == "COMPLETED"
+
+
 def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_path, slurm_env, two_node_trial):
     assert two_node_trial.state == "COMPLETED"
     job_id, trial_dir = submit(tmp_path, slurm_env, *TWO_NODES_TWO_PROCESSES)

@@ -214,11 +214,12 @@ def test_efficiency_table_and_outliers(efficiency_sweep, capsys):
     assert report.main([str(efficiency_sweep), "--efficiency"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # Trial 4 ran on CPU (an RSS peak): tokens/s is per GPU for some rows, per worker for it.
-    assert lines[0].split() == ["#", "status", "MFU", "tok/s/GPU|worker", "GPU-util%", "data%", "GB(peak/GPU)", "GPU-h"]
+    assert lines[0].split() == ["#", "status", "MFU", "tok/s/GPU|worker", "GPU-util%", "data%", "GB(peak/GPU)", "GPU-h",
+                              "load(max/mean)"]
     rows = {line.split()[0]: line.split() for line in lines[1:6]}
-    assert rows["0"] == ["0", "completed", "0.410", "500", "93", "4.2", "40.0/80.0", "-"]
+    assert rows["0"] == ["0", "completed", "0.410", "500", "93", "4.2", "40.0/80.0", "-", "-"]
     assert rows["3"][2:6] == ["0.090", "500", "40", "59.4"]
-    assert rows["4"] == ["4", "completed", "-", "500", "-", "-", "-", "-"]  # an old trial: nothing new
+    assert rows["4"] == ["4", "completed", "-", "500", "-", "-", "-", "-", "-"]  # an old trial: nothing new
     assert lines[6].startswith("GPU-hours:")
     assert lines[7] == "outliers against the sweep's median; throughput compared by MFU (4 trials measured)"
     assert lines[8] == ("#3: MFU 0.09 (sweep median 0.41), GPU util 40% (sweep median 93%): "
@@ -231,8 +232,8 @@ def test_markdown_ends_with_the_efficiency_section(efficiency_sweep, capsys):
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("| # | data.batch_size | status |")  # the results table first
     section = text[text.index("## Efficiency"):].splitlines()
-    assert section[2] == "| # | status | MFU | tok/s/GPU\\|worker | GPU-util% | data% | GB(peak/GPU) | GPU-h |"
-    assert "| 3 | completed | 0.090 | 500 | 40 | 59.4 | 40.0/80.0 | - |" in section
+    assert section[2] == "| # | status | MFU | tok/s/GPU\\|worker | GPU-util% | data% | GB(peak/GPU) | GPU-h | load(max/mean) |"
+    assert "| 3 | completed | 0.090 | 500 | 40 | 59.4 | 40.0/80.0 | - | - |" in section
     assert section[-1].startswith("- #3: MFU 0.09 (sweep median 0.41)")
     assert report.main([str(efficiency_sweep), "--markdown", "--efficiency"]) == 0
     assert capsys.readouterr().out.startswith("## Efficiency\n")
@@ -279,3 +280,30 @@ def test_report_plot_writes_the_heatmap_beside_the_plot(efficiency_sweep, tmp_pa
     assert report.main([str(empty), "--plot", str(tmp_path / "old.png")]) == 0
     assert "no utilisation heat map" in capsys.readouterr().err
     assert not (tmp_path / "old-heatmap.png").exists()
+
+
+# ----- MoE routing ----------------------------------------------------------------------------------
+
+
+def router(max_mean_load: float, idle_fraction: float) -> dict:
+    """metrics.json's ``router`` (hpcsweep.train.router_stats), its overall figures."""
+    return {"max_mean_load": max_mean_load, "idle_fraction": idle_fraction, "aux_loss": 1.2, "layers": {}}
+
+
+@pytest.mark.parametrize("record, flagged", [
+    (router(1.3, 0.0), None),
+    (router(3.9, 0.49), None),
+    (router(4.0, 0.0), "routing collapsed: the most loaded expert got 4.0x the mean"),
+    (router(2.0, 0.5), "routing collapsed: 50% of experts got no token"),
+    (None, None),
+])
+def test_a_collapsed_router_is_flagged_on_the_trial_alone(record, flagged):
+    extra = {} if record is None else {"router": record}
+    trials = {n: efficiency_of(gpu_metrics(mfu=0.4, util=90.0, data_s=5.0), 1000.0) for n in range(3)}
+    trials[3] = efficiency_of(gpu_metrics(mfu=0.4, util=90.0, data_s=5.0, **extra), 1000.0)
+    found = find_outliers(trials).outliers
+    if flagged is None:
+        assert found == []
+    else:
+        assert [(o.num, o.kinds) for o in found] == [(3, ("routing",))]
+        assert found[0].text.startswith(f"#3: {flagged}")

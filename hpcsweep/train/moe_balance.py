@@ -1,0 +1,250 @@
+"""Router balance of a MoE model, as its architecture's authors train it (``model.moe``; docs/user/moe.md).
+
+Every router is found through transformers' own record of it: the class a model names for its
+``router_logits`` output (``_can_record_outputs``, an ``OutputRecorder``). DeepSeek-V2/V3, Mixtral and
+Qwen-MoE routers all return ``(router_logits, weights, chosen experts)``; a forward hook on each keeps
+the last training forward's logits (with their graph) and chosen experts, so nothing of the model's
+routing code is copied and the model is asked for nothing when it is dense.
+
+- **Auxiliary balance loss** (``model.moe.aux_loss_coef``, null: the folder's ``aux_loss_alpha`` or
+  ``router_aux_loss_coef``): DeepSeek-MoE/V2's loss of their ``MoEGate`` (per MoE layer, summed;
+  sequence-wise with ``seq_aux``, the default of their configs), DeepSeek-V3's complementary
+  sequence-wise loss on its normalised sigmoid scores, and for Mixtral and Qwen-MoE transformers'
+  ``load_balancing_loss_func``.
+- **DeepSeek-V3's aux-loss-free update** (``model.moe.bias_update_rate``, routers with an
+  ``e_score_correction_bias``): before each optimizer step the tokens per expert of the step, summed
+  over every rank in one all_reduce, move each bias by ``rate x sign(mean load - load)``, as the
+  paper's equation and torchtitan's pre-step hook do (torchtitan also centres the update; the paper
+  does not, nor do we). The bias is a persistent buffer, so it is in every checkpoint. Under LoRA the
+  update is off: an adapter export cannot carry a changed base buffer.
+- **Router statistics** of each log window (``hpcsweep.train.router_stats``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hpcsweep.config import ModelConfig
+from hpcsweep.train import router_stats
+from hpcsweep.train.distributed import WorldInfo
+
+log = logging.getLogger(__name__)
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+@dataclass
+class Router:
+    """One MoE layer's router and what its last training forward chose."""
+
+    layer: int
+    module: torch.nn.Module
+    experts: int
+    top_k: int
+    logits: torch.Tensor | None = None
+    """The last training forward's router logits, tokens x experts (with their graph)."""
+    chosen: torch.Tensor | None = None
+    """The experts each token was sent to, tokens x top_k."""
+    sequences: int = 1
+    """Sequences in that forward (the router's input is batch x time x hidden for DeepSeek)."""
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """DeepSeek-V3's ``e_score_correction_bias``; None for a router without one."""
+        return getattr(self.module, "e_score_correction_bias", None)
+
+    def record(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        # Only training forwards count: evaluation is not routed load to balance. A forward recomputed
+        # by gradient checkpointing overwrites the record after it was taken, and the next forward
+        # overwrites it again before it is read.
+        if module.training:
+            self.logits, self.chosen = output[0], output[2]
+            hidden = args[0]
+            self.sequences = hidden.shape[0] if hidden.dim() == 3 else 1
+
+
+def _routers(net: torch.nn.Module) -> list[Router]:
+    """The routers of ``net`` (a transformers model, under peft or not), by layer; empty when dense."""
+    base = net.get_base_model() if hasattr(net, "get_base_model") else net
+    recorder = getattr(base, "_can_record_outputs", None) or {}
+    target = recorder.get("router_logits")
+    router_class = getattr(target, "target_class", None)
+    if router_class is None:
+        return []
+    routers = []
+    for name, module in base.named_modules():
+        if isinstance(module, router_class):
+            match = _LAYER.search(name + ".")
+            routers.append(Router(layer=int(match.group(1)) if match else len(routers), module=module,
+                                  experts=module.weight.shape[0], top_k=int(module.top_k)))
+    return routers
+
+
+def aux_loss_family(config: Any) -> str:
+    """``switch`` (Mixtral, Qwen-MoE: transformers' ``load_balancing_loss_func``) or ``deepseek``."""
+    return "switch" if hasattr(config, "router_aux_loss_coef") else "deepseek"
+
+
+def effective_aux_loss_coef(cfg: ModelConfig, config: Any) -> float:
+    """``model.moe.aux_loss_coef``, or with null the folder's own coefficient (none there: 0, off)."""
+    if cfg.moe.aux_loss_coef is not None:
+        return cfg.moe.aux_loss_coef
+    own = getattr(config, "router_aux_loss_coef", None) if aux_loss_family(config) == "switch" else getattr(
+        config, "aux_loss_alpha", None)
+    return float(own or 0.0)
+
+
+def deepseek_aux_loss(router: Router, *, seq_aux: bool) -> torch.Tensor:
+    """One layer's DeepSeek balance loss (without alpha), as their ``MoEGate`` computes it.
+
+    Scores are the softmax of the logits (DeepSeek-MoE, V2), or for a V3 router (one with a bias) the
+    sigmoid scores normalised per token (the paper's sequence-wise loss). ``f_i`` is expert i's share of
+    the choices times ``experts``; the loss is ``sum_i f_i x P_i`` with ``P_i`` its mean score, per
+    sequence and then averaged with ``seq_aux``, over the whole batch without.
+    """
+    logits, chosen, experts = router.logits.float(), router.chosen, router.experts
+    if router.bias is not None:
+        scores = logits.sigmoid()
+        scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+    else:
+        scores = logits.softmax(dim=-1)
+    sequences = router.sequences if seq_aux else 1
+    scores = scores.view(sequences, -1, experts)
+    choices = chosen.reshape(sequences, -1)
+    counts = torch.zeros(sequences, experts, device=scores.device).scatter_add_(
+        1, choices, torch.ones(choices.shape, device=scores.device))
+    share = counts / (choices.shape[1] / experts)
+    return (share * scores.mean(dim=1)).sum(dim=1).mean()
+
+
+def aux_loss(routers: list[Router], config: Any) -> torch.Tensor:
+    """The balance loss of one forward over ``routers``' records, without the coefficient."""
+    if aux_loss_family(config) == "switch":
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        return load_balancing_loss_func(tuple(r.logits for r in routers), routers[0].experts, routers[0].top_k)
+    seq_aux = bool(getattr(config, "seq_aux", True))
+    return torch.stack([deepseek_aux_loss(r, seq_aux=seq_aux) for r in routers]).sum()
+
+
+@dataclass
+class RouterBalance:
+    """The balance of one model's routers, for the trainer: the aux loss after each training forward,
+    the bias update before each optimizer step, the statistics of each log window.
+
+    Counts are kept on the model's device, layers x experts, for the step (the bias update) and the
+    log window (the statistics); neither is checkpointed: a step never spans a stop, and a window's
+    statistics are only a report.
+    """
+
+    routers: list[Router]
+    config: Any
+    aux_loss_coef: float
+    bias_update_rate: float
+    step_counts: torch.Tensor = field(init=False)
+    window_counts: torch.Tensor = field(init=False)
+    window_aux: torch.Tensor = field(init=False)
+    """The window's sum of the unweighted aux loss and its count of forwards, kept on the device: no
+    host sync per micro-batch."""
+
+    def __post_init__(self) -> None:
+        device = self.routers[0].module.weight.device
+        shape = (len(self.routers), max(r.experts for r in self.routers))
+        self.step_counts = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.window_counts = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.window_aux = torch.zeros(2, dtype=torch.float64, device=device)
+        for router in self.routers:
+            router.module.register_forward_hook(router.record)
+
+    def take_aux_loss(self) -> torch.Tensor | float:
+        """After a training forward: the weighted balance loss to add to it (0.0 when off), and count
+        the tokens each expert got. Call once per forward; a forward with no record gives 0.0."""
+        if any(r.logits is None for r in self.routers):
+            return 0.0
+        with torch.no_grad():
+            counts = torch.zeros_like(self.step_counts)
+            for row, router in enumerate(self.routers):
+                counts[row, : router.experts] = torch.bincount(router.chosen.flatten(), minlength=router.experts)
+            self.step_counts += counts
+            self.window_counts += counts
+        if self.aux_loss_coef > 0:
+            loss = aux_loss(self.routers, self.config)
+            weighted = self.aux_loss_coef * loss
+        else:
+            with torch.no_grad():
+                loss = aux_loss(self.routers, self.config)
+            weighted = 0.0
+        self.window_aux += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
+                                                                           device=self.window_aux.device)])
+        for router in self.routers:
+            router.logits = router.chosen = None
+        return weighted
+
+    def before_optimizer_step(self, world: WorldInfo) -> None:
+        """DeepSeek-V3's bias update from the step's tokens per expert summed over every rank (one
+        all_reduce), then a fresh step. Every rank computes the same update from the same sums."""
+        if self.bias_update_rate > 0:
+            counts = self.step_counts.clone()
+            if world.world_size > 1:
+                dist.all_reduce(counts)
+            with torch.no_grad():
+                for row, router in enumerate(self.routers):
+                    load = counts[row, : router.experts].float()
+                    router.bias.add_(self.bias_update_rate * torch.sign(load.mean() - load))
+        self.step_counts.zero_()
+
+    def window_report(self, world: WorldInfo) -> dict[str, Any]:
+        """The statistics of the log window (counts over every rank, aux loss averaged over ranks), then a fresh window.
+
+        A collective: every rank calls it at the same step."""
+        aux, counts = self.window_aux.clone(), self.window_counts.clone()
+        if world.world_size > 1:
+            dist.all_reduce(counts)
+            dist.all_reduce(aux)
+        self.window_counts.zero_()
+        self.window_aux.zero_()
+        loads = {r.layer: counts[row, : r.experts].tolist() for row, r in enumerate(self.routers)}
+        mean_aux = aux[0].item() / aux[1].item() if aux[1].item() else None
+        return router_stats.window_stats(
+            loads, top_k=self.routers[0].top_k, aux_loss=mean_aux, aux_loss_coef=self.aux_loss_coef,
+            bias_update_rate=self.bias_update_rate)
+
+
+class NoBalance:
+    """A dense model's (or one whose routers transformers does not record): nothing to balance or report."""
+
+    def take_aux_loss(self) -> float:
+        return 0.0
+
+    def before_optimizer_step(self, world: WorldInfo) -> None:
+        pass
+
+    def window_report(self, world: WorldInfo) -> dict[str, Any]:
+        return {}
+
+
+def attach(net: torch.nn.Module, cfg: ModelConfig) -> RouterBalance | NoBalance:
+    """The balance of ``net``'s routers per ``cfg.moe`` (``NoBalance`` for a dense model), its hooks
+    registered. Call after LoRA is applied and before DDP or FSDP wraps the model."""
+    routers = _routers(net)
+    if not routers:
+        if any(name in type(m).__name__.lower() for m in net.modules() for name in ("moegate", "router")):
+            log.warning("router balance: this model's routers are not recorded by transformers; "
+                        "model.moe.* does not apply and no router statistics are kept")
+        return NoBalance()
+    config = (net.get_base_model() if hasattr(net, "get_base_model") else net).config
+    has_bias = all(r.bias is not None for r in routers)
+    rate = cfg.moe.bias_update_rate if has_bias and cfg.peft == "none" else 0.0
+    if has_bias and cfg.peft != "none" and cfg.moe.bias_update_rate > 0:
+        log.info("router balance: DeepSeek-V3's bias update is off under LoRA (the base is frozen, and an "
+                 "adapter cannot carry a changed base buffer); the aux loss, if on, still shapes the adapters")
+    coef = effective_aux_loss_coef(cfg, config)
+    log.info("router balance: %d MoE layers, aux loss coefficient %g, bias update rate %g", len(routers), coef, rate)
+    return RouterBalance(routers, config, aux_loss_coef=coef, bias_update_rate=rate)
