@@ -30,6 +30,12 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TI
 """MLflow's HTTP client settings for a trial: about 20 s at most before a dead server is given up."""
 BATCH = 100
 """Params per ``log_batch`` call: MLflow's limit (``MAX_PARAMS_TAGS_PER_BATCH``)."""
+METRIC_BATCH = 1000
+"""Metrics per ``log_batch`` call: MLflow's limit (``MAX_METRICS_PER_BATCH``)."""
+FLUSH_EVERY_S = 15.0
+"""Scalars are sent at most this often (and when the run ends or pauses): one store round trip costs
+tens of ms of CPU (SQLAlchemy, HTTP), which at every log window of a small model's fast steps was a
+6 % slowdown (``benchmarks/tracker_cost.py``). A trial killed outright loses at most this much."""
 PARAM_LENGTH = 6000
 """MLflow's longest param value (``MAX_PARAM_VAL_LENGTH``); longer values are cut."""
 FINAL_STATUS = {"failed": "FAILED", "running": "KILLED"}
@@ -74,6 +80,8 @@ class MlflowLogger(Logger):
         from mlflow.entities import Param
 
         self.client = MlflowClient(tracking_uri=tracking_uri(cfg, trial_dir))
+        self.pending: list[Any] = []
+        self.flushed_at = time.monotonic()
         if choice.run_id is not None:
             self.run_id = choice.run_id
             self.client.update_run(self.run_id, status="RUNNING")
@@ -90,13 +98,20 @@ class MlflowLogger(Logger):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        values = [Metric(tag, float(value), now, step) for tag, value in metrics.items() if value is not None]
-        if values:
-            self.client.log_batch(self.run_id, metrics=values, synchronous=True)
+        self.pending += [Metric(tag, float(value), now, step) for tag, value in metrics.items() if value is not None]
+        if time.monotonic() - self.flushed_at >= FLUSH_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the scalars logged since the last flush."""
+        pending, self.pending, self.flushed_at = self.pending, [], time.monotonic()
+        for start in range(0, len(pending), METRIC_BATCH):
+            self.client.log_batch(self.run_id, metrics=pending[start : start + METRIC_BATCH], synchronous=True)
 
     def finish(self, status: str, summary: Mapping[str, Any]) -> None:
         from mlflow.entities import Metric, RunTag
 
+        self.flush()
         now, step = int(time.time() * 1000), int(summary.get("step") or 0)
         numbers = [Metric(f"summary/{key}", float(summary[key]), now, step)
                    for key in SUMMARY_KEYS if isinstance(summary.get(key), (int, float))]
@@ -109,3 +124,6 @@ class MlflowLogger(Logger):
 
     def report_fields(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "tracking_uri": self.client.tracking_uri}
+
+    def close(self) -> None:
+        self.flush()
