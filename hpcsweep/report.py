@@ -34,6 +34,7 @@ from hpcsweep.results.budget import hours_text
 from hpcsweep.results.efficiency_table import efficiency_cells, sweep_outliers
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
+from hpcsweep.results.wandb_sync import sync_line
 from hpcsweep.slurm.usage import Usage
 
 CSV_FIELDS = (
@@ -217,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(export + "\n")
         if args.markdown:
             sys.stdout.write("\n" + render_efficiency_markdown(rows))
+    sync = sync_line(args.sweep_dir)
+    if sync:
+        print(sync, file=sys.stderr)
     if args.csv:
         every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
         args.csv.write_text(render_csv(rows, every_key))

@@ -34,6 +34,7 @@ from hpcsweep.results.table import (
     swept_keys,
 )
 from hpcsweep.results.token_preparation import preparation_status
+from hpcsweep.results.wandb_sync import sync_line
 
 BAR_WIDTH = 20
 LOG_LINES = 30
@@ -299,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.follow or all_ended(rows) or never_starting(rows):
             break
         time.sleep(args.interval)
+    sync = sync_line(args.sweep_dir)
+    if sync:
+        print(sync)
     return exit_status(rows)
 
 

@@ -57,6 +57,9 @@ SLOW_TESTS = {
     },
     "test_search_study.py": {"test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune"},
     "test_search_sweeper.py": {"test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes"},
+    "test_trackers.py": {
+        "test_a_local_sweep_with_no_network_writes_offline_wandb_runs_and_survives_a_dead_mlflow_server"
+    },
     "test_text_data.py": {
         "test_a_local_sweep_of_two_trials_tokenizes_its_text_once_before_the_first_starts",
         "test_prepare_data_with_a_model_folder_writes_what_the_sweep_reads",

@@ -19,6 +19,7 @@ from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict
 from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepStopped, SweepTrial, TrialHook
 from hpcsweep.sweep.prepare import PreparedTrial, check_resumes, validate_composed
+from hpcsweep.sweep.tracker_check import check_trackers, create_default_mlflow_stores
 from hpcsweep.sweep.text_preparation import prepare_here, submit_preparation
 
 log = logging.getLogger(__name__)
@@ -112,13 +113,16 @@ class HpcsweepTrials(TrialHook):
         pair ``(TrialConfig, ResumeConfig)``.
         """
         trial = validate_composed(config)
+        check_trackers(trial.logging)
         resume = resume_config_from_dict(config)
         refuse_launcher_size(launcher)
         return CheckedTrial(trial_allocation(trial), (trial, resume))
 
     def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
-        """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``)."""
+        """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``);
+        the sweep's default MLflow store exists before its trials start."""
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
+        create_default_mlflow_stores((t.app_config[0].logging, Path(t.trial_dir)) for t in trials)
 
     def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
         """``models``: the identity of each model folder the trials load, by ``model.path``, as submitted."""

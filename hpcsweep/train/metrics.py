@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,6 +98,14 @@ class Logger:
     def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         """Record scalars ``{tag: value}`` at ``step``; a None value (not measured here) is left out."""
 
+    def finish(self, status: str, summary: Mapping[str, Any]) -> None:
+        """The trial's run ends with metrics.json's ``status`` and fields (``running``: it stopped
+        to be requeued or resumed, and will go on)."""
+
+    def report_fields(self) -> dict[str, Any]:
+        """What metrics.json says of this logger (a tracker's run id, whether it failed)."""
+        return {}
+
     def close(self) -> None:
         """Flush and release resources."""
 
@@ -120,9 +129,6 @@ class TensorBoardLogger(Logger):
         self.writer.close()
 
 
-def build_logger(rank: int, world_size: int, tb_dir: Path) -> Logger:
-    """A TensorBoard logger on the logging rank, a no-op logger elsewhere."""
-    return TensorBoardLogger(tb_dir) if rank == logging_rank(world_size) else Logger()
 
 
 def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:

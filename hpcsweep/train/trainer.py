@@ -28,7 +28,7 @@ from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
-from hpcsweep.train import moe_balance, router_stats, step_timer
+from hpcsweep.train import moe_balance, router_stats, step_timer, trackers
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
@@ -117,7 +117,6 @@ class Trainer:
         tb_dir = tb_runs.trial_run_dir(trial_dir)
         if self.is_writer:
             hparams.write_trial_hparams(trial_dir, tb_dir)
-        self.logger = metrics.build_logger(world.rank, world.world_size, tb_dir)
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * tcfg.grad_accum * world.world_size
         self.flops_per_token = lora.training_flops_per_token(
             self.model.config, cfg.model.peft, cfg.data.seq_len, self.model)
@@ -136,6 +135,8 @@ class Trainer:
         ranks = all_gather_objects(world, me)
         self.report["ranks"] = ranks
         self.report["nodes"] = sorted({r["node"] for r in ranks})
+        self.logger = trackers.build_loggers(cfg.logging, rank=world.rank, world_size=world.world_size, tb_dir=tb_dir,
+                                             trial_dir=trial_dir, nodes=self.report["nodes"])
         # Exact resume on CPU holds at one intra-op thread count: a reduction split over threads sums in another order.
         self.report.update(device_name=self.device_facts.name, parallel=self.parallel,
                            intra_op_threads=torch.get_num_threads(), **dataclasses.asdict(self.choices))
@@ -402,7 +403,7 @@ class Trainer:
         """Rewrite metrics.json (rank 0 only)."""
         if self.is_writer:
             self.report.update(step=self.step, memory_peak=self.peak_memory.trial_peak(),
-                               **self.telemetry.report_fields(), **extra)
+                               **self.telemetry.report_fields(), **self.logger.report_fields(), **extra)
             metrics_file.write_metrics(TrialFiles(self.trial_dir).metrics, self.report)
 
     def close(self) -> None:
@@ -410,6 +411,9 @@ class Trainer:
         try:
             self.telemetry.close()
             self.ckpt.close()
+            # The trackers' runs end (or pause, for a trial stopped to be requeued) with the trial.
+            self.logger.finish(self.report["status"], self.report)
+            self.write_report()
         finally:
             self.logger.close()
             self.logger = metrics.Logger()

@@ -128,6 +128,8 @@ def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
         worker_records.write_error(records, local_rank, traceback.format_exc())
         if world.rank == 0:
             error = traceback.format_exc().splitlines()[-20:]
+            if trainer is not None:
+                trainer.report.update(status="failed", error=error)  # what the trackers' runs end with
             write_failed(trial_dir, cfg, world.world_size, restarts, error, trainer.report if trainer else None)
         return EXIT_FAILED
     finally:

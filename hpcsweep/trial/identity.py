@@ -47,6 +47,8 @@ FREE_KEYS: tuple[str, ...] = (
     # resumed trial may need another NCCL setting or other nodes (a requeue moves it anyway).
     "nccl.",
     "topology.",
+    # Where metrics are sent: never what a step computes.
+    "logging.",
 )
 """Keys (or ``group.`` prefixes) that may differ when a trial dir is resumed."""
 

@@ -45,6 +45,8 @@ PAGES = (
     "docs/user/budget-and-retry.md",
     "docs/user/failures.md",
     "docs/user/results.md",
+    "docs/user/mlflow.md",
+    "docs/user/wandb.md",
     "docs/user/efficiency.md",
     "docs/user/telemetry.md",
     "docs/user/profiling.md",

@@ -1,0 +1,118 @@
+"""A trial's loggers, as ``logging.backends`` names them: TensorBoard, MLflow, W&B, on rank 0 only.
+
+``build_loggers`` returns one ``Trackers`` logger that hands every scalar to each backend at the
+same step. A tracker that fails (server down, disk full, package broken) never fails the trial: the
+failure is logged once as a warning, that tracker is left out from then on, and metrics.json's
+``trackers`` says which failed and why. TensorBoard is not guarded: the report reads its events, and
+a failure to write them is a failure of the trial's own outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpcsweep.config import LoggingConfig
+from hpcsweep.files import metrics_file
+from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.train import tracker_run
+from hpcsweep.train.metrics import Logger, TensorBoardLogger, logging_rank
+
+log = logging.getLogger(__name__)
+
+
+class Trackers(Logger):
+    """Every backend of a trial; the trackers (not TensorBoard) are guarded."""
+
+    def __init__(self, trial_dir: Path, local: Logger | None, trackers: Mapping[str, Callable[[], Logger]]) -> None:
+        self.trial_dir, self.local = trial_dir, local
+        self.active: dict[str, Logger] = {}
+        self.records: dict[str, dict[str, Any]] = {}
+        for name, start in trackers.items():
+            tracker = self._guarded(name, start)
+            if tracker is not None:
+                self.active[name] = tracker
+        self._save_records()
+
+    def _guarded(self, name: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - a tracker must never fail the trial
+            self._failed(name, err)
+            return None
+
+    def _failed(self, name: str, err: BaseException) -> None:
+        self.active.pop(name, None)
+        log.warning("tracker %s failed, training goes on without it: %s: %s", name, type(err).__name__, err)
+        self.records[name] = {**self.records.get(name, {}), "status": "failed", "error": f"{type(err).__name__}: {err}"}
+        self._save_records()
+
+    def _save_records(self) -> None:
+        for name, tracker in self.active.items():
+            self.records[name] = {**self.records.get(name, {}), **tracker.report_fields(), "status": "ok"}
+        if self.records:
+            runs = tracker_run.read_runs(self.trial_dir)
+            runs.update(self.records)
+            tracker_run.write_runs(self.trial_dir, runs)
+
+    def log(self, metrics: Mapping[str, float | None], step: int) -> None:
+        if self.local is not None:
+            self.local.log(metrics, step)
+        for name, tracker in list(self.active.items()):
+            self._guarded(name, lambda t=tracker: t.log(metrics, step))
+
+    def finish(self, status: str, summary: Mapping[str, Any]) -> None:
+        for name, tracker in list(self.active.items()):
+            self._guarded(name, lambda t=tracker: t.finish(status, summary))
+        self._save_records()
+
+    def report_fields(self) -> dict[str, Any]:
+        return {"trackers": {name: dict(record) for name, record in self.records.items()}} if self.records else {}
+
+    def close(self) -> None:
+        try:
+            for name, tracker in list(self.active.items()):
+                self._guarded(name, tracker.close)
+            self.active.clear()
+        finally:
+            if self.local is not None:
+                self.local.close()
+
+
+def build_loggers(
+    cfg: LoggingConfig, *, rank: int, world_size: int, tb_dir: Path, trial_dir: Path, nodes: list[str],
+    env: Mapping[str, str] | None = None,
+) -> Logger:
+    """The logging rank's loggers for ``logging.backends``; a no-op logger on every other rank.
+
+    Call before this attempt first writes metrics.json: the status the last attempt left there
+    decides whether each tracker continues the trial's run or starts a new one
+    (``tracker_run.choose_run``).
+    """
+    if rank != logging_rank(world_size):
+        return Logger()
+    env = os.environ if env is None else env
+    previous = metrics_file.read_metrics(TrialFiles(trial_dir).metrics)
+    previous_status = previous.get("status") if previous else None
+    local = TensorBoardLogger(tb_dir) if "tensorboard" in cfg.backends else None
+    runs = tracker_run.read_runs(trial_dir)
+
+    def identity() -> tracker_run.RunIdentity:
+        return tracker_run.run_identity(trial_dir, env, nodes)
+
+    def choice(name: str) -> tracker_run.RunChoice:
+        return tracker_run.choose_run(runs.get(name), previous_status)
+
+    starts: dict[str, Callable[[], Logger]] = {}
+    if "mlflow" in cfg.backends:
+        from hpcsweep.train.mlflow_tracker import MlflowLogger
+
+        starts["mlflow"] = lambda: MlflowLogger(cfg.mlflow, trial_dir, identity(), choice("mlflow"))
+    if "wandb" in cfg.backends:
+        from hpcsweep.train.wandb_tracker import WandbLogger
+
+        starts["wandb"] = lambda: WandbLogger(cfg.wandb, trial_dir, identity(), choice("wandb"), env)
+    return Trackers(trial_dir, local, starts)
