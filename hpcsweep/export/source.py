@@ -132,7 +132,7 @@ def running_refusal(statuses: Mapping[int, str], trial_num: int | None, sweep_di
         return None
     named = ", ".join(f"#{num} {status}" for num, status in unfinished.items())
     what = f"trial #{trial_num} has not finished ({named})" if trial_num is not None else (
-        f"the sweep is still running (trials {named}): its best trial may change")
+        f"the sweep has not finished (trials {named}): its best trial may change")
     return (f"{what}; wait (python -m hpcsweep.status {sweep_dir} --follow), export a finished trial with "
             "--trial N, or export the checkpoints written so far with --allow-running")
 

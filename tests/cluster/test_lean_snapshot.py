@@ -48,7 +48,7 @@ def test_a_sweep_from_a_folder_of_data_snapshots_its_code_and_exports_once_ended
     # Held in the queue: the sweep is still running, and export says so, naming the trial.
     held = export(sweep_dir, slurm_env, tmp_path, "--best", "--out", "early")
     assert held.returncode == 2, held.stdout + held.stderr
-    assert "the sweep is still running (trials #0 pending)" in held.stderr and "--allow-running" in held.stderr
+    assert "the sweep has not finished (trials #0 pending)" in held.stderr and "--allow-running" in held.stderr
     assert not (tmp_path / "early").exists()
 
     slurm(slurm_env, "scontrol", "release", trial["job_id"].split("_")[0])

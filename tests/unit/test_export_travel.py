@@ -259,7 +259,7 @@ def test_a_running_sweep_is_refused_naming_its_trials_unless_a_finished_trial_or
 
     assert export(running, "--best", "--out", tmp_path / "a") == 2
     err = capsys.readouterr().err
-    assert err.startswith("python -m hpcsweep.export: the sweep is still running (trials #0 running): its best "
+    assert err.startswith("python -m hpcsweep.export: the sweep has not finished (trials #0 running): its best "
                           "trial may change; wait") and "--allow-running" in err and err.count("\n") == 1, err
     assert export(running, "--trial", 0, "--out", tmp_path / "b") == 2
     assert "trial #0 has not finished (#0 running)" in capsys.readouterr().err
