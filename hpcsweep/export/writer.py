@@ -128,6 +128,12 @@ def _save_model(model: Any, base: BaseFolder, override: str | None, folder: Path
 
     model.config.dtype = getattr(torch, main)
     model.save_pretrained(folder, max_shard_size=max_shard_size)
+    # transformers 5 writes ``dtype``; before 4.56 (and tools that read config.json themselves) it was
+    # ``torch_dtype``. Both, so that every reader loads the weights in the dtype they were written in.
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config_file.write_text(json.dumps({**config, "torch_dtype": main}, indent=2, sort_keys=True) + "\n",
+                           encoding="utf-8")
     return main
 
 

@@ -190,10 +190,10 @@ def test_a_bf16_base_exports_each_tensor_in_the_bases_own_dtype(project, exporte
     for name in ("merged", "full"):
         assert header_dtypes(exported / name) == base, name
         config = json.loads((exported / name / "config.json").read_text())
-        assert config["dtype"] == "bfloat16", name
+        assert config["dtype"] == config["torch_dtype"] == "bfloat16", name
     assert export(sweep_dir, "--trial", 1, "--dtype", "fp32", "--out", tmp_path / "fp32") == 0
     assert set(header_dtypes(tmp_path / "fp32").values()) == {"float32"}
-    assert json.loads((tmp_path / "fp32" / "config.json").read_text())["dtype"] == "float32"
+    assert json.loads((tmp_path / "fp32" / "config.json").read_text())["torch_dtype"] == "float32"
 
 
 def test_dtype_choice_keeps_fp32_modules_when_casting_to_a_half_dtype():
