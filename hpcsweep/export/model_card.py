@@ -114,7 +114,9 @@ def model_card(facts: CardFacts, out: str) -> str:
         "## Base model",
         "",
         base,
-        *([] if facts.base_model_path is None else ["", f"The adapter names it `{facts.base_model_path}`."]),
+        *([] if facts.base_model_path is None else ["", (
+            f"The adapter names it `{facts.base_model_path}`." if facts.kind == "adapter"
+            else f"Given as `{facts.base_model_path}`; the adapter is merged into it here.")]),
         *([] if facts.dtype is None else ["", f"Weights written in `{facts.dtype}` (each tensor in the base's own "
                                               "dtype unless `--dtype` said otherwise)."]),
         "",

@@ -146,6 +146,9 @@ def _write_weights(
     if options.merge:
         dtype = _save_model(net.merge_and_unload(), base, options.dtype, temp, options.max_shard_size)
         return "merged", options.base_name or base.typed, dtype
+    if options.dtype is not None and base.path is not None:
+        raise ExportRefused("--dtype is for a model's weights: a full or merged export, or a built-in base written "
+                            "beside its adapter; this adapter is written as it trained (add --merge for a model)")
     # A built-in base exists nowhere else: it goes beside the adapter, named as the user named --out.
     name = options.base_name or base.typed or str(out / BASE_DIR)
     net.peft_config["default"].base_model_name_or_path = name

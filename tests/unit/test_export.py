@@ -171,5 +171,5 @@ def test_the_card_names_the_commit_a_slurm_trial_ran_from_its_code_snapshot():
     )
     card = model_card(facts, "/out")
     assert "- code commit: `9d92563` (the sweep's code snapshot; its uncommitted diff has sha256 e3b0)" in card
-    assert '"path": "/shared/models/tiny"' in card and "The adapter names it `/shared/models/tiny`." in card
+    assert '"path": "/shared/models/tiny"' in card and "Given as `/shared/models/tiny`; the adapter is merged into it here." in card
     assert "- checkpoint: `step00000008.pt` (step 8)" in card and "| val_loss | - |" in card

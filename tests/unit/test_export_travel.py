@@ -213,12 +213,21 @@ def test_the_tokenizer_files_are_copied_byte_for_byte(project, exported):
             assert (exported / export_dir / name).read_bytes() == (root / TYPED / name).read_bytes(), export_dir
 
 
+def test_dtype_for_an_adapter_over_a_folder_is_refused(project, tmp_path, capsys):
+    _, sweep_dir, _ = project
+    assert export(sweep_dir, "--trial", 0, "--dtype", "bf16", "--out", tmp_path / "a") == 2
+    assert capsys.readouterr().err.startswith("python -m hpcsweep.export: --dtype is for a model's weights")
+    assert not (tmp_path / "a").exists() and not list(tmp_path.glob(".a.tmp-*"))
+
+
 def test_base_name_names_the_base_as_given(project, tmp_path):
     _, sweep_dir, _ = project
     name = "deepseek-ai/deepseek-moe-16b-base"
     assert export(sweep_dir, "--trial", 0, "--base-name", name, "--out", tmp_path / "a") == 0
     assert json.loads((tmp_path / "a" / "adapter_config.json").read_text())["base_model_name_or_path"] == name
     assert f'from_pretrained("{name}", local_files_only=True)' in (tmp_path / "a" / "README.md").read_text()
+    assert export(sweep_dir, "--trial", 0, "--merge", "--base-name", name, "--out", tmp_path / "m") == 0
+    assert f"Given as `{name}`; the adapter is merged into it here." in (tmp_path / "m" / "README.md").read_text()
 
 
 def test_remote_code_is_copied_and_trusted_for_every_load(tmp_path):
