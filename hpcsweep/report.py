@@ -31,7 +31,7 @@ from pathlib import Path
 from hpcsweep.files.sweep_record import missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
-from hpcsweep.results.efficiency_table import efficiency_cells, sweep_outliers
+from hpcsweep.results.efficiency_table import efficiency_cells, hours_word, sweep_outliers
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
 from hpcsweep.results.wandb_sync import sync_line
@@ -65,10 +65,13 @@ def _memory(row: TrialRow) -> str:
     return f"{row.memory_plan_bytes / 2**30:.1f}/{peak}"
 
 
-def table_cells(rows: Sequence[TrialRow], keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """The header and the cells of the report table (numbers already formatted)."""
+def table_cells(
+    rows: Sequence[TrialRow], keys: Sequence[str], hours: str = "GPU"
+) -> tuple[list[str], list[list[str]]]:
+    """The header and the cells of the report table (numbers already formatted); ``hours``: ``GPU`` or
+    ``CPU``, what the hours columns count (``hpcsweep.results.efficiency_table.hours_word``)."""
     header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts",
-              "GPU-h", "own GPU-h", "attempt", "GB(plan/peak)"]
+              f"{hours}-h", f"own {hours}-h", "attempt", "GB(plan/peak)"]
     cells = [
         [
             str(row.num),
@@ -95,13 +98,14 @@ def failure_lines(rows: Sequence[TrialRow]) -> list[str]:
     return [f"#{row.num} failed: {row.error or 'no error recorded'}" for row in rows if row.status == "failed"]
 
 
-def total_line(usage: Usage | None, rows: Sequence[TrialRow]) -> str:
-    """``GPU-hours: 0.318 allocated in all (every run of every task); the trials' own share 0.0123``."""
+def total_line(usage: Usage | None, rows: Sequence[TrialRow], hours: str = "GPU") -> str:
+    """``GPU-hours: 0.318 allocated in all (every run of every task); the trials' own share 0.0123``
+    (``CPU-hours`` for a local sweep on CPUs)."""
     own = [row.own_gpu_hours for row in rows if row.own_gpu_hours is not None]
     own_text = f"; the trials' own share {hours_text(sum(own))}" if own else ""
     if usage is None:
-        return f"GPU-hours: allocated unknown (accounting did not answer){own_text}"
-    return f"GPU-hours: {hours_text(usage.spent_hours)} allocated in all (every run of every task){own_text}"
+        return f"{hours}-hours: allocated unknown (accounting did not answer){own_text}"
+    return f"{hours}-hours: {hours_text(usage.spent_hours)} allocated in all (every run of every task){own_text}"
 
 
 def _aligned(header: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
@@ -109,15 +113,18 @@ def _aligned(header: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *cells]]
 
 
-def render_text(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None) -> str:
+def render_text(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None, hours: str = "GPU") -> str:
     """The table as aligned plain text, the ``total`` line, then one line per failure."""
-    lines = _aligned(*table_cells(rows, keys))
+    lines = _aligned(*table_cells(rows, keys, hours))
     return "\n".join([*lines, *([total] if total else []), *failure_lines(rows)]) + "\n"
 
 
-def render_efficiency_text(rows: Sequence[TrialRow], total: str | None = None) -> str:
-    """``--efficiency``: the efficiency table as aligned text, the ``total`` line, then the outlier lines."""
-    lines = _aligned(*efficiency_cells(rows))
+def render_efficiency_text(
+    rows: Sequence[TrialRow], total: str | None = None, keys: Sequence[str] = (), hours: str = "GPU"
+) -> str:
+    """``--efficiency``: the efficiency table (with the swept ``keys``) as aligned text, the ``total`` line,
+    then the outlier lines."""
+    lines = _aligned(*efficiency_cells(rows, keys, hours))
     return "\n".join([*lines, *([total] if total else []), *sweep_outliers(rows).lines()]) + "\n"
 
 
@@ -133,18 +140,21 @@ def _markdown_table(header: Sequence[str], cells: Sequence[Sequence[str]]) -> li
     ]
 
 
-def render_markdown(rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None) -> str:
+def render_markdown(
+    rows: Sequence[TrialRow], keys: Sequence[str], total: str | None = None, hours: str = "GPU"
+) -> str:
     """The table as GitHub Markdown, the ``total`` line, then one list item per failure."""
-    lines = _markdown_table(*table_cells(rows, keys))
+    lines = _markdown_table(*table_cells(rows, keys, hours))
     failures = [f"- {_markdown_cell(line)}" for line in failure_lines(rows)]
     totals = ["", _markdown_cell(total)] if total else []
     return "\n".join([*lines, *totals, *([""] + failures if failures else [])]) + "\n"
 
 
-def render_efficiency_markdown(rows: Sequence[TrialRow]) -> str:
+def render_efficiency_markdown(rows: Sequence[TrialRow], keys: Sequence[str] = (), hours: str = "GPU") -> str:
     """``--markdown``'s efficiency section: a heading, the efficiency table, one list item per outlier line."""
     outliers = [f"- {_markdown_cell(line)}" for line in sweep_outliers(rows).lines()]
-    return "\n".join(["## Efficiency", "", *_markdown_table(*efficiency_cells(rows)), "", *outliers]) + "\n"
+    table = _markdown_table(*efficiency_cells(rows, keys, hours))
+    return "\n".join(["## Efficiency", "", *table, "", *outliers]) + "\n"
 
 
 def render_csv(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
@@ -204,12 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no Slurm states (from metrics.json only): {sweep.slurm_error.splitlines()[0]}", file=sys.stderr)
     rows = sort_rows(sweep.rows, args.metric, args.descending)
     keys = swept_keys(rows)
-    total = total_line(sweep.usage, rows)
+    hours = hours_word(rows, local=sweep.record.launcher != "slurm")
+    total = total_line(sweep.usage, rows, hours)
     search = load_search_summary(args.sweep_dir)
     if args.efficiency:
-        sys.stdout.write(render_efficiency_markdown(rows) if args.markdown else render_efficiency_text(rows, total))
+        sys.stdout.write(render_efficiency_markdown(rows, keys, hours) if args.markdown
+                         else render_efficiency_text(rows, total, keys, hours))
     else:
-        sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys, total))
+        sys.stdout.write((render_markdown if args.markdown else render_text)(rows, keys, total, hours))
         if search is not None:
             sys.stdout.write(best_trial_text(search))
         best_num = search.best.num if search is not None and search.best is not None else None
@@ -217,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if export:
             sys.stdout.write(export + "\n")
         if args.markdown:
-            sys.stdout.write("\n" + render_efficiency_markdown(rows))
+            sys.stdout.write("\n" + render_efficiency_markdown(rows, keys, hours))
     sync = sync_line(args.sweep_dir)
     if sync:
         print(sync, file=sys.stderr)
@@ -234,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         heatmap = heatmap_path(args.plot)
         if plot_heatmap(sweep.scalars, heatmap):
             print(f"utilisation heat map: {heatmap}", file=sys.stderr)
-        else:
+        elif args.efficiency:  # the heat map is the efficiency view's; the results plot alone does not miss it
             print("no utilisation heat map: no trial has sys/gpu*/util or sys/cpu/util scalars", file=sys.stderr)
     return 0
 

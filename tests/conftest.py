@@ -33,6 +33,8 @@ SLOW_TESTS = {
     "test_moe_balance.py": {"test_balance_halves_the_max_mean_load_of_a_router_biased_toward_one_expert"},
     "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
+    "test_example_model.py": {"test_it_writes_the_readmes_model_folder_and_corpus_as_the_tests_make_them"},
+    "test_export_travel.py": {"test_an_adapter_names_its_base_as_typed_and_loads_over_a_copy_of_it_elsewhere"},
     "test_interrupt_resume.py": {
         "test_ctrl_c_stops_the_sweep_with_a_checkpoint_and_the_printed_command_resumes_it",
         "test_resuming_with_another_lr_is_refused_unless_forced",

@@ -29,12 +29,17 @@ class CardFacts:
     base_model: Mapping[str, Any]
     """The identity the checkpoint records; empty for a model built from the config."""
     base_model_path: str | None
-    """Where the base model's weights are (an adapter loads over it); None for a full export."""
+    """The base as the adapter names it (``base_model_name_or_path``: ``model.path`` as typed, or
+    ``--base-name``); None for a full export."""
     model_config: Mapping[str, Any]
     """The trial's ``model.*`` keys."""
     code: Mapping[str, Any]
     """``git_commit`` of the code the trial ran, and ``git_dirty`` or (a code snapshot) ``snapshot_diff_sha256``."""
     files: Sequence[str]
+    trust_remote_code: bool = False
+    """The base runs its own code (an ``auto_map``): every load passes ``trust_remote_code=True``."""
+    dtype: str | None = None
+    """The main dtype of the model weights written (``bfloat16``), None when only an adapter is."""
 
 
 _WHAT = {
@@ -44,14 +49,26 @@ _WHAT = {
 }
 
 _LOAD = {
-    "full": "from transformers import AutoModelForCausalLM\n"
-            "model = AutoModelForCausalLM.from_pretrained(\"{out}\", local_files_only=True)",
-    "merged": "from transformers import AutoModelForCausalLM\n"
-              "model = AutoModelForCausalLM.from_pretrained(\"{out}\", local_files_only=True)",
+    "full": "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "model = AutoModelForCausalLM.from_pretrained(\"{out}\", local_files_only=True{remote})\n"
+            "tokenizer = AutoTokenizer.from_pretrained(\"{out}\", local_files_only=True{remote})",
+    "merged": "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+              "model = AutoModelForCausalLM.from_pretrained(\"{out}\", local_files_only=True{remote})\n"
+              "tokenizer = AutoTokenizer.from_pretrained(\"{out}\", local_files_only=True{remote})",
     "adapter": "from peft import PeftModel\n"
                "from transformers import AutoModelForCausalLM\n"
-               "base = AutoModelForCausalLM.from_pretrained(\"{base}\", local_files_only=True)\n"
+               "base = AutoModelForCausalLM.from_pretrained(\"{base}\", local_files_only=True{remote})\n"
                "model = PeftModel.from_pretrained(base, \"{out}\", local_files_only=True)",
+}
+
+_ELSEWHERE = {
+    "full": "Copy this folder whole; `from_pretrained` takes its path there. Nothing else is needed.",
+    "merged": "Copy this folder whole; `from_pretrained` takes its path there. Nothing else is needed.",
+    "adapter": "Copy this folder, and the base model `{base}` (or download it, if that is a hub name), to the "
+               "other machine, and pass the base's path there to `AutoModelForCausalLM.from_pretrained` in place "
+               "of `{base}`; `PeftModel.from_pretrained` takes this folder's path there. "
+               "`AutoPeftModelForCausalLM` reads the base from `base_model_name_or_path` in "
+               "`adapter_config.json`: set it to the base's path (or hub name) on that machine.",
 }
 
 
@@ -73,6 +90,7 @@ def model_card(facts: CardFacts, out: str) -> str:
     dirty = " (with uncommitted changes)" if facts.code.get("git_dirty") else ""
     if facts.code.get("snapshot_diff_sha256"):
         dirty = f" (the sweep's code snapshot; its uncommitted diff has sha256 {facts.code['snapshot_diff_sha256']})"
+    remote = ", trust_remote_code=True" if facts.trust_remote_code else ""
     val = "" if facts.checkpoint_val_loss is None else f", validation loss {facts.checkpoint_val_loss:.6g}"
     lines = [
         f"# hpcsweep trial #{facts.trial_num}",
@@ -96,7 +114,11 @@ def model_card(facts: CardFacts, out: str) -> str:
         "## Base model",
         "",
         base,
-        *([] if facts.base_model_path is None else ["", f"Its weights: `{facts.base_model_path}`"]),
+        *([] if facts.base_model_path is None else ["", (
+            f"The adapter names it `{facts.base_model_path}`." if facts.kind == "adapter"
+            else f"Given as `{facts.base_model_path}`; the adapter is merged into it here.")]),
+        *([] if facts.dtype is None else ["", f"Weights written in `{facts.dtype}` (each tensor in the base's own "
+                                              "dtype unless `--dtype` said otherwise)."]),
         "",
         "## Model config (model.*)",
         "",
@@ -107,8 +129,14 @@ def model_card(facts: CardFacts, out: str) -> str:
         "## Load it",
         "",
         "```python",
-        _LOAD[facts.kind].format(out=out, base=facts.base_model_path),
+        _LOAD[facts.kind].format(out=out, base=facts.base_model_path, remote=remote),
         "```",
+        "",
+        "### On another machine",
+        "",
+        _ELSEWHERE[facts.kind].format(base=facts.base_model_path),
+        *([] if not facts.trust_remote_code else [
+            "", "The base model runs its own code (`auto_map`): pass `trust_remote_code=True` to every load."]),
         "",
         "## Files",
         "",

@@ -5,21 +5,30 @@ have a checkpoint; ``--trial N`` is trial N. Of the trial's checkpoints, ``best`
 lowest validation loss in its name (``hpcsweep.train.checkpoint`` keeps the top-k by it, weights
 only), ``last`` the newest. Only checkpoints whose weights are complete count. Every refusal is an
 ``ExportRefused`` with the one line to print.
+
+A sweep that is still running (a trial pending or running, as ``report`` says from metrics.json and
+Slurm) is refused: its best trial may change, and a running trial's newest checkpoint is an
+intermediate one. ``--trial N`` of a finished trial is allowed; ``--allow-running`` takes what is there.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from hpcsweep.files.sweep_record import missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
-from hpcsweep.results.table import read_record, resolve_trial_dir
+from hpcsweep.results.table import JobQuery, load_sweep, read_record, resolve_trial_dir
+from hpcsweep.slurm.job_states import query_job_states
 from hpcsweep.train.checkpoint import CheckpointError, checkpoint_paths, inspect_checkpoint, parse_name
+
+
+UNFINISHED_STATUSES = ("running", "pending")
+"""Statuses (``report``'s) of a trial that may still write a better checkpoint."""
 
 
 class ExportRefused(ValueError):
@@ -106,6 +115,37 @@ def choose_source(sweep_dir: Path, trial_num: int | None, which: Literal["best",
         checkpoints = usable_checkpoints(trial.trial_dir)
     by_name = {p.name: p for p in checkpoints}
     return ExportSource(trial, read_trial_metrics(trial.trial_dir), by_name[choose_checkpoint(list(by_name), which)])
+
+
+def trial_statuses(sweep_dir: Path, query: JobQuery = query_job_states) -> dict[int, str]:
+    """Each trial's status as ``report`` shows it (metrics.json, and Slurm's state on a Slurm sweep)."""
+    return {row.num: row.status for row in load_sweep(sweep_dir, query=query, with_scalars=False).rows}
+
+
+def running_refusal(statuses: Mapping[int, str], trial_num: int | None, sweep_dir: Path) -> str | None:
+    """Why the export must wait, or None: ``--best`` (``trial_num`` None) waits for every trial,
+    ``--trial N`` for trial N only."""
+    unfinished = {num: status for num, status in sorted(statuses.items()) if status in UNFINISHED_STATUSES}
+    if trial_num is not None:
+        unfinished = {num: status for num, status in unfinished.items() if num == trial_num}
+    if not unfinished:
+        return None
+    named = ", ".join(f"#{num} {status}" for num, status in unfinished.items())
+    what = f"trial #{trial_num} has not finished ({named})" if trial_num is not None else (
+        f"the sweep has not finished (trials {named}): its best trial may change")
+    return (f"{what}; wait (python -m hpcsweep.status {sweep_dir} --follow), export a finished trial with "
+            "--trial N, or export the checkpoints written so far with --allow-running")
+
+
+def running_note(source: ExportSource, statuses: Mapping[int, str]) -> str | None:
+    """With ``--allow-running``: which checkpoint of an unfinished trial was taken, or None when it finished."""
+    status = statuses.get(source.trial.num)
+    if status not in UNFINISHED_STATUSES:
+        return None
+    step = (parse_name(source.checkpoint.name) or (None, None))[0]
+    of = f" of {source.metrics['max_steps']}" if source.metrics.get("max_steps") else ""
+    return (f"trial #{source.trial.num} is {status}: exported its checkpoint {source.checkpoint.name} "
+            f"(step {step}{of}), not its final weights")
 
 
 def _loss(value: Any) -> float:

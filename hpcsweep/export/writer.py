@@ -7,10 +7,15 @@
   it is written beside the adapter, in ``base/``, and named there;
 - LoRA with ``merge``: the adapter merged into the base (``merge_and_unload``), as a full model.
 
-The tokenizer files are copied from the base model's folder when the model came from one; a model
-built from the config has none (its token ids are the data's own, see ``docs/user/lora-and-export.md``).
-Every export gets ``README.md`` (``hpcsweep.export.model_card``). The folder is written beside ``out``
-under a temporary name and renamed into place whole.
+An adapter's ``base_model_name_or_path`` is the base as the user named it (``model.path`` as typed,
+or ``--base-name``), never the path the login node resolved it to, so the adapter means the same on
+another machine. The weights of a full or merged model are written in the base's dtypes
+(``hpcsweep.export.dtypes``). The tokenizer files, and the remote code an ``auto_map`` names, are
+copied byte for byte from the base model's folder when the model came from one
+(``hpcsweep.export.base_files``); a model built from the config has none (its token ids are the
+data's own, see ``docs/user/lora-and-export.md``). Every export gets ``README.md``
+(``hpcsweep.export.model_card``). The folder is written beside ``out`` under a temporary name and
+renamed into place whole.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hpcsweep.export import dtypes as export_dtypes
+from hpcsweep.export.base_files import copy_base_files, needs_remote_code
 from hpcsweep.export.model_card import CardFacts, model_card
 from hpcsweep.export.source import ExportRefused, ExportSource
 from hpcsweep.export.weights import checkpoint_state, load_trial_model, trial_config
@@ -32,63 +39,125 @@ BASE_DIR = "base"
 CARD_FILE = "README.md"
 
 
-def export_trial(source: ExportSource, sweep_dir: Path, out: Path, *, merge: bool, max_shard_size: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    """How to write an export, as the command line asks."""
+
+    merge: bool = False
+    """LoRA: the adapter merged into its base, one full model."""
+    max_shard_size: str = "5GB"
+    base_name: str | None = None
+    """What an adapter names its base (``--base-name``); None: ``model.path`` as the trial was given it."""
+    dtype: str | None = None
+    """A torch dtype name for every weight (``--dtype``); None: the base's own dtypes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseFolder:
+    """The folder a trial's model came from: where it is now, how the user named it, its dtypes."""
+
+    path: Path | None
+    """None for a model built from the config."""
+    typed: str | None
+    """``model.path`` as the trial's config.yaml holds it (as typed)."""
+    tensors: dict[str, str]
+    main_dtype: str
+    remote_code: bool
+
+
+def base_folder(identity: dict[str, Any], typed: str | None, trust_remote_code: bool) -> BaseFolder:
+    """The base the checkpoint names (``identity``), checked to be there still."""
+    if not identity.get("path"):
+        return BaseFolder(None, None, {}, "float32", False)
+    path = Path(identity["path"])
+    if not (path / "config.json").is_file():
+        raise ExportRefused(f"the base model folder {path} that the trial trained from is gone: put it back "
+                            "(an export reads the frozen base, and its tokenizer, from there)")
+    tensors = export_dtypes.header_dtypes(path)
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    remote = trust_remote_code or needs_remote_code(path)
+    return BaseFolder(path, typed, tensors, export_dtypes.folder_dtype(config, tensors), remote)
+
+
+def export_trial(source: ExportSource, sweep_dir: Path, out: Path, options: ExportOptions) -> list[str]:
     """Write ``source``'s checkpoint to ``out`` (absent or empty); return the names of the files written."""
     cfg = trial_config(source.trial.trial_dir)
-    if merge and cfg.model.peft != "lora":
+    if options.merge and cfg.model.peft != "lora":
         raise ExportRefused(f"--merge is for a LoRA trial (model.peft=lora); trial #{source.trial.num} trained "
                             f"every weight (model.peft={cfg.model.peft}): export it without --merge")
     state = checkpoint_state(source.checkpoint)
     identity: dict[str, Any] = dict(state.get("base_model") or {})
-    net = load_trial_model(cfg, source.checkpoint)
-    out = out.resolve()
-    temp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    base = base_folder(identity, cfg.model.path, cfg.model.trust_remote_code)
+    # The folder as the checkpoint found it, wherever this command runs from (model.path may be relative).
+    load_cfg = cfg if base.path is None else dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, path=str(base.path), trust_remote_code=base.remote_code))
+    net = load_trial_model(load_cfg, source.checkpoint)
+    resolved = out.resolve()
+    temp = resolved.parent / f".{resolved.name}.tmp-{os.getpid()}"
     temp.mkdir(parents=True)
     try:
-        kind, base_path = _write_weights(net, cfg.model.peft, merge, temp, out, identity, max_shard_size)
-        if identity.get("path"):
-            _copy_tokenizer(Path(identity["path"]), temp)
+        kind, base_name, dtype = _write_weights(net, cfg.model.peft, temp, out, base, options)
+        if base.path is not None:
+            copy_base_files(base.path, temp, model_code=kind != "adapter")
         files = sorted(str(p.relative_to(temp)) for p in temp.rglob("*") if p.is_file() and p.name != CARD_FILE)
         facts = CardFacts(
             kind=kind, sweep_dir=str(sweep_dir), trial_num=source.trial.num, trial_dir=str(source.trial.trial_dir),
             overrides=source.trial.overrides, metrics=source.metrics, checkpoint=source.checkpoint.name,
             checkpoint_step=state["step"], checkpoint_val_loss=state.get("val_loss"), base_model=identity,
-            base_model_path=base_path, model_config=dataclasses.asdict(cfg.model),
+            base_model_path=base_name, model_config=dataclasses.asdict(cfg.model),
             code=_code_version(source.trial.trial_dir), files=[*files, CARD_FILE],
+            trust_remote_code=base.remote_code, dtype=dtype,
         )
         (temp / CARD_FILE).write_text(model_card(facts, str(out)))
-        if out.exists():
-            out.rmdir()  # empty, as the CLI checked
-        os.replace(temp, out)
+        if resolved.exists():
+            resolved.rmdir()  # empty, as the CLI checked
+        os.replace(temp, resolved)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
     return facts.files
 
 
+def _save_model(model: Any, base: BaseFolder, override: str | None, folder: Path, max_shard_size: str) -> str:
+    """Save a plain transformers model in the base's dtypes (or ``override``); return its main dtype."""
+    main = override or base.main_dtype
+    names = [name for name, _ in [*model.named_parameters(), *model.named_buffers()]]
+    keep = export_dtypes.keep_fp32_modules(type(model))
+    export_dtypes.cast_model(model, export_dtypes.export_dtypes(names, base.tensors, main, override, keep))
+    import torch
+
+    model.config.dtype = getattr(torch, main)
+    model.save_pretrained(folder, max_shard_size=max_shard_size)
+    # transformers 5 writes ``dtype``; before 4.56 (and tools that read config.json themselves) it was
+    # ``torch_dtype``. Both, so that every reader loads the weights in the dtype they were written in.
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config_file.write_text(json.dumps({**config, "torch_dtype": main}, indent=2, sort_keys=True) + "\n",
+                           encoding="utf-8")
+    return main
+
+
 def _write_weights(
-    net: Any, peft: str, merge: bool, temp: Path, out: Path, identity: dict[str, Any], max_shard_size: str
-) -> tuple[str, str | None]:
-    """Save the weights into ``temp``; ``(kind, base model path)`` for the card."""
+    net: Any, peft: str, temp: Path, out: Path, base: BaseFolder, options: ExportOptions
+) -> tuple[str, str | None, str | None]:
+    """Save the weights into ``temp``; ``(kind, the base as the adapter names it, dtype of the model written)``."""
     if peft != "lora":
-        net.save_pretrained(temp, max_shard_size=max_shard_size)
-        return "full", None
-    if merge:
-        net.merge_and_unload().save_pretrained(temp, max_shard_size=max_shard_size)
-        return "merged", identity.get("path")
-    base_path = identity.get("path") or str(out / BASE_DIR)
-    net.peft_config["default"].base_model_name_or_path = base_path
+        return "full", None, _save_model(net, base, options.dtype, temp, options.max_shard_size)
+    if options.merge:
+        dtype = _save_model(net.merge_and_unload(), base, options.dtype, temp, options.max_shard_size)
+        return "merged", options.base_name or base.typed, dtype
+    if options.dtype is not None and base.path is not None:
+        raise ExportRefused("--dtype is for a model's weights: a full or merged export, or a built-in base written "
+                            "beside its adapter; this adapter is written as it trained (add --merge for a model)")
+    # A built-in base exists nowhere else: it goes beside the adapter, named as the user named --out.
+    name = options.base_name or base.typed or str(out / BASE_DIR)
+    net.peft_config["default"].base_model_name_or_path = name
     # No embedding layer trains (peft would look for the base's config to check that, before base/ is written).
     net.save_pretrained(temp, save_embedding_layers=False)
-    if not identity.get("path"):
-        net.unload().save_pretrained(temp / BASE_DIR, max_shard_size=max_shard_size)
-    return "adapter", base_path
-
-
-def _copy_tokenizer(folder: Path, temp: Path) -> None:
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(folder, local_files_only=True).save_pretrained(temp)
+    dtype = None
+    if base.path is None:
+        dtype = _save_model(net.unload(), base, options.dtype, temp / BASE_DIR, options.max_shard_size)
+    return "adapter", name, dtype
 
 
 def _code_version(trial_dir: Path) -> dict[str, Any]:

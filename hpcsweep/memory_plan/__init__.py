@@ -74,6 +74,8 @@ class TrainingSetup:
     device: str = "cuda"
     fused_attention: bool = True
     """sdpa or flash attention (no score matrix kept); false: eager attention, which keeps it."""
+    from_scratch: bool = False
+    """No pretrained weights (a built-in model, or ``model.random_init=true``): training, not fine-tuning."""
 
 
 @dataclass(frozen=True)
@@ -224,8 +226,10 @@ def resolve_parallel(shape: ModelShape, setup: TrainingSetup, gpu: GpuMemory | N
 
 
 def describe(setup: TrainingSetup) -> str:
-    """``full fine-tuning, DDP`` / ``LoRA r=8, FSDP over 16 GPUs``: what the plan assumed, in words."""
-    what = f"LoRA r={setup.lora_rank}" if setup.peft == "lora" else "full fine-tuning"
+    """``full fine-tuning, DDP`` / ``LoRA r=8, FSDP over 16 GPUs`` / ``training from scratch, DDP``: what the
+    plan assumed, in words."""
+    every_weight = "training from scratch" if setup.from_scratch else "full fine-tuning"
+    what = f"LoRA r={setup.lora_rank}" if setup.peft == "lora" else every_weight
     how = f"FSDP over {setup.world_size} GPUs" if setup.parallel == "fsdp" else "DDP"
     extra = ", grad checkpointing" if setup.grad_checkpointing else ""
     return f"{what}, {how}{extra}"
@@ -340,4 +344,5 @@ def setup_of_trial(trial: Any, *, world_size: int, device: str, bf16: bool = Tru
         grad_checkpointing=trainer.grad_checkpointing, batch_size=data.batch_size, seq_len=data.seq_len,
         parallel=trainer.parallel, world_size=world_size, device=device,
         fused_attention=attention != "eager" and (attention != "auto" or device == "cuda"),
+        from_scratch=not model.path or bool(getattr(model, "random_init", False)),
     )

@@ -14,6 +14,13 @@ def device_word(rows: Sequence[TrialRow]) -> str:
     return "GPU|worker" if len(kinds) > 1 else ("worker" if kinds == {False} else "GPU")
 
 
+def hours_word(rows: Sequence[TrialRow], local: bool) -> str:
+    """What the hours columns count: ``CPU`` for a local sweep whose trials measured ran without a GPU
+    (worker-hours on CPUs), else ``GPU`` (on Slurm, node-hours count for a partition without GPUs)."""
+    measured = [row for row in rows if row.efficiency.on_gpu or row.efficiency.peak_memory_gb is not None]
+    return "CPU" if local and measured and not any(row.efficiency.on_gpu for row in measured) else "GPU"
+
+
 def _cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -26,12 +33,18 @@ def _memory(row: TrialRow) -> str:
     return f"{peak:.1f}/{_cell(total, 1)}"
 
 
-def efficiency_cells(rows: Sequence[TrialRow]) -> tuple[list[str], list[list[str]]]:
-    """The header and cells of the efficiency table, one row per trial in ``rows``' order."""
-    header = ["#", "status", "MFU", f"tok/s/{device_word(rows)}", "GPU-util%", "data%", "GB(peak/GPU)", "GPU-h", "load(max/mean)"]
+def efficiency_cells(
+    rows: Sequence[TrialRow], keys: Sequence[str] = (), hours: str = "GPU"
+) -> tuple[list[str], list[list[str]]]:
+    """The header and cells of the efficiency table, one row per trial in ``rows``' order: its number,
+    its values of the swept ``keys`` (as the results table shows them), then how it used its hardware;
+    ``hours`` names the unit of the hours column (``hours_word``)."""
+    header = ["#", *keys, "status", "MFU", f"tok/s/{device_word(rows)}", "GPU-util%", "data%", "GB(peak/GPU)",
+              f"{hours}-h", "load(max/mean)"]
     cells = [
         [
             str(row.num),
+            *(row.overrides.get(k, "") for k in keys),
             row.status,
             _cell(row.efficiency.mfu, 3),
             _cell(row.efficiency.tokens_per_device, 0),

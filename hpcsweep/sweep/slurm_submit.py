@@ -48,7 +48,7 @@ from hpcsweep.sweep.allocation import (
 )
 from hpcsweep.sweep.budget import announce_budget
 from hpcsweep.sweep.hooks import Placement, SweepTrial, TrialHook, hook_of
-from hpcsweep.sweep.snapshot import take_snapshot, with_snapshot
+from hpcsweep.sweep.snapshot import chosen_files, take_snapshot, with_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, TaskTrial, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 from hpcsweep.sweep.text_preparation import dependency_parameters
@@ -229,6 +229,8 @@ def launch_on_slurm(
         check_against_cluster(trials, params, slurm_config, hook)
         budget = announce_budget(trials, params)
         app_facts = hook_of(launcher.task_function).sweep_facts(trials)
+        if params.get("code_snapshot", True):  # a snapshot too large to be code is refused here
+            chosen_files(Path(str(launcher.config.hydra.sweep.dir)).resolve(), Path.cwd())
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()

@@ -2,9 +2,15 @@
 
 A trial may start hours after submission, and a requeued one days later; by then the working tree
 has moved on. The snapshot, SWEEP_DIR/.code, holds hpcsweep's own packages (as imported here), the
-launcher plugins, and the user's working tree (the current directory, when it is a git checkout or
-holds Python files), without large files or build and output folders. Every array task puts it
-first on ``PYTHONPATH``, so the first run and every requeue import the submitted code.
+launcher plugins, and the code of the user's working tree (the current directory, when it is a git
+checkout or holds Python files). Every array task puts it first on ``PYTHONPATH``, so the first run
+and every requeue import the submitted code.
+
+Of the working tree only code is copied (``is_code``): Python sources, YAML configs (a Hydra app's),
+and the data files of Python packages (folders with an ``__init__.py``), never text or JSON Lines,
+tokenizer or weight files; no model folder or export (``is_model_folder``), no ``multirun/`` or
+``outputs/``; in a git checkout only the files git tracks or would track (not ignored). A snapshot
+over ``MAX_SNAPSHOT_BYTES`` or ``MAX_SNAPSHOT_FILES`` is refused before anything is submitted.
 """
 
 from __future__ import annotations
@@ -39,6 +45,23 @@ EXCLUDED_NAMES = (
     "*.pyc", "*.so", "*.pt", "*.pth", "*.ckpt", "*.safetensors", "*.bin", "*.npy", "*.npz", "*.h5",
     "*.pkl", "*.parquet", "*.arrow", "*.tfevents.*", "events.out.*", "*.log", "*.out", "*.err",
 )
+# A snapshot larger than this is not code: refused, naming its largest files.
+MAX_SNAPSHOT_BYTES = 32 << 20
+MAX_SNAPSHOT_FILES = 10_000
+# Configs a working tree's code reads wherever they are (Hydra's config_path).
+CONFIG_SUFFIXES = (".yaml", ".yml")
+# Never code, even inside a Python package: corpora, tokenizers, weights, archives.
+DATA_SUFFIXES = (
+    ".txt", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".bin", ".safetensors", ".pt", ".pth", ".ckpt",
+    ".npy", ".npz", ".h5", ".pkl", ".model", ".tiktoken", ".gz", ".zip", ".tar", ".zst", ".log",
+)
+TOKENIZER_NAMES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "chat_template.jinja",
+)
+# A folder holding config.json beside any of these is a model folder or an export: data, not code.
+MODEL_MARKERS = ("adapter_config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
+                 *TOKENIZER_NAMES)
 # The packages whose imports must come from the snapshot, and where each goes inside it.
 PACKAGES = {"hpcsweep": "hpcsweep", "hpcsweep.configs": "hpcsweep/configs",
             "hydra_plugins.hpcsweep_plugins": "hydra_plugins/hpcsweep_plugins"}
@@ -52,6 +75,10 @@ class SourceTree:
     root: Path
     dest: str
     skip: frozenset[str] = frozenset()
+    code_only: bool = False
+    """The user's working tree: only what ``is_code`` keeps, and no model folder."""
+    listed: frozenset[str] | None = None
+    """In a git checkout, the files git tracks or would track (relative to ``root``); None: every file."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +103,22 @@ def excluded(name: str, patterns: Iterable[str] = EXCLUDED_NAMES) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
+def is_model_folder(names: Iterable[str]) -> bool:
+    """Whether a folder holding files ``names`` is a model folder or an export (weights or tokenizer
+    beside a config.json), whose files, remote code included, are data."""
+    names = set(names)
+    return "config.json" in names and any(
+        name in MODEL_MARKERS or name.endswith((".safetensors", ".bin")) for name in names)
+
+
+def is_code(name: str, in_package: bool) -> bool:
+    """Whether a working tree's file ``name`` is code: a Python source or a YAML config anywhere, and
+    any other file of a Python package (``in_package``) that is not data (``DATA_SUFFIXES``, tokenizers)."""
+    if name.endswith(".py") or name.endswith(CONFIG_SUFFIXES):
+        return True
+    return in_package and not name.endswith(DATA_SUFFIXES) and name not in TOKENIZER_NAMES
+
+
 def choose_files(tree: SourceTree, max_bytes: int = MAX_FILE_BYTES,
                  patterns: Iterable[str] = EXCLUDED_NAMES) -> list[str]:
     """Paths (relative to ``tree.root``, sorted) of the regular files to copy from ``tree``.
@@ -86,12 +129,20 @@ def choose_files(tree: SourceTree, max_bytes: int = MAX_FILE_BYTES,
     chosen = []
     for folder, dirs, files in os.walk(tree.root):
         rel_folder = Path(folder).relative_to(tree.root)
+        if tree.code_only and rel_folder != Path(".") and is_model_folder(files):
+            dirs[:] = []
+            continue
         dirs[:] = [d for d in dirs if not excluded(d, patterns)
                    and (rel_folder / d).as_posix() not in tree.skip and not os.path.islink(Path(folder, d))]
+        in_package = "__init__.py" in files
         for name in files:
             path = Path(folder, name)
             rel = (rel_folder / name).as_posix()
             if excluded(name, patterns) or rel in tree.skip or path.is_symlink():
+                continue
+            if tree.listed is not None and rel not in tree.listed:
+                continue
+            if tree.code_only and not is_code(name, in_package):
                 continue
             if path.stat().st_size > max_bytes:
                 log.info("code snapshot leaves out %s: larger than %d bytes", path, max_bytes)
@@ -112,8 +163,19 @@ def is_working_tree(folder: Path) -> bool:
     return (folder / ".git").exists() or any(folder.glob("*.py"))
 
 
-def source_trees(cwd: Path, package_dirs: Mapping[str, Path | None], sweep_dir: Path) -> list[SourceTree]:
-    """The folders to copy: the working tree ``cwd`` (if it is one) first, then each package.
+def git_listed(folder: Path) -> frozenset[str] | None:
+    """The files under ``folder`` that git tracks or would track (untracked, not ignored), relative to
+    ``folder``; None outside a git checkout."""
+    listed = _git(folder, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    if listed is None:
+        return None
+    return frozenset(name for name in listed.decode().split("\0") if name)
+
+
+def source_trees(cwd: Path, package_dirs: Mapping[str, Path | None], sweep_dir: Path,
+                 listed: frozenset[str] | None = None) -> list[SourceTree]:
+    """The folders to copy: the working tree ``cwd`` (if it is one, its code only: ``listed`` by git
+    when it is a checkout) first, then each package.
 
     The working tree leaves out the packages' places, so that a stale copy of hpcsweep in it
     cannot mix with the one imported here, and the sweep dir, when it lies inside; a package
@@ -125,7 +187,7 @@ def source_trees(cwd: Path, package_dirs: Mapping[str, Path | None], sweep_dir: 
         cwd = cwd.resolve()
         if sweep_dir.resolve().is_relative_to(cwd) and sweep_dir.resolve() != cwd:
             skip.add(sweep_dir.resolve().relative_to(cwd).as_posix())
-        trees.append(SourceTree(cwd, "", frozenset(skip)))
+        trees.append(SourceTree(cwd, "", frozenset(skip), code_only=True, listed=listed))
     # A package inside its parent's folder (an installed ``hpcsweep/configs``) comes with the
     # parent; one that lives elsewhere (an editable install maps ``configs/``) is copied on its own.
     separate = {
@@ -177,11 +239,39 @@ def git_identity(folder: Path) -> tuple[str | None, str | None, str | None]:
     return str(root), commit.decode().strip(), digest.hexdigest()
 
 
-def _fill(trees: Iterable[SourceTree], target: Path) -> tuple[int, int, str]:
-    """Copy ``trees`` into ``target``; return the file count, the bytes, and a hash of the copy."""
+def chosen_files(sweep_dir: Path, cwd: Path) -> list[tuple[SourceTree, list[str]]]:
+    """Each tree to copy and its files; ``ValueError`` when they are too many or too large to be code."""
+    package_dirs = {name: _package_dir(name) for name in PACKAGES}
+    listed = git_listed(cwd) if is_working_tree(cwd) else None
+    chosen = [(tree, choose_files(tree)) for tree in source_trees(cwd, package_dirs, sweep_dir, listed)]
+    sizes = {tree.root / rel: (tree.root / rel).stat().st_size for tree, names in chosen for rel in names}
+    refusal = size_refusal(sizes, cwd)
+    if refusal:
+        raise ValueError(refusal)
+    return chosen
+
+
+def size_refusal(sizes: Mapping[Path, int], cwd: Path,
+                 max_bytes: int | None = None, max_files: int | None = None) -> str | None:
+    """Why a snapshot of these files (path -> bytes) is refused, or None (limits: the module's by default)."""
+    max_bytes = MAX_SNAPSHOT_BYTES if max_bytes is None else max_bytes
+    max_files = MAX_SNAPSHOT_FILES if max_files is None else max_files
+    total = sum(sizes.values())
+    if total <= max_bytes and len(sizes) <= max_files:
+        return None
+    largest = sorted(sizes, key=lambda path: -sizes[path])[:3]
+    return (f"the code snapshot (hydra.launcher.code_snapshot) of {cwd} would copy {len(sizes)} files, "
+            f"{total / 2**20:.1f} MiB (at most {max_files} files, {max_bytes / 2**20:.0f} MiB); the largest: "
+            + ", ".join(f"{path} ({sizes[path] / 2**20:.1f} MiB)" for path in largest)
+            + "; only Python sources, YAML configs and package data are copied: move the rest out of the "
+            "Python packages, or run from another folder, or set hydra.launcher.code_snapshot=false")
+
+
+def _fill(chosen: Iterable[tuple[SourceTree, list[str]]], target: Path) -> tuple[int, int, str]:
+    """Copy the chosen files into ``target``; return the file count, the bytes, and a hash of the copy."""
     copied = {}
-    for tree in trees:
-        for rel in choose_files(tree):
+    for tree, names in chosen:
+        for rel in names:
             dest = Path(tree.dest, rel).as_posix()
             (target / dest).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(tree.root / rel, target / dest)
@@ -199,24 +289,24 @@ def take_snapshot(sweep_dir: Path, cwd: Path) -> SnapshotRecord:
     """Copy the code trials import to ``sweep_dir/.code``, atomically, and describe it.
 
     The copy is built in a temporary folder beside it and renamed into place, so a task never
-    sees half a snapshot. An existing snapshot is kept: later batches of the same sweep, and its
+    sees half a snapshot. ``ValueError`` (before anything is copied) when the files are too many or
+    too large to be code (``chosen_files``). An existing snapshot is kept: later batches of the same sweep, and its
     requeued tasks, run the code the first batch was submitted with.
     """
     code_dir = sweep_dir / SNAPSHOT_DIR
     if (code_dir / SNAPSHOT_FILE).is_file():
         log.info("code snapshot: keeping %s", code_dir)
         return SnapshotRecord(**_read_record(code_dir))
-    package_dirs = {name: _package_dir(name) for name in PACKAGES}
-    trees = source_trees(cwd, package_dirs, sweep_dir)
+    chosen = chosen_files(sweep_dir, cwd)
     tmp = sweep_dir / f"{SNAPSHOT_DIR}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        files, size, files_sha256 = _fill(trees, tmp)
+        files, size, files_sha256 = _fill(chosen, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    git_root = cwd if is_working_tree(cwd) else package_dirs["hpcsweep"]
+    git_root = cwd if is_working_tree(cwd) else _package_dir("hpcsweep")
     source, commit, diff_sha256 = git_identity(git_root) if git_root else (None, None, None)
     record = SnapshotRecord(path=str(code_dir), source=source, commit=commit, diff_sha256=diff_sha256,
                             files_sha256=files_sha256, files=files, bytes=size)

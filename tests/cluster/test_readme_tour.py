@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 
-from ..model_folders import make_model_folder, write_text_corpus
 from ..venvs import venv_on_these_packages
 from .conftest import REPO, TERMINAL_STATES, read_json, slurm, wait_for
 
@@ -168,16 +167,14 @@ def test_every_docs_page_is_toured_and_every_skip_says_why():
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    """A copy of the repo as a clone has it, with a fresh venv whose bin/ comes first on PATH, and the
-    model folder and text the README's fine-tuning names."""
+    """A copy of the repo as a clone has it, with a fresh venv whose bin/ comes first on PATH. The model
+    folder and text the README's fine-tuning names are made by the README's own command
+    (``scripts/make-example-model``), run verbatim like the rest."""
     root = tmp_path_factory.mktemp("tour")
     repo = root / "hpcsweep"
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "*.egg-info", "__pycache__", "multirun", "outputs", "slurm-*.out"))
     venv_on_these_packages(root / "venv", with_pip=True)
-    # What the README's fine-tuning stands for: the user's pretrained folder and their text.
-    make_model_folder(repo / "models" / "tiny-deepseek")
-    write_text_corpus(repo / "corpus")
     return repo
 
 

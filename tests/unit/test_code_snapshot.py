@@ -83,7 +83,7 @@ def test_source_trees_of_an_editable_checkout(tmp_path):
     trees = source_trees(cwd, packages, cwd / "sweeps" / "s1")
     assert trees == [
         SourceTree(cwd, "", frozenset({"hpcsweep", "hpcsweep/configs", "hydra_plugins/hpcsweep_plugins",
-                                      "sweeps/s1"})),
+                                      "sweeps/s1"}), code_only=True),
         SourceTree(repo / "hpcsweep", "hpcsweep", frozenset({"configs"})),
         SourceTree(repo / "configs", "hpcsweep/configs"),
         SourceTree(repo / "hydra_plugins" / "hpcsweep_plugins", "hydra_plugins/hpcsweep_plugins"),

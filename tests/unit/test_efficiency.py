@@ -214,12 +214,13 @@ def test_efficiency_table_and_outliers(efficiency_sweep, capsys):
     assert report.main([str(efficiency_sweep), "--efficiency"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # Trial 4 ran on CPU (an RSS peak): tokens/s is per GPU for some rows, per worker for it.
-    assert lines[0].split() == ["#", "status", "MFU", "tok/s/GPU|worker", "GPU-util%", "data%", "GB(peak/GPU)", "GPU-h",
-                              "load(max/mean)"]
+    # The swept parameter follows the trial's number, as in the results table.
+    assert lines[0].split() == ["#", "data.batch_size", "status", "MFU", "tok/s/GPU|worker", "GPU-util%", "data%",
+                                "GB(peak/GPU)", "GPU-h", "load(max/mean)"]
     rows = {line.split()[0]: line.split() for line in lines[1:6]}
-    assert rows["0"] == ["0", "completed", "0.410", "500", "93", "4.2", "40.0/80.0", "-", "-"]
-    assert rows["3"][2:6] == ["0.090", "500", "40", "59.4"]
-    assert rows["4"] == ["4", "completed", "-", "500", "-", "-", "-", "-", "-"]  # an old trial: nothing new
+    assert rows["0"] == ["0", "4", "completed", "0.410", "500", "93", "4.2", "40.0/80.0", "-", "-"]
+    assert rows["3"][3:7] == ["0.090", "500", "40", "59.4"]
+    assert rows["4"] == ["4", "1", "completed", "-", "500", "-", "-", "-", "-", "-"]  # an old trial: nothing new
     assert lines[6].startswith("GPU-hours:")
     assert lines[7] == "outliers against the sweep's median; throughput compared by MFU (4 trials measured)"
     assert lines[8] == ("#3: MFU 0.09 (sweep median 0.41), GPU util 40% (sweep median 93%): "
@@ -232,8 +233,9 @@ def test_markdown_ends_with_the_efficiency_section(efficiency_sweep, capsys):
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("| # | data.batch_size | status |")  # the results table first
     section = text[text.index("## Efficiency"):].splitlines()
-    assert section[2] == "| # | status | MFU | tok/s/GPU\\|worker | GPU-util% | data% | GB(peak/GPU) | GPU-h | load(max/mean) |"
-    assert "| 3 | completed | 0.090 | 500 | 40 | 59.4 | 40.0/80.0 | - | - |" in section
+    assert section[2] == ("| # | data.batch_size | status | MFU | tok/s/GPU\\|worker | GPU-util% | data% | GB(peak/GPU) "
+                          "| GPU-h | load(max/mean) |")
+    assert "| 3 | 2 | completed | 0.090 | 500 | 40 | 59.4 | 40.0/80.0 | - | - |" in section
     assert section[-1].startswith("- #3: MFU 0.09 (sweep median 0.41)")
     assert report.main([str(efficiency_sweep), "--markdown", "--efficiency"]) == 0
     assert capsys.readouterr().out.startswith("## Efficiency\n")
@@ -278,6 +280,8 @@ def test_report_plot_writes_the_heatmap_beside_the_plot(efficiency_sweep, tmp_pa
     empty = tmp_path / "empty"
     make_sweep(empty, [(["model.lr=1e-3"], metrics("completed"))])
     assert report.main([str(empty), "--plot", str(tmp_path / "old.png")]) == 0
+    assert "heat map" not in capsys.readouterr().err  # the results plot alone: no word of a heat map
+    assert report.main([str(empty), "--efficiency", "--plot", str(tmp_path / "old.png")]) == 0
     assert "no utilisation heat map" in capsys.readouterr().err
     assert not (tmp_path / "old-heatmap.png").exists()
 

@@ -47,7 +47,7 @@ torch.save({
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """A sweep of three trials: #0 LoRA, #1 full fine-tuning, #2 not started (no checkpoint)."""
+    """A sweep of three trials: #0 LoRA, #1 full fine-tuning, #2 failed before its first checkpoint."""
     sweep_dir = tmp_path_factory.mktemp("export") / "sweep"
     settings = [(["model.peft=lora"], LORA), (["model.peft=none"], SMALL), (["model.peft=none", "trainer.seed=2"], SMALL)]
     trials = []
@@ -55,6 +55,8 @@ def sweep(tmp_path_factory):
         trial_dir = make_trial_dir(sweep_dir / str(num), values)
         if num < 2:
             assert train.run_trial(trial_dir) == 0
+        else:
+            (trial_dir / "metrics.json").write_text(json.dumps({"status": "failed", "step": 0}))
         trials.append(TrialRecord(num, overrides, str(trial_dir), None, now_iso()))
     write_sweep_record(SweepRecord(str(sweep_dir), "local", now_iso(), trials))
     return sweep_dir
@@ -169,5 +171,5 @@ def test_the_card_names_the_commit_a_slurm_trial_ran_from_its_code_snapshot():
     )
     card = model_card(facts, "/out")
     assert "- code commit: `9d92563` (the sweep's code snapshot; its uncommitted diff has sha256 e3b0)" in card
-    assert '"path": "/shared/models/tiny"' in card and "Its weights: `/shared/models/tiny`" in card
+    assert '"path": "/shared/models/tiny"' in card and "Given as `/shared/models/tiny`; the adapter is merged into it here." in card
     assert "- checkpoint: `step00000008.pt` (step 8)" in card and "| val_loss | - |" in card

@@ -1,0 +1,132 @@
+"""The code snapshot takes the user's code, not their data (#31 item 8): Python sources, YAML configs and
+package data, git's files in a checkout; never a corpus, tokenizer, weights, model folder, export or
+multirun/; a snapshot too large to be code is refused before anything is submitted."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcsweep.sweep import snapshot
+from hpcsweep.sweep.snapshot import (
+    MAX_SNAPSHOT_BYTES,
+    SourceTree,
+    choose_files,
+    is_code,
+    is_model_folder,
+    size_refusal,
+    take_snapshot,
+)
+from tests.model_folders import make_model_folder
+
+
+def write(path: Path, text: str = "x = 1\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(cwd), *args],
+                   check=True, capture_output=True, timeout=30)
+
+
+def users_folder(root: Path) -> Path:
+    """A project as a user's is: code, configs, a package with data, and beside them their data, a model
+    folder with remote code, an export and earlier sweeps."""
+    write(root / "train.py")
+    write(root / "conf" / "config.yaml", "lr: 1\n")
+    write(root / "mypkg" / "__init__.py")
+    write(root / "mypkg" / "labels.json", "[]")  # package data: kept
+    write(root / "mypkg" / "notes.txt")  # text, even in a package: left out
+    write(root / "README.md", "# mine\n")
+    write(root / "corpus" / "doc-000.txt", "some text\n")
+    write(root / "corpus" / "extra.jsonl", '{"text": "x"}\n')
+    write(root / "tokenizer.json", "{}")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "modeling_mine.py"):
+        write(root / "models" / "mine" / name, "{}")
+    for name in ("adapter_config.json", "adapter_model.safetensors", "README.md", "config.json"):
+        write(root / "exports" / "adapter" / name, "{}")
+    write(root / "exports" / "merged" / "config.json", "{}")
+    write(root / "exports" / "merged" / "model.safetensors", "{}")
+    write(root / "multirun" / "2026-12-03" / "10-00-00" / "0" / "metrics.json", "{}")
+    return root
+
+
+CODE = ["conf/config.yaml", "mypkg/__init__.py", "mypkg/labels.json", "train.py"]
+
+
+def test_only_the_code_of_a_working_tree_is_chosen(tmp_path):
+    root = users_folder(tmp_path / "project")
+    assert choose_files(SourceTree(root, "", code_only=True)) == CODE
+    assert is_model_folder(["config.json", "model-00001-of-00002.safetensors"])
+    assert is_model_folder(["config.json", "tokenizer.json"]) and not is_model_folder(["config.json", "x.py"])
+    assert is_code("x.py", False) and is_code("c.yml", False) and not is_code("README.md", False)
+    assert is_code("schema.json", True) and not is_code("tokenizer_config.json", True)
+    assert not is_code("vocab.txt", True) and not is_code("w.bin", True)
+
+
+def test_in_a_git_checkout_only_what_git_tracks_or_would_track(tmp_path):
+    root = users_folder(tmp_path / "project")
+    write(root / ".gitignore", "multirun/\nscratch.py\n")
+    git(root, "init", "-q")
+    git(root, "add", "train.py", "conf", "mypkg", ".gitignore")
+    git(root, "commit", "-q", "-m", "first")
+    write(root / "new_module.py")  # not committed yet, not ignored: the trials may import it
+    write(root / "scratch.py")  # ignored
+    record = take_snapshot(tmp_path / "sweep", root)
+    code = Path(record.path)
+    user_files = sorted(p.relative_to(code).as_posix() for p in code.rglob("*")
+                        if p.is_file() and not p.relative_to(code).as_posix().startswith(("hpcsweep/", "hydra_plugins/"))
+                        and p.name != "SNAPSHOT.json")
+    assert user_files == sorted([*CODE, "new_module.py"])
+
+
+def sparse(path: Path, size: int) -> Path:
+    """A file of ``size`` bytes that costs no disk writes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+    return path
+
+
+def test_a_5000_file_corpus_and_a_model_folder_beside_the_code_stay_out(tmp_path):
+    # The acceptance: 50 MB of 5,000 small .txt files and a model folder (the files save_pretrained and a
+    # tokenizer write, sparse: what is chosen depends on names and sizes only).
+    root = tmp_path / "project"
+    write(root / "train.py")
+    for i in range(5000):
+        sparse(root / "corpus" / f"doc-{i:05d}.txt", 10_000)
+    model = root / "models" / "tiny-deepseek"
+    for name, size in (("config.json", 1_500), ("generation_config.json", 150), ("model.safetensors", 20_000_000),
+                       ("tokenizer.json", 30_000), ("tokenizer_config.json", 400)):
+        sparse(model / name, size)
+    assert sum(p.stat().st_size for p in (root / "corpus").iterdir()) == 50_000_000
+    record = take_snapshot(root / "multirun" / "s1", root)
+    code = Path(record.path)
+    written = {p.relative_to(code).as_posix(): p.stat().st_size for p in code.rglob("*") if p.is_file()}
+    own = {name: size for name, size in written.items() if name.startswith(("hpcsweep/", "hydra_plugins/"))}
+    # Of the user's folder, only train.py; the rest is hpcsweep's own code (about 1 MB of sources).
+    assert sorted(set(written) - set(own)) == ["SNAPSHOT.json", "train.py"]
+    assert record.bytes == sum(own.values()) + written["train.py"]
+
+def test_a_snapshot_too_large_to_be_code_is_refused_naming_the_largest_files(tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    message = size_refusal({root / "a.py": MAX_SNAPSHOT_BYTES, root / "b.py": 1}, root)
+    assert message.startswith(f"the code snapshot (hydra.launcher.code_snapshot) of {root} would copy 2 files, "
+                              "32.0 MiB (at most 10000 files, 32 MiB); the largest: ")
+    assert message.endswith("set hydra.launcher.code_snapshot=false")
+    assert size_refusal({root / "a.py": 10}, root) is None
+    assert "would copy 3 files" in size_refusal({root / f"{i}.py": 1 for i in range(3)}, root, max_files=2)
+
+    write(root / "train.py")
+    write(root / "pkg" / "__init__.py")
+    for i in range(3):
+        with open(root / "pkg" / f"table{i}.dat", "wb") as handle:  # package data, each under the file limit
+            handle.truncate(900_000)
+    monkeypatch.setattr(snapshot, "MAX_SNAPSHOT_BYTES", 2_000_000)
+    with pytest.raises(ValueError, match=r"would copy \d+ files, .*the largest: .*table\d\.dat \(0\.9 MiB\)"):
+        take_snapshot(tmp_path / "sweep", root)
+    assert not (tmp_path / "sweep").exists()
