@@ -54,12 +54,16 @@ def _count(n: int) -> str:
 
 
 def breakdown_lines(plan: MemoryPlan, setup: TrainingSetup, gpu: GpuMemory | None) -> list[str]:
-    """The plan part by part, in GB and bytes per trained parameter, then its total line."""
+    """The plan part by part, in GB (and bytes a parameter for the states: the weights per parameter,
+    gradients and optimizer per trained one), then its total line."""
     lines = [f"parameters   {_count(plan.total_parameters)} total, {_count(plan.active_parameters)} active a token, "
              f"{_count(plan.trainable_parameters)} trained"]
+    per = {"weights": plan.total_parameters, "gradients": plan.trainable_parameters,
+           "optimizer": plan.trainable_parameters}
     for name, nbytes in plan.parts.items():
-        lines.append(f"{name:<12} {nbytes / GIB:9.2f} GB  {PART_NOTES[name]}")
-    lines.append(f"{'total':<12} {plan.total / GIB:9.2f} GB  {plan_line(plan, setup, gpu)}")
+        rate = f"{nbytes / per[name]:5.1f} B/param" if per.get(name) else " " * 13
+        lines.append(f"{name:<12} {nbytes / GIB:9.2f} GB  {rate}  {PART_NOTES[name]}")
+    lines.append(f"{'total':<12} {plan.total / GIB:9.2f} GB  {' ' * 13}  {plan_line(plan, setup, gpu)}")
     return lines
 
 

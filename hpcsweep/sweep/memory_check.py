@@ -17,6 +17,8 @@ from typing import Any
 
 from hpcsweep.memory_plan.gpu_memory import GpuMemory, gpu_memory
 from hpcsweep.memory_plan import (
+    MemoryPlan,
+    TrainingSetup,
     fits,
     plan_line,
     plan_memory,
@@ -25,6 +27,7 @@ from hpcsweep.memory_plan import (
     setup_of_trial,
     shape_of_trial,
 )
+from hpcsweep.memory_plan.model_shape import ModelShape
 from hpcsweep.sweep.allocation import gpus_asked
 from hpcsweep.sweep.hooks import SweepTrial
 
@@ -59,6 +62,28 @@ def grouped_plan_lines(planned: Sequence[tuple[int, str]]) -> list[str]:
     return [f"{trial_numbers(nums)}: {line}" for line, nums in groups.items()]
 
 
+def trial_plan(
+    trial: SweepTrial, params: Mapping[str, Any], gpu: GpuMemory | None
+) -> tuple[ModelShape, TrainingSetup, MemoryPlan] | None:
+    """The shape, setup (``trainer.parallel=auto`` resolved against ``gpu``) and plan of one trial on the
+    GPUs it asks for; None for a trial that asks for no GPU, or (with a warning) whose model the plan
+    does not know."""
+    config = trial.app_config[0]
+    per_node = gpus_asked(trial.allocation, params)
+    if per_node == 0:
+        return None
+    try:
+        shape = shape_of_trial(config.model)
+    except ValueError as err:  # a pretrained folder of an architecture the plan does not know
+        log.warning("trial #%d: memory plan not checked: %s", trial.num, err)
+        return None
+    setup = setup_of_trial(config, world_size=trial.allocation.nodes * per_node, device="cuda",
+                           bf16=True if gpu is None else gpu.bf16)
+    if setup.parallel == "auto":
+        setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))
+    return shape, setup, plan_memory(shape, setup)
+
+
 def memory_refusals(
     trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory
 ) -> tuple[list[str], list[str]]:
@@ -70,22 +95,13 @@ def memory_refusals(
     refused: list[str] = []
     planned: list[tuple[int, str]] = []
     for trial in trials:
-        config = trial.app_config[0]
-        per_node = gpus_asked(trial.allocation, params)
-        if per_node == 0:
+        found = trial_plan(trial, params, gpu)
+        if found is None:
             continue
-        try:
-            shape = shape_of_trial(config.model)
-        except ValueError as err:  # a pretrained folder of an architecture the plan does not know
-            log.warning("trial #%d: memory plan not checked: %s", trial.num, err)
-            continue
-        setup = setup_of_trial(config, world_size=trial.allocation.nodes * per_node, device="cuda", bf16=gpu.bf16)
-        if setup.parallel == "auto":
-            setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))
-        plan = plan_memory(shape, setup)
+        shape, setup, plan = found
         planned.append((trial.num, plan_line(plan, setup, gpu)))
         if not fits(plan, gpu):
-            refused.append(refusal_line(trial.num, shape, setup, plan, gpu, per_node))
+            refused.append(refusal_line(trial.num, shape, setup, plan, gpu, gpus_asked(trial.allocation, params)))
     return refused, grouped_plan_lines(planned)
 
 

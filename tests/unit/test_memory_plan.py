@@ -459,3 +459,38 @@ def test_the_plan_of_a_cpu_trial_is_within_20_percent_of_its_measured_peak(tmp_p
         # The model's own tensors are most of it, not the interpreter: the check can fail.
         assert plan["total_bytes"] - plan["bytes"]["overhead"] > plan["bytes"]["overhead"]
         assert plan["total_bytes"] == pytest.approx(peak["bytes"], rel=0.2), (kind, plan["bytes"], peak)
+
+
+LLAMA_7B_OVERRIDES = [
+    "model=llama_small", "model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=32",
+    "model.num_heads=32", "model.num_kv_heads=32", "model.vocab_size=32000", "model.max_position_embeddings=2048",
+    "data.seq_len=2048", "data.batch_size=1", "data.synthetic_tokens=100000", "trainer.parallel=ddp",
+]
+
+
+def test_python_m_hpcsweep_plan_prints_each_plan_part_by_part_on_the_login_node():
+    import subprocess
+    import sys
+
+    args = ["-m", *LLAMA_7B_OVERRIDES, "model.peft=none,lora", "hydra.launcher.gres=gpu:a100:8"]
+    code = ("import sys; from hpcsweep import plan; rc = plan.main(sys.argv[1:]); "
+            "print('torch imported:', 'torch' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "torch imported: False"
+    full_at = lines.index("trial #0: full fine-tuning, DDP, bf16, 8 GPU(s), data.batch_size=1 x data.seq_len=2048")
+    lora_at = lines.index("trial #1: LoRA r=16, DDP, bf16, 8 GPU(s), data.batch_size=1 x data.seq_len=2048")
+    full = {line.split()[0]: line for line in lines[full_at + 1:lora_at]}
+    # The breakdown is the plan's, part by part, with its bytes a parameter.
+    shape = shape_from_hf_config(LLAMA_7B)
+    plan = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8))
+    assert list(full) == ["parameters", *plan.parts, "total"]
+    for part, nbytes in plan.parts.items():
+        assert f" {nbytes / GIB:.2f} GB" in full[part]
+    assert "6.0 B/param" in full["weights"] and "8.0 B/param" in full["gradients"] and "8.0 B/param" in full["optimizer"]
+    assert full["total"].endswith("~180 GB/GPU of 80 per A100 (full fine-tuning, DDP): does not fit")
+    assert lines[lora_at + 9].endswith("GB/GPU of 80 per A100 (LoRA r=16, DDP): fits")
+    refused = subprocess.run([sys.executable, "-m", "hpcsweep.plan", "data.batch_size=0"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: trial #0 (data.batch_size=0): ")
