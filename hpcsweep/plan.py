@@ -13,6 +13,7 @@ from hpcsweep.model.offline import stay_offline
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the plans; exit 2 with one line when a trial's config is refused."""
     stay_offline()
+    import hydra_plugins.hpcsweep_plugins.config  # noqa: F401  (stores the launchers' configs)
     from hpcsweep.sweep.plan_preview import plan_preview
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -41,11 +41,13 @@ def expand_overrides(overrides: Sequence[str]) -> list[list[str]]:
 
 def compose_trials(overrides: Sequence[str]) -> tuple[list[SweepTrial], dict[str, Any]]:
     """Each trial of ``overrides`` composed and validated as the sweep would, and the launcher's
-    parameters (``hydra.launcher``); ``ValueError`` naming the trial whose config is refused."""
+    parameters (``hydra.launcher``); ``ValueError`` naming the trial whose config is refused.
+
+    The launchers' configs must be in Hydra's ConfigStore (``hydra_plugins.hpcsweep_plugins.config``
+    imported) first."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    import hpcsweep.app  # noqa: F401  (registers the launchers' and sweepers' configs)
     from hpcsweep.sweep.hpcsweep_hook import trial_allocation
     from hpcsweep.sweep.prepare import validate_composed
 

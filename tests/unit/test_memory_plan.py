@@ -494,3 +494,25 @@ def test_python_m_hpcsweep_plan_prints_each_plan_part_by_part_on_the_login_node(
     refused = subprocess.run([sys.executable, "-m", "hpcsweep.plan", "data.batch_size=0"], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and refused.stderr.startswith("error: trial #0 (data.batch_size=0): ")
+
+
+def test_report_and_status_show_the_plan_against_the_peak_it_compares_with(tmp_path, capsys):
+    from hpcsweep import report, status
+    from tests.unit.sweep_fixtures import make_sweep, metrics
+
+    gib = 2**30
+    cuda = {**metrics("completed"), "memory_plan": {"tensors_bytes": int(18.5 * gib), "total_bytes": int(20.5 * gib)},
+            "memory_peak": {"bytes": int(16.2 * gib), "source": "torch.cuda.max_memory_allocated"}}
+    # On CPU the peak is the process's resident set: the plan's total (interpreter included) is what compares.
+    cpu = {**metrics("completed"), "memory_plan": {"tensors_bytes": int(0.5 * gib), "total_bytes": int(0.9 * gib)},
+           "memory_peak": {"bytes": int(1.0 * gib), "source": "ru_maxrss"}}
+    unplanned = {**metrics("completed"), "memory_plan": {"verdict": "not planned", "error": "..."},
+                 "memory_peak": {"bytes": int(3.0 * gib), "source": "torch.cuda.max_memory_allocated"}}
+    make_sweep(tmp_path, [(["model.lr=1e-4"], cuda), (["model.lr=1e-3"], cpu), (["model.lr=1e-2"], unplanned)])
+    assert report.main([str(tmp_path)]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()[:4]
+    assert header.split()[-1] == "GB(plan/peak)"
+    assert [row.split()[-1] for row in rows] == ["18.5/16.2", "0.9/1.0", "-/3.0"]
+    status.main([str(tmp_path)])
+    shown = capsys.readouterr().out
+    assert "GB(plan/peak) 18.5/16.2" in shown and "GB(plan/peak) 0.9/1.0" in shown and "GB(plan/peak) -/3.0" in shown
