@@ -64,13 +64,14 @@ def compose_trials(overrides: Sequence[str]) -> tuple[list[SweepTrial], dict[str
     return trials, params
 
 
-def partition_gres(params: Mapping[str, Any]) -> list[str]:
-    """The GRES of the launcher's partition's nodes as ``sinfo`` reports them; empty without Slurm."""
+def partition_gres(params: Mapping[str, Any]) -> list[str] | str:
+    """The GRES of the launcher's partition's nodes as ``sinfo`` reports them, or why there are none."""
     try:
         partitions = parse_sinfo_partitions(commands.sinfo_partitions(SINFO_FORMAT))
         return [shape.gres for shape in chosen_partition(params.get("partition"), partitions).nodes]
-    except (commands.SlurmCommandError, OSError, ValueError):
-        return []
+    except (commands.SlurmCommandError, OSError, ValueError) as err:
+        last = (str(err).strip().splitlines() or [""])[-1]
+        return f"Slurm did not say which GPUs the partition has ({last})"
 
 
 def preview_lines(trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory | None) -> list[str]:
@@ -95,7 +96,10 @@ def plan_preview(overrides: Sequence[str]) -> list[str]:
     """The lines ``python -m hpcsweep.plan OVERRIDES`` prints."""
     arguments = [arg for arg in overrides if arg not in MULTIRUN_FLAGS]
     trials, params = compose_trials(arguments)
-    gpu = gpu_memory(params, partition_gres(params))
+    gres = partition_gres(params)
+    gpu = gpu_memory(params, [] if isinstance(gres, str) else gres)
+    if isinstance(gpu, str) and isinstance(gres, str):
+        gpu = gres
     lines = preview_lines(trials, params, gpu if isinstance(gpu, GpuMemory) else None)
     if not isinstance(gpu, GpuMemory):
         lines.append(f"not compared with a GPU: {gpu}; set hydra.launcher.gpu_mem_gb to the GB of one GPU")

@@ -484,7 +484,10 @@ def test_python_m_hpcsweep_plan_prints_each_plan_part_by_part_on_the_login_node(
     full = {line.split()[0]: line for line in lines[full_at + 1:lora_at]}
     # The breakdown is the plan's, part by part, with its bytes a parameter.
     shape = shape_from_hf_config(LLAMA_7B)
-    plan = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8))
+    # The trainer's own loss settings (trainer.loss_chunk_tokens, when the config has it).
+    chunk = getattr(trial_config_from_dict({}).trainer, "loss_chunk_tokens", None)
+    plan = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8,
+                                            loss_chunk_tokens=chunk))
     assert list(full) == ["parameters", *plan.parts, "total"]
     for part, nbytes in plan.parts.items():
         assert f" {nbytes / GIB:.2f} GB" in full[part]
