@@ -202,6 +202,7 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
         ["hpcsweep.report"],
         ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
+        ["hpcsweep.plan", "hpcsweep.sweep.plan_preview"],
         ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare",
          "hpcsweep.sweep.memory_check"],
         ["hydra_plugins.hpcsweep_plugins.search_sweeper", "hpcsweep.search.study", "hpcsweep.search.trial_slot"],
