@@ -519,3 +519,11 @@ def test_report_and_status_show_the_plan_against_the_peak_it_compares_with(tmp_p
     status.main([str(tmp_path)])
     shown = capsys.readouterr().out
     assert "GB(plan/peak) 18.5/16.2" in shown and "GB(plan/peak) 0.9/1.0" in shown and "GB(plan/peak) -/3.0" in shown
+
+
+def test_trials_with_the_same_plan_share_one_line_in_the_order_first_met():
+    from hpcsweep.sweep.memory_check import grouped_plan_lines, trial_numbers
+
+    assert trial_numbers([5, 0, 2, 1]) == "trials #0-2,5" and trial_numbers([3]) == "trial #3"
+    planned = [(0, "~31 GB/GPU … LoRA"), (1, "~180 GB/GPU … full"), (2, "~31 GB/GPU … LoRA"), (3, "~31 GB/GPU … LoRA")]
+    assert grouped_plan_lines(planned) == ["trials #0,2-3: ~31 GB/GPU … LoRA", "trial #1: ~180 GB/GPU … full"]
