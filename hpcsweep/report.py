@@ -33,7 +33,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
 from hpcsweep.results.efficiency_table import efficiency_cells, hours_word, sweep_outliers
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
-from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
+from hpcsweep.results.table import METRICS, TrialRow, load_sweep, memory_text, sort_rows, swept_keys
 from hpcsweep.results.wandb_sync import sync_line
 from hpcsweep.slurm.usage import Usage
 
@@ -59,10 +59,7 @@ def _steps(row: TrialRow) -> str:
 
 def _memory(row: TrialRow) -> str:
     """``18.5/16.2``: the memory plan's GB per GPU against the measured peak's."""
-    if row.memory_plan_bytes is None:
-        return "-"
-    peak = "-" if row.memory_peak_bytes is None else f"{row.memory_peak_bytes / 2**30:.1f}"
-    return f"{row.memory_plan_bytes / 2**30:.1f}/{peak}"
+    return memory_text(row)
 
 
 def table_cells(

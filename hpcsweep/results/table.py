@@ -258,12 +258,28 @@ def build_row(
         never_starts=waiting.never_starts if waiting is not None else "",
         attempt=len(trial.all_attempts()),
         last_stop_reason=metrics.get("last_stop_reason") or "",
-        memory_plan_bytes=(metrics.get("memory_plan") or {}).get("tensors_bytes"),
+        memory_plan_bytes=planned_bytes(metrics),
         memory_peak_bytes=(metrics.get("memory_peak") or {}).get("bytes"),
         efficiency=efficiency_of(metrics, mean_rate if mean_rate is not None else values["tokens_per_s"]),
         profile_dir=str(Path(traces[0]).parent) if (traces := (metrics.get("profile") or {}).get("traces")) else "",
         **values,
     )
+
+
+def planned_bytes(metrics: Mapping[str, Any]) -> int | None:
+    """The memory plan's bytes per GPU that compare with the trial's measured peak: its tensors against
+    CUDA's allocator peak, its total (interpreter included) against a CPU process's resident set."""
+    plan, peak = metrics.get("memory_plan") or {}, metrics.get("memory_peak") or {}
+    return plan.get("total_bytes" if peak.get("source") == "ru_maxrss" else "tensors_bytes")
+
+
+def memory_text(row: TrialRow) -> str:
+    """``18.5/16.2``: the memory plan's GB per GPU against the measured peak's (``-`` for either unknown)."""
+    if row.memory_plan_bytes is None and row.memory_peak_bytes is None:
+        return "-"
+    plan = "-" if row.memory_plan_bytes is None else f"{row.memory_plan_bytes / 2**30:.1f}"
+    peak = "-" if row.memory_peak_bytes is None else f"{row.memory_peak_bytes / 2**30:.1f}"
+    return f"{plan}/{peak}"
 
 
 def sort_rows(rows: Sequence[TrialRow], metric: str, descending: bool = False) -> list[TrialRow]:
