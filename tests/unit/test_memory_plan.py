@@ -538,3 +538,18 @@ def test_trials_with_the_same_plan_share_one_line_in_the_order_first_met():
     assert trial_numbers([5, 0, 2, 1]) == "trials #0-2,5" and trial_numbers([3]) == "trial #3"
     planned = [(0, "~31 GB/GPU … LoRA"), (1, "~180 GB/GPU … full"), (2, "~31 GB/GPU … LoRA"), (3, "~31 GB/GPU … LoRA")]
     assert grouped_plan_lines(planned) == ["trials #0,2-3: ~31 GB/GPU … LoRA", "trial #1: ~180 GB/GPU … full"]
+
+
+@pytest.mark.parametrize(("arch", "experts"), [("deepseek_v3", True), ("deepseek_v3", False), ("llama", True)])
+def test_the_plans_trainable_count_is_what_the_trainers_lora_trains(arch, experts):
+    """The trainer's own wrapping (``hpcsweep.train.lora.apply_lora``, expert LoRA included) against the
+    plan of the same config: one list of targets, one count."""
+    from hpcsweep.memory_plan import trial_setup
+    from hpcsweep.train import lora, model
+
+    cfg = trial_config_from_dict({"model": {"arch": arch, "peft": "lora", "lora": {"experts": experts}}})
+    net = lora.apply_lora(model.build_model(cfg.model, 0, "eager"), cfg.model, seed=0)
+    trains = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    planned = plan_memory(trial_setup.shape_of_trial(cfg.model),
+                          trial_setup.setup_of_trial(cfg, world_size=1, device="cpu")).trainable_parameters
+    assert trains == planned
