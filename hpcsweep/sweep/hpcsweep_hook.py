@@ -136,9 +136,11 @@ class HpcsweepTrials(TrialHook):
         check_memory_plans(trials, launcher, partition_gres)
 
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int]:
-        """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``."""
-        trainer = trial.app_config[0].trainer
-        return min(trainer.eval_every, trainer.max_steps), trainer.max_steps
+        """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``, and
+        runs a trial's tasks every ``tasks.every`` steps (0: at the end only)."""
+        trainer, tasks = trial.app_config[0].trainer, trial.app_config[0].tasks
+        task_every = tasks.every if tasks.names and tasks.every > 0 else trainer.max_steps
+        return min(trainer.eval_every, task_every, trainer.max_steps), trainer.max_steps
 
     def run_locally(
         self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn] | SweepStopped]

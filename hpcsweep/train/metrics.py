@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
+TAGS = ("train/loss", "val/loss", "val/accuracy", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
 # The step-time breakdown's (hpcsweep.train.step_timer).
 TAGS += ("time/data_pct", "time/compute_pct", "time/optimizer_pct", "time/checkpoint_pct", "time/logging_pct", "mem/peak_gb")
 
@@ -123,6 +123,14 @@ class TensorBoardLogger(Logger):
 def build_logger(rank: int, world_size: int, tb_dir: Path) -> Logger:
     """A TensorBoard logger on the logging rank, a no-op logger elsewhere."""
     return TensorBoardLogger(tb_dir) if rank == logging_rank(world_size) else Logger()
+
+
+def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[correct, counted]`` (float64) next-token predictions of ``logits`` against ``targets``; a
+    target of -100 (no loss taken there, as chat data's prompt tokens) is not counted."""
+    counted = targets != -100
+    correct = (logits.argmax(dim=-1) == targets) & counted
+    return torch.stack([correct.sum(), counted.sum()]).to(torch.float64)
 
 
 def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
