@@ -28,6 +28,9 @@ SLOW_MODULES = {
 }
 """Unit test modules whose every test is slow (most share a module fixture that trains)."""
 SLOW_TESTS = {
+    "test_task_scores.py": {  # two CPU trials of the fact model, lm-eval every 2 steps in one
+        "test_a_stalling_task_score_stops_the_trial_offline_and_training_is_unchanged_by_the_tasks",
+    },
     "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
     "test_interrupt_resume.py": {
