@@ -47,10 +47,3 @@ def task_score_keys(metrics: Mapping[str, Any] | None) -> list[str]:
         for metric, value in values.items() if isinstance(value, (int, float)) and not isinstance(value, bool)
     )
 
-
-def task_of(key: str) -> tuple[str, str] | None:
-    """``(NAME, METRIC)`` of a ``tasks.NAME.METRIC`` key; None for any other key."""
-    parts = key.split(".")
-    if len(parts) == 3 and parts[0] == TASKS_KEY and all(parts):
-        return parts[1], parts[2]
-    return None
