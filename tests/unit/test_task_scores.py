@@ -218,3 +218,36 @@ def test_export_best_by_a_task_score_takes_the_highest_and_by_a_loss_the_lowest(
 
     with pytest.raises(ExportRefused, match="--by tasks.other.acc: no trial with a checkpoint has a number"):
         best_trial(candidates, "tasks.other.acc")
+
+
+def test_a_trial_dir_trained_before_the_task_keys_existed_resumes_when_they_keep_their_defaults():
+    from hpcsweep.trial.identity import config_differences
+
+    now = trial_config_to_dict(trial_config_from_dict({}))
+    before = {group: dict(values) for group, values in now.items() if group != "tasks"}
+    for key in ("early_stop_metric", "early_stop_mode"):
+        del before["trainer"][key]
+    assert config_differences(before, now) == []
+    changed = trial_config_to_dict(trial_config_from_dict({"trainer": {"early_stop_mode": "max"}}))
+    assert [d.key for d in config_differences(before, changed)] == ["trainer.early_stop_mode"]
+
+
+def test_a_task_objective_is_checked_against_tasks_names_and_reported_from_the_first_task_run():
+    from hpcsweep.sweep.hooks import Allocation, CheckedTrial
+    from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials
+
+    def checked(every: int, names=(TASK,)):
+        trial = trial_config_from_dict({"trainer": {"eval_every": 25, "max_steps": 100},
+                                        "tasks": {"names": list(names), "include_path": "t", "every": every}})
+        return CheckedTrial(Allocation(), (trial, None))
+
+    hook = HpcsweepTrials()
+    assert hook.objective_steps(checked(10)) == (10, 100)
+    assert hook.objective_steps(checked(0)) == (25, 100)  # tasks at the end only: evaluations come first
+    hook.check_objective(checked(10), f"tasks.{TASK}.acc")
+    hook.check_objective(checked(10), "best_val_loss")
+    for objective in ("tasks.other.acc", f"tasks.{TASK}"):
+        with pytest.raises(ValueError) as err:
+            hook.check_objective(checked(10), objective)
+        assert str(err.value) == (f"hydra.sweeper.objective={objective} is not allowed: a task score is "
+                                  f"tasks.NAME.METRIC with NAME one of tasks.names=['{TASK}']")
