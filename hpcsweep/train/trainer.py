@@ -96,6 +96,9 @@ class Trainer:
         memory_plan = memory_record.worker_memory_plan(
             cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation)
         self.parallel = parallel.resolve_parallel(tcfg, ddp_fits=memory_record.planned_parallel(memory_plan) != "fsdp")
+        if self.parallel == "fsdp" and cfg.tasks.names:
+            raise ValueError("tasks.names is not allowed with FSDP (trainer.parallel=auto chose it: the trial does not "
+                             "fit a GPU with DDP): task scores run on rank 0's whole model")
         self.net = parallel.wrap_model(
             self.model, world, self.parallel, tcfg, facts=self.device_facts, precision=self.choices.precision,
             find_unused_parameters=find_unused,
