@@ -115,10 +115,9 @@ def fact_files(tmp_path_factory):
     return make_fact_model(root / "model"), write_fact_corpus(root / "corpus"), write_fact_task(root / "tasks"), root
 
 
-def run_fact_trial(trial_dir: Path, fact_files, *, tasks: dict | None, lr: float = 3e-3, **trainer) -> dict:
-    """Train the fact model in this process (the corpus tokenized first, as a sweep does); its metrics.json."""
+def write_fact_trial(trial_dir: Path, fact_files, *, tasks: dict | None, lr: float = 3e-3, **trainer) -> Path:
+    """A trial dir of the fact model, its corpus tokenized first (as a sweep does)."""
     from hpcsweep.sweep.text_preparation import prepare_here
-    from hpcsweep.train import worker
 
     model, corpus, task_dir, root = fact_files
     cfg = {
@@ -133,7 +132,14 @@ def run_fact_trial(trial_dir: Path, fact_files, *, tasks: dict | None, lr: float
     prepare_here([trial])
     trial_dir.mkdir()
     (trial_dir / "config.yaml").write_text(yaml.safe_dump(trial_config_to_dict(trial)))
-    assert worker.run_trial(trial_dir) == 0
+    return trial_dir
+
+
+def run_fact_trial(trial_dir: Path, fact_files, **settings) -> dict:
+    """Train the fact model in this process; its metrics.json."""
+    from hpcsweep.train import worker
+
+    assert worker.run_trial(write_fact_trial(trial_dir, fact_files, **settings)) == 0
     return json.loads((trial_dir / "metrics.json").read_text())
 
 
@@ -251,3 +257,16 @@ def test_a_task_objective_is_checked_against_tasks_names_and_reported_from_the_f
             hook.check_objective(checked(10), objective)
         assert str(err.value) == (f"hydra.sweeper.objective={objective} is not allowed: a task score is "
                                   f"tasks.NAME.METRIC with NAME one of tasks.names=['{TASK}']")
+
+
+def test_two_ranks_wait_for_rank_0s_scores_and_stop_early_together(tmp_path, fact_files):
+    from .test_trainer_ddp import torchrun
+
+    trial = write_fact_trial(tmp_path / "ddp", fact_files, tasks={"names": [TASK], "every": 2}, max_steps=20,
+                             early_stop_metric=f"tasks.{TASK}.acc", early_stop_mode="max", early_stop_patience=1,
+                             optimizer="sgd", momentum=0.0, min_lr_ratio=1.0, eval_every=2, lr=1e-9)
+    assert torchrun(trial) == 0, (trial / "torchrun.err").read_text()[-3000:]
+    metrics_ = json.loads((trial / "metrics.json").read_text())
+    # Scored at 2, no better at 4: both ranks stopped there, rank 1 on the scores rank 0 sent it.
+    assert metrics_["status"] == "stopped_early" and metrics_["step"] == 4 and metrics_["world_size"] == 2
+    assert set(metrics_["tasks"]) == {TASK}
