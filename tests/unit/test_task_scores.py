@@ -270,3 +270,12 @@ def test_two_ranks_wait_for_rank_0s_scores_and_stop_early_together(tmp_path, fac
     # Scored at 2, no better at 4: both ranks stopped there, rank 1 on the scores rank 0 sent it.
     assert metrics_["status"] == "stopped_early" and metrics_["step"] == 4 and metrics_["world_size"] == 2
     assert set(metrics_["tasks"]) == {TASK}
+
+
+def test_val_accuracy_counts_next_token_hits_and_leaves_out_targets_that_take_no_loss():
+    from hpcsweep.train.metrics import accuracy_counts
+
+    logits = torch.tensor([[[5.0, 0.0, 0.0], [0.0, 5.0, 0.0], [5.0, 0.0, 0.0], [0.0, 0.0, 5.0]]])
+    targets = torch.tensor([[-100, 1, 2, 2]])  # the first is a prompt token (chat data): not counted
+    assert accuracy_counts(logits, targets).tolist() == [2.0, 3.0]
+    assert accuracy_counts(logits, torch.full((1, 4), -100)).tolist() == [0.0, 0.0]
