@@ -696,7 +696,6 @@ class TrialConfig:
                 source=f"the synthetic corpus (data.synthetic_tokens={self.data.synthetic_tokens})",
             )
 
-
     def _check_task_keys(self) -> None:
         """A task score watched by early stopping is one the trial measures, more than once."""
         trainer, tasks = self.trainer, self.tasks
