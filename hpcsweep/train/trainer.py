@@ -30,6 +30,7 @@ from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
 from hpcsweep.train import step_timer
 from hpcsweep.train.profiling import StepProfiler
+from hpcsweep.train.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
@@ -39,6 +40,7 @@ from hpcsweep.train.distributed import (
     max_over_ranks,
     mean_over_ranks,
     node_name,
+    sum_over_ranks,
 )
 from hpcsweep.control.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 from hpcsweep.control.stop import STOP_REQUESTED, StopRequest
@@ -135,6 +137,8 @@ class Trainer:
         self.report.update(device_name=self.device_facts.name, parallel=self.parallel,
                            intra_op_threads=torch.get_num_threads(), **dataclasses.asdict(self.choices))
         self.report["memory_plan"] = memory_plan
+        if (fill := data.fill_rate(self.corpus)) is not None:
+            self.report["fill_rate"] = fill
         self.profiler = StepProfiler(tcfg, trial_dir, rank=world.rank, world_size=world.world_size, device=world.device,
                                      is_reader=self.is_writer, on_trace=lambda summary: self.write_report(profile=summary))
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
@@ -200,27 +204,41 @@ class Trainer:
 
     # ----- steps -------------------------------------------------------------------------------
 
-    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module) -> torch.Tensor:
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module,
+              position_ids: torch.Tensor | None = None) -> torch.Tensor:
         with optim.autocast_context(self.choices.precision, self.world.device):
-            logits = net(input_ids=inputs).logits
+            logits = net(input_ids=inputs, position_ids=position_ids).logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    def loss_divisors(self, batches: Sequence[Batch]) -> list[float]:
+        """What each micro-batch's mean loss is divided by, so the step's loss (and gradient, once DDP
+        averages it over ranks) is the mean over every target of the step: the step's loss tokens over
+        the micro-batch's, times the ranks. Rows of samples hold different counts, summed over the ranks
+        in one collective; windows hold the same, and the divisor is ``grad_accum``."""
+        counts = [batch.loss_tokens for batch in batches]
+        world_size = self.world.world_size
+        step_total = (counts[0] * len(counts) * world_size if data.same_loss_tokens(self.corpus)
+                      else sum_over_ranks(self.world, [sum(counts)])[0])
+        return [step_total / (count * world_size) for count in counts]
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm)."""
         tcfg, world = self.cfg.trainer, self.world
         total = torch.zeros((), device=world.device)
-        for micro in range(tcfg.grad_accum):
+        self.step_timer.enter("data")
+        batches = [
+            data.get_rows(self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
+                          micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
+            for micro in range(tcfg.grad_accum)
+        ]
+        for micro, (batch, divisor) in enumerate(zip(batches, self.loss_divisors(batches))):
             self.step_timer.enter("data")
-            inputs, targets = data.get_batch(
-                self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
-                micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
-            )
-            inputs, targets = inputs.to(world.device), targets.to(world.device)
+            batch = batch.to(world.device)
             self.step_timer.enter("compute")
             last = micro == tcfg.grad_accum - 1
             # Gradients are reduced once, on the last micro-step.
             with parallel.gradient_sync(self.net, sync=last):
-                loss = self._loss(inputs, targets, self.net) / tcfg.grad_accum
+                loss = self._loss(batch.inputs, batch.targets, self.net, batch.position_ids) / divisor
                 self.scaler.scale(loss).backward()
             total += loss.detach()
         self.step_timer.enter("optimizer")
@@ -244,12 +262,16 @@ class Trainer:
         self.model.eval()
         total = torch.zeros((), device=world.device)
         for i in range(tcfg.eval_batches):
-            for micro in range(tcfg.grad_accum):
-                inputs, targets = data.get_batch(
-                    self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
-                    micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
-                )
-                total += self._loss(inputs.to(world.device), targets.to(world.device), self.model)
+            batches = [
+                data.get_rows(self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
+                              micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
+                for micro in range(tcfg.grad_accum)
+            ]
+            for batch, divisor in zip(batches, self.loss_divisors(batches)):
+                batch = batch.to(world.device)
+                # Each evaluation batch weighs as a step: by its targets (windows: 1, as they all hold as many).
+                loss = self._loss(batch.inputs, batch.targets, self.model, batch.position_ids)
+                total += loss * (tcfg.grad_accum / divisor)
         self.model.train()
         return mean_over_ranks(world, total / (tcfg.eval_batches * tcfg.grad_accum)).item()
 
