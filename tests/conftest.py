@@ -30,6 +30,8 @@ SLOW_MODULES = {
 SLOW_TESTS = {
     "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
+    "test_chat_data.py": {"test_a_local_chat_sweep_prepares_its_samples_once_and_reports_the_fill_rate",
+                          "test_deepseek_v3_tokens_are_its_chat_template_and_the_mask_is_the_assistant_turns"},
     "test_interrupt_resume.py": {
         "test_ctrl_c_stops_the_sweep_with_a_checkpoint_and_the_printed_command_resumes_it",
         "test_resuming_with_another_lr_is_refused_unless_forced",

@@ -122,8 +122,6 @@ def write_chat_files(corpus: TextCorpus, staging: Path, workers: int, piece_byte
             os.fsync(handle.fileno())
     starts = np.concatenate(offsets)
     samples = len(starts) - 1
-    if samples < 2:
-        raise CorpusError(f"data.files holds {samples} sample(s): at least 2 are needed (a training and a validation one)")
     starts.astype(np.int64).tofile(staging / OFFSETS_NAME)
     np.concatenate(sources).astype(np.int64).tofile(staging / SOURCES_NAME)
     header = json.loads(header_text(np.dtype(dtype).name, vocab_size, count, corpus.tokenizer_folder,
