@@ -372,15 +372,16 @@ class DataConfig:
     ``drop`` leaves it out (the count is printed), ``truncate`` keeps its first ``seq_len + 1`` tokens,
     ``refuse`` stops the sweep before any trial starts, naming its file and line."""
     packing: bool | None = None
-    """Pack whole samples (``kind=chat``) into ``seq_len`` rows, each sample apart: its position ids
-    restart and it attends to no other sample. ``false``: one sample a row, padded (padding takes no
-    loss). null: true for ``kind=chat``."""
+    """Pack whole samples (``kind=chat``) or documents (``kind=text``, a long one cut into row-sized
+    pieces) into ``seq_len`` rows, each apart: its position ids restart and it attends to no other.
+    ``false``: ``kind=chat`` has one sample a row, padded (padding takes no loss); ``kind=text`` reads
+    windows across documents. null: true for ``kind=chat``, false otherwise."""
 
     def __post_init__(self) -> None:
         if self.packing is None:
             self.packing = self.kind == "chat"
-        _require(not self.packing or self.kind == "chat", "data.packing", self.packing,
-                 "false unless data.kind=chat (packing needs sample boundaries)")
+        _require(not self.packing or self.kind in ("text", "chat"), "data.packing", self.packing,
+                 "false unless data.kind=text or data.kind=chat (packing needs sample boundaries)")
         _require(self.max_samples is None or self.max_samples >= 2, "data.max_samples", self.max_samples,
                  "null or an integer >= 2 (a training and a validation sample)")
         if self.kind == "file":

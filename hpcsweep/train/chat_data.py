@@ -30,8 +30,9 @@ _SPLITS = {"train": 0, "val": 1}
 
 
 @dataclass(frozen=True)
-class ChatCorpus:
-    """The rows of a chat corpus's training and validation samples."""
+class SampleCorpus:
+    """The rows of a corpus of whole samples, training and validation: a chat corpus's samples, or a
+    text corpus's documents (``hpcsweep.train.document_rows``)."""
 
     train: SampleRows
     val: SampleRows
@@ -62,7 +63,7 @@ def split_samples(count: int, val_fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(order[held_out:]), np.sort(order[:held_out])
 
 
-def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str) -> ChatCorpus:
+def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str) -> SampleCorpus:
     """The chat corpus ``cfg`` names, from its cache entry; ``ValueError`` naming the key when the entry
     is missing, or its vocabulary is larger than the model's."""
     assert cfg.files is not None
@@ -93,12 +94,20 @@ def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str) -> 
     if len(starts) < 2:
         raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(starts)} usable sample(s) at "
                          f"data.seq_len={cfg.seq_len}, at least 2 are needed")
+    log.info("chat data: %s; %d left out with no loss token", selection.summary(cfg), int((~takes_loss).sum()))
+    return sample_corpus(tokens, mask, starts, lengths, cfg, header.vocab_size, dropped)
+
+
+def sample_corpus(tokens: np.ndarray, mask: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray,
+                  cfg: DataConfig, vocab_size: int, dropped: int = 0) -> SampleCorpus:
+    """The samples at ``starts`` (``lengths`` tokens each) of ``tokens``, split into training and
+    validation, as rows (``mask`` None: every target takes the loss)."""
     train_ids, val_ids = split_samples(len(starts), cfg.val_fraction, cfg.seed)
-    log.info("chat data: %s; %d left out with no loss token; %d training and %d validation samples",
-             selection.summary(cfg), int((~takes_loss).sum()), len(train_ids), len(val_ids))
+    log.info("%d training and %d validation samples, %s", len(train_ids), len(val_ids),
+             "packed into rows" if cfg.packing else "one a row, padded")
 
     def rows(ids: np.ndarray, split: str) -> SampleRows:
         return SampleRows(tokens, mask, starts[ids], lengths[ids], seq_len=cfg.seq_len, packing=bool(cfg.packing),
                           seed=cfg.seed, split=_SPLITS[split])
 
-    return ChatCorpus(rows(train_ids, "train"), rows(val_ids, "val"), header.vocab_size, dropped)
+    return SampleCorpus(rows(train_ids, "train"), rows(val_ids, "val"), vocab_size, dropped)

@@ -1,8 +1,8 @@
 """Token data: a synthetic corpus with learnable structure, a memory-mapped token file, and a
 sampler that is a pure function of ``(seed, step, rank, micro_step)``.
 
-``data.kind=chat`` reads whole samples instead of windows (``hpcsweep.train.chat_data``); ``get_rows``
-gives either as a ``Batch``.
+``data.kind=chat`` reads whole samples instead of windows (``hpcsweep.train.chat_data``), as does
+``data.kind=text`` with ``data.packing`` (its documents); ``get_rows`` gives either as a ``Batch``.
 
 Because a batch depends on nothing but those numbers, the sampler's position in a checkpoint is
 just the step, and a resumed run sees exactly the batches it would have seen. The global batch of
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcsweep.train.batch import Batch
-    from hpcsweep.train.chat_data import ChatCorpus
+    from hpcsweep.train.chat_data import SampleCorpus
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SUCCESSORS = 4
@@ -86,18 +86,24 @@ def open_token_file(path: Path) -> tuple[np.ndarray, int]:
     return tokens, header.vocab_size
 
 
-def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None) -> Corpus | ChatCorpus:
+def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None) -> Corpus | SampleCorpus:
     """The corpus ``cfg`` names, checked against the model's vocabulary.
 
     ``data.kind=text`` reads its token cache entry as ``data.kind=file`` reads ``data.path``;
     ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``).
-    ``data.kind=chat`` reads its samples (``hpcsweep.train.chat_data``).
+    ``data.kind=chat`` reads its samples (``hpcsweep.train.chat_data``), and ``data.kind=text`` with
+    ``data.packing`` its documents (``hpcsweep.train.document_rows``).
     """
     if cfg.kind == "chat":
         from hpcsweep.train.chat_data import load_chat_corpus
 
         assert tokenizer is not None
         return load_chat_corpus(cfg, model_vocab_size, tokenizer)
+    if cfg.kind == "text" and cfg.packing:
+        from hpcsweep.train.document_rows import load_document_corpus
+
+        assert tokenizer is not None
+        return load_document_corpus(cfg, model_vocab_size, tokenizer)
     if cfg.kind == "synthetic":
         tokens = markov_corpus(model_vocab_size, cfg.synthetic_tokens, cfg.seed)
         vocab_size = model_vocab_size
@@ -163,7 +169,7 @@ def get_batch(
 
 
 def get_rows(
-    corpus: Corpus | ChatCorpus,
+    corpus: Corpus | SampleCorpus,
     cfg: DataConfig,
     *,
     split: str,
@@ -186,12 +192,12 @@ def get_rows(
                         grad_accum=grad_accum, rows=cfg.batch_size)
 
 
-def same_loss_tokens(corpus: Corpus | ChatCorpus) -> bool:
+def same_loss_tokens(corpus: Corpus | SampleCorpus) -> bool:
     """Whether every micro-batch takes the loss on the same number of targets (windows do; rows of
     samples do not, so a step weighs its micro-batches by their counts)."""
     return isinstance(corpus, Corpus)
 
 
-def fill_rate(corpus: Corpus | ChatCorpus) -> float | None:
+def fill_rate(corpus: Corpus | SampleCorpus) -> float | None:
     """A chat corpus's useful positions over its training rows' positions; None for windows (always full)."""
     return None if isinstance(corpus, Corpus) else corpus.fill_rate()

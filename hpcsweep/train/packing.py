@@ -65,11 +65,11 @@ class RowBatch:
 class SampleRows:
     """The rows of one split of a chat corpus, epoch after epoch.
 
-    ``tokens`` and ``mask`` are the entry's arrays (memory-mapped); ``starts`` and ``lengths`` the
-    split's samples in them.
+    ``tokens`` and ``mask`` are the entry's arrays (memory-mapped; ``mask`` None: every target takes
+    the loss); ``starts`` and ``lengths`` the split's samples in them.
     """
 
-    def __init__(self, tokens: np.ndarray, mask: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+    def __init__(self, tokens: np.ndarray, mask: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray,
                  *, seq_len: int, packing: bool, seed: int, split: int, pad_id: int = 0) -> None:
         self.tokens, self.mask, self.starts, self.lengths = tokens, mask, starts, lengths
         self.seq_len, self.packing, self.seed, self.split, self.pad_id = seq_len, packing, seed, split, pad_id
@@ -113,7 +113,8 @@ class SampleRows:
             for sample in self.row_samples(first_row + r).tolist():
                 start, n = int(self.starts[sample]), int(self.lengths[sample])
                 ids = np.asarray(self.tokens[start : start + n], dtype=np.int64)
-                takes = np.asarray(self.mask[start + 1 : start + n], dtype=bool)
+                takes = (np.ones(n - 1, dtype=bool) if self.mask is None
+                         else np.asarray(self.mask[start + 1 : start + n], dtype=bool))
                 inputs[r, at : at + n - 1] = ids[:-1]
                 targets[r, at : at + n - 1] = np.where(takes, ids[1:], IGNORE)
                 positions[r, at : at + n - 1] = np.arange(n - 1)

@@ -40,6 +40,7 @@ PAGES = (
     "docs/user/search.md",
     "docs/user/fine-tune.md",
     "docs/user/your-text.md",
+    "docs/user/instruction-tuning.md",
     "docs/user/lora-and-export.md",
     "docs/user/budget-and-retry.md",
     "docs/user/failures.md",

@@ -138,3 +138,48 @@ def test_a_step_weighs_its_micro_batches_by_their_loss_tokens():
     divisors = Trainer.loss_divisors(trainer, [batch(10), batch(30)])
     means = [2.0, 4.0]
     assert sum(m / d for m, d in zip(means, divisors)) == pytest.approx((2.0 * 10 + 4.0 * 30) / 40)
+
+
+# data=text with data.packing=true: documents as samples
+
+
+def test_long_documents_are_cut_into_row_sized_pieces_that_take_each_target_once():
+    from hpcsweep.train.document_rows import document_pieces
+
+    ends = np.array([5, 6, 30, 33])  # documents of 5, 1 (no target: left out), 24 and 3 tokens
+    starts, lengths = document_pieces(ends, seq_len=10)
+    assert starts.tolist() == [0, 6, 16, 26, 30] and lengths.tolist() == [5, 11, 11, 4, 3]
+    targets = sorted(t for s, n in zip(starts, lengths) for t in range(s + 1, s + n))
+    assert targets == [t for t in range(33) if t not in (0, 5, 6, 30)]
+
+
+def test_a_packed_text_corpus_reads_its_documents_apart(tmp_path):
+    from hpcsweep.config import DataConfig
+    from hpcsweep.files.token_cache import text_corpus
+    from hpcsweep.train.data import get_rows, load_corpus
+    from hpcsweep.train.text_tokens import load_tokenizer, write_entry
+    from tests.model_folders import corpus_documents, make_model_folder, write_text_corpus
+
+    folder = make_model_folder(tmp_path / "model", weights=False)
+    corpus = write_text_corpus(tmp_path / "corpus", corpus_documents(count=24, words_per_document=10))
+    files = [str(corpus / "*.txt"), str(corpus / "*.jsonl")]
+    write_entry(text_corpus(files, str(folder), str(tmp_path / "cache"), "data.tokenizer"), workers=1)
+    cfg = DataConfig(kind="text", files=files, tokenizer=str(folder), cache_dir=str(tmp_path / "cache"), seq_len=48,
+                     batch_size=2, packing=True, val_fraction=0.2)
+    packed = load_corpus(cfg, 384, str(folder))
+    eos = load_tokenizer(str(folder)).eos_token_id
+    batch = get_rows(packed, cfg, split="train", step=0, rank=0, micro_step=0, world_size=1, grad_accum=1)
+    assert batch.loss_tokens == int((batch.targets != IGNORE).sum()) > 0
+    # Each run of positions from 0 is one document (or a piece of one): no EOS among its inputs, so no
+    # token attends across a document boundary; a run that ends a document has EOS as its last target.
+    positions, inputs, targets = batch.position_ids.numpy(), batch.inputs.numpy(), batch.targets.numpy()
+    documents = 0
+    for row in range(2):
+        bounds = [*np.flatnonzero(positions[row] == 0), cfg.seq_len]
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            if (targets[row, lo:hi] == IGNORE).all():
+                continue  # the row's padding
+            assert eos not in inputs[row, lo:hi].tolist()
+            documents += targets[row, hi - 1] == eos
+    assert documents >= 4  # rows of 48 hold several documents of about 15 tokens
+    assert 0.8 < packed.fill_rate() <= 1.0
