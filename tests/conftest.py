@@ -20,6 +20,7 @@ SLOW_MODULES = {
     "test_fsdp_lora.py",  # a local sweep of two 2-rank trials, and two exports
     "test_foreign_app.py",  # a venv with the foreign app installed, then local sweeps of it
     "test_export.py",  # a LoRA and a full trial, exported, loaded in a fresh process
+    "test_chat_training.py",  # a 2-rank chat trial under torchrun and two 1-rank ones
     "test_lora_ddp.py",  # a torchrun run of two ranks
     "test_sharded_checkpoint.py",  # torchrun runs of two ranks
     "test_step_timer.py",  # three CPU trials in one module fixture (normal, slow data, timing off)
