@@ -15,12 +15,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokenizer_folder, trial_config_from_dict
-from hpcsweep.files.chat_samples import check_samples
 from hpcsweep.files.token_cache import TokenCacheError, has_chat_template, tokenizer_sha256
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
-from hpcsweep.sweep.text_preparation import sweep_text_corpus
+from hpcsweep.sweep.text_preparation import checked_samples, sweep_text_corpus
 from hpcsweep.trial.identity import (
     ConfigMismatch,
     differences_text,
@@ -184,7 +183,7 @@ def check_chat_corpus(trial: TrialConfig) -> None:
             "template (tokenizer_config.json's chat_template, or chat_template.jinja); name a Jinja file"
         )
     if corpus.is_cached():
-        check_samples(corpus, trial.data)
+        checked_samples(trial)
 
 
 def check_resumes(trials: Sequence[PreparedTrial]) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files.atomic import atomic_write_text
 from hpcsweep.files.sweep_record import TokenPreparationRecord
-from hpcsweep.files.chat_samples import check_samples
+from hpcsweep.files.chat_samples import SampleSelection, check_samples
 from hpcsweep.files.token_cache import ChatRendering, TextCorpus, TokenCacheError, chat_rendering, glob_patterns, text_corpus
 from hpcsweep.slurm import commands
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
@@ -95,12 +95,29 @@ def prepare_here(trials: Sequence[TrialConfig]) -> None:
             write_entry(corpus, available_cpus())
         except (TokenCacheError, CorpusError) as err:
             exit_with_config_error(err, "no trial ran")
+    summaries = []
     for trial in trials:
         if trial.data.kind == "chat":
             try:
-                log.info("%s", check_samples(sweep_text_corpus(trial), trial.data).summary(trial.data))
+                summary = checked_samples(trial).summary(trial.data)
             except ValueError as err:
                 exit_with_config_error(err, "no trial ran")
+            if summary not in summaries:
+                summaries.append(summary)
+                log.info("chat samples at data.seq_len=%d: %s", trial.data.seq_len, summary)
+
+
+_selections: dict[tuple[Any, ...], SampleSelection] = {}
+
+
+def checked_samples(trial: TrialConfig) -> SampleSelection:
+    """``check_samples`` of a ``data.kind=chat`` trial whose entry is written, once per distinct (entry,
+    ``seq_len``, ``overlong``, ``max_samples``) in this login-node command."""
+    corpus, data = sweep_text_corpus(trial), trial.data
+    key = (str(corpus.entry), data.seq_len, data.overlong, data.max_samples)
+    if key not in _selections:
+        _selections[key] = check_samples(corpus, data)
+    return _selections[key]
 
 
 def sample_checks(corpus: TextCorpus, trials: Sequence[TrialConfig]) -> list[dict[str, Any]]:

@@ -197,6 +197,13 @@ def test_data_chat_is_checked_before_submit(tmp_path, tokenizers):
         validate_composed(composed(**chat, tokenizer=str(small), chat_template="/nonexistent.jinja"))
     validate_composed(composed(**chat, tokenizer=str(small), chat_template=str(template)))
     validate_composed(composed(**chat, tokenizer=str(deepseek)))
+    # A template saved with the tokenizer by transformers (chat_template.jinja beside it) is its own.
+    from transformers import AutoTokenizer
+
+    saved = AutoTokenizer.from_pretrained(small, local_files_only=True)
+    saved.chat_template = CHATML_TEMPLATE
+    saved.save_pretrained(tmp_path / "saved")
+    validate_composed(composed(**chat, tokenizer=str(tmp_path / "saved")))
 
 
 def test_the_trainer_reads_whole_samples_split_into_training_and_validation(tmp_path, tokenizers):
