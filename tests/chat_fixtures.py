@@ -24,6 +24,8 @@ CHATML_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 """The ChatML layout (Qwen, many others), for a tokenizer without a template of its own."""
+REAL_TEMPLATES = {"qwen3": DATA / "qwen3_chat_template.jinja", "llama3": DATA / "llama3_chat_template.jinja"}
+"""Chat templates of real model families, verbatim from their tokenizer_config.json (tests/data/README.md)."""
 
 
 def deepseek_v3_tokenizer(folder: Path) -> Path:
@@ -34,10 +36,15 @@ def deepseek_v3_tokenizer(folder: Path) -> Path:
     return folder
 
 
+MARKERS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+"""The turn markers of ChatML (Qwen) and Llama 3, special tokens in those families' tokenizers."""
+
+
 def chat_tokenizer_folder(folder: Path, vocab_size: int = 384) -> Path:
-    """A small byte-level BPE tokenizer (no chat template), with ChatML's markers as special tokens."""
+    """A small byte-level BPE tokenizer (no chat template) with ``MARKERS`` as special tokens, so the
+    real templates of ``REAL_TEMPLATES`` render with it as with their own tokenizers (vocabulary 389)."""
     tokenizer = train_tokenizer(corpus_documents(), vocab_size=vocab_size)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.add_special_tokens({"additional_special_tokens": list(MARKERS)})
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -6,12 +6,14 @@ A sample is a JSON line: ``{"messages": [{"role": ..., "content": ...}, ...]}`` 
 adding special tokens, as transformers does.
 
 Real templates carry no ``{% generation %}`` markers, so the assistant turns are found in the rendered
-text: for assistant turn ``i``, the text of ``messages[:i]`` with the generation prompt is a prefix of
-the text of ``messages[:i + 1]``, and what the latter adds is the turn's content and its end-of-turn
-markup. A template that renders earlier turns differently once later ones follow (one that drops
-reasoning from past turns, say) breaks that prefix property; then the content is searched for in the
-whole text, in order, and the tokenizer's EOS right after it joins the span. A token takes the loss
-when it starts inside a span.
+text. Where the model starts to generate turn ``i``: where the text of ``messages[:i]`` with the
+generation prompt ends, when that text is a prefix of the whole sample's (so whatever the template has
+the model write before the content, an empty ``<think></think>`` say, is the model's too); else where
+the turn's content starts. Where it stops: after the content (searched for from the start, in order),
+and after the end-of-turn token that follows it: the special token right after the content, past
+whitespace only (DeepSeek's ``<｜end▁of▁sentence｜>``, ChatML's ``<|im_end|>``, Llama 3's ``<|eot_id|>``).
+What the template adds after that (a newline, the next turn's header) is not the model's to write. A
+token takes the loss when it starts inside a turn's span, or is its end-of-turn token.
 """
 
 from __future__ import annotations
@@ -95,68 +97,79 @@ def renderer(tokenizer: Any, template: str | None) -> Render:
     return render
 
 
-def assistant_spans(render: Render, messages: list[dict[str, str]], eos: str | None, where: str) -> tuple[str, list[Span]]:
-    """The rendered text of ``messages`` and the character spans of its assistant turns (content and
-    end-of-turn markup); ``CorpusError`` naming ``where`` when a turn's content cannot be located."""
+def assistant_spans(render: Render, messages: list[dict[str, str]], where: str) -> tuple[str, list[Span]]:
+    """The rendered text of ``messages`` and, for each assistant turn, the characters from where the
+    model starts to generate it to the end of its content; ``CorpusError`` naming ``where`` when a
+    turn's content cannot be located."""
     full = render(messages, False)
     spans: list[Span] = []
     cursor = 0
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        span = _span_by_prefixes(render, messages, index, full)
-        if span is None or span[0] < cursor:
-            span = _span_by_search(full, message["content"], cursor, eos)
-        if span is None:
+        generation = _generation_start(render, messages, index, full)
+        start = generation if generation is not None and generation >= cursor else cursor
+        found = _find_content(full, message["content"], start)
+        if found is None:
             raise CorpusError(f"{where}: the text of assistant turn {index} cannot be located in the sample as the "
                               "chat template renders it")
-        spans.append(span)
-        cursor = span[1]
+        content_start, content_end = found
+        spans.append((start if generation is not None and generation >= cursor else content_start, content_end))
+        cursor = content_end
     return full, spans
 
 
-def _span_by_prefixes(render: Render, messages: list[dict[str, str]], index: int, full: str) -> Span | None:
+def _generation_start(render: Render, messages: list[dict[str, str]], index: int, full: str) -> int | None:
     try:
         before = render(messages[:index], True)
-        through = render(messages[: index + 1], False)
     except TemplateError:  # a template may refuse a conversation cut short (its raise_exception)
         return None
-    if not (through.startswith(before) and full.startswith(through)):
-        return None
-    if messages[index]["content"].strip() not in through[len(before):]:
-        return None
-    return len(before), len(through)
+    return len(before) if before and full.startswith(before) else None
 
 
-def _span_by_search(full: str, content: str, cursor: int, eos: str | None) -> Span | None:
+def _find_content(full: str, content: str, start: int) -> Span | None:
     for needle in (content, content.strip()):
-        start = full.find(needle, cursor) if needle else -1
-        if start >= 0:
-            end = start + len(needle)
-            if eos and full.startswith(eos, end):
-                end += len(eos)
-            return start, end
+        at = full.find(needle, start) if needle else -1
+        if at >= 0:
+            return at, at + len(needle)
     return None
 
 
-def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> np.ndarray:
-    """1 for each token whose first character lies in one of ``spans``, else 0 (uint8)."""
+def token_mask(offsets: Sequence[tuple[int, int]], text: str, spans: Sequence[Span], end_of_turn: set[int],
+               ids: Sequence[int]) -> np.ndarray:
+    """1 for each token whose first character lies in one of ``spans``, and for the end-of-turn token
+    (one of ``end_of_turn``) right after a span, past whitespace tokens only, which then count too."""
     starts = np.fromiter((start for start, _ in offsets), dtype=np.int64, count=len(offsets))
     mask = np.zeros(len(offsets), dtype=np.uint8)
     for lo, hi in spans:
         mask[(starts >= lo) & (starts < hi)] = 1
+        following = int(np.searchsorted(starts, hi))
+        for at in range(following, len(ids)):
+            if ids[at] in end_of_turn:
+                mask[following : at + 1] = 1
+                break
+            if text[offsets[at][0] : offsets[at][1]].strip():
+                break
     return mask
 
 
+def special_ids(tokenizer: Any) -> set[int]:
+    """The ids of the tokenizer's special tokens, its added ones marked special included."""
+    added = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    return set(tokenizer.all_special_ids) | added
+
+
 def render_sample(tokenizer: Any, render: Render, messages: list[dict[str, str]], train_on: str,
-                  where: str) -> tuple[np.ndarray, np.ndarray]:
-    """The token ids (int64) of one sample and its loss mask (uint8)."""
-    text, spans = assistant_spans(render, messages, tokenizer.eos_token, where)
+                  where: str, end_of_turn: set[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids (int64) of one sample and its loss mask (uint8); ``end_of_turn``: ``special_ids``
+    of the tokenizer (computed once by the caller, or here)."""
+    text, spans = assistant_spans(render, messages, where)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(encoded["input_ids"], dtype=np.int64)
     if train_on == "all":
         return ids, np.ones(len(ids), dtype=np.uint8)
-    mask = token_mask(encoded["offset_mapping"], spans)
+    specials = special_ids(tokenizer) if end_of_turn is None else end_of_turn
+    mask = token_mask(encoded["offset_mapping"], text, spans, specials, encoded["input_ids"])
     if not mask.any():
         raise CorpusError(f"{where}: no token of its assistant turns is left once tokenized")
     return ids, mask

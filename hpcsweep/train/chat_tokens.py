@@ -29,13 +29,13 @@ import numpy as np
 from hpcsweep.files.atomic import fsync_dir
 from hpcsweep.files.token_cache import MASK_NAME, OFFSETS_NAME, SOURCES_NAME, TOKENS_NAME, ChatRendering, TextCorpus
 from hpcsweep.files.token_file import header_path, header_text
-from hpcsweep.train.chat_render import load_chat_tokenizer, render_sample, renderer, samples_in
+from hpcsweep.train.chat_render import load_chat_tokenizer, render_sample, renderer, samples_in, special_ids
 from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, is_jsonl, line_number
 
 log = logging.getLogger(__name__)
 
-_worker: tuple[Any, Any, str] | None = None
-"""This worker process's (tokenizer, render, train_on), loaded once by the pool's initializer."""
+_worker: tuple[Any, Any, str, set[int]] | None = None
+"""This worker process's (tokenizer, render, train_on, end-of-turn ids), loaded once by the pool's initializer."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class RenderedPiece:
     path: str
 
 
-def piece_samples(tokenizer: Any, render: Any, train_on: str, piece: Piece) -> RenderedPiece:
+def piece_samples(tokenizer: Any, render: Any, train_on: str, end_of_turn: set[int], piece: Piece) -> RenderedPiece:
     """Render every sample of ``piece``; ``CorpusError`` naming the file and line of a bad one."""
     with open(piece.path, "rb") as handle:
         handle.seek(piece.start)
@@ -63,7 +63,8 @@ def piece_samples(tokenizer: Any, render: Any, train_on: str, piece: Piece) -> R
     first_line = line_number(piece.path, piece.start) if piece.start else 1
     ids, masks, lines = [], [], []
     for line, messages in samples_in(text, piece.path, first_line):
-        sample_ids, sample_mask = render_sample(tokenizer, render, messages, train_on, f"{piece.path}:{line}")
+        sample_ids, sample_mask = render_sample(tokenizer, render, messages, train_on, f"{piece.path}:{line}",
+                                                end_of_turn)
         ids.append(sample_ids)
         masks.append(sample_mask)
         lines.append(line)
@@ -77,7 +78,7 @@ def piece_samples(tokenizer: Any, render: Any, train_on: str, piece: Piece) -> R
 def _init_worker(folder: str, rendering: ChatRendering) -> None:
     global _worker
     tokenizer, template = load_chat_tokenizer(folder, rendering.template_path)
-    _worker = (tokenizer, renderer(tokenizer, template), rendering.train_on)
+    _worker = (tokenizer, renderer(tokenizer, template), rendering.train_on, special_ids(tokenizer))
 
 
 def _render_in_worker(piece: Piece) -> RenderedPiece:

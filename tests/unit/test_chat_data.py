@@ -23,6 +23,7 @@ from hpcsweep.train.text_documents import CorpusError
 from hpcsweep.train.text_tokens import prepare_requested, write_entry
 from tests.chat_fixtures import (
     CHATML_TEMPLATE,
+    REAL_TEMPLATES,
     chat_tokenizer_folder,
     deepseek_v3_tokenizer,
     random_conversations,
@@ -102,10 +103,35 @@ def test_a_template_file_renders_a_tokenizer_without_one_and_train_on_all_masks_
     (ids,), (mask,) = entry_samples(assistant)
     rendered = tokenizer.apply_chat_template(CONVERSATION[1:3], chat_template=CHATML_TEMPLATE, tokenize=True)
     assert ids.tolist() == rendered["input_ids"]
-    # ChatML's end of turn is "<|im_end|>\n": both take the loss.
-    assert tokenizer.decode(ids[mask == 1]) == "Trials, each one a training run.<|im_end|>\n"
+    # ChatML's end of turn is "<|im_end|>"; the newline after it is the template's, not the model's.
+    assert tokenizer.decode(ids[mask == 1]) == "Trials, each one a training run.<|im_end|>"
     (all_ids,), (all_mask,) = entry_samples(everything)
     assert all_ids.tolist() == ids.tolist() and all_mask.all()
+
+
+ANSWERS = [m["content"] for m in CONVERSATION if m["role"] == "assistant"]
+
+
+@pytest.mark.parametrize(("family", "masked"), [
+    # Qwen 3 has the model write an empty reasoning block before the last answer, and renders earlier
+    # answers without one: the first answer is found by its text, the last from the generation prompt.
+    ("qwen3", [f"{ANSWERS[0]}<|im_end|>", f"<think>\n\n</think>\n\n{ANSWERS[1]}<|im_end|>"]),
+    # Llama 3 trims each content and always ends with an assistant header, which is not the model's to write.
+    ("llama3", [f"{ANSWERS[0]}<|eot_id|>", f"{ANSWERS[1]}<|eot_id|>"]),
+])
+def test_real_templates_of_other_families_mask_each_answer_and_its_end_of_turn_token(tmp_path, tokenizers, family, masked):
+    from transformers import AutoTokenizer
+
+    _, small, _ = tokenizers
+    write_chat_corpus(tmp_path / "data" / "a.jsonl", [{"messages": CONVERSATION}])
+    corpus = chat_corpus(tmp_path / "data", small, tmp_path / "cache", REAL_TEMPLATES[family])
+    write_entry(corpus, workers=1)
+    (ids,), (mask,) = entry_samples(corpus)
+    tokenizer = AutoTokenizer.from_pretrained(small, local_files_only=True)
+    template = REAL_TEMPLATES[family].read_text()
+    assert ids.tolist() == tokenizer.apply_chat_template(CONVERSATION, chat_template=template, tokenize=True)["input_ids"]
+    runs = np.split(np.arange(len(mask)), np.flatnonzero(np.diff(mask)) + 1)
+    assert [tokenizer.decode(ids[run]) for run in runs if mask[run[0]]] == masked
 
 
 def test_an_assistant_turn_the_template_changes_beyond_recognition_is_refused_with_its_file_and_line(tmp_path, tokenizers):
@@ -225,7 +251,7 @@ def test_the_trainer_reads_whole_samples_split_into_training_and_validation(tmp_
     half = chat.batch("train", step=3, rank=1, micro_step=0, world_size=2, grad_accum=1, rows=2)
     assert half.inputs.tolist() == whole.inputs[2:].tolist()
     assert 0.5 < chat.fill_rate() <= 1.0
-    with pytest.raises(ValueError, match=r"^model.vocab_size=100 is not allowed: data.files=.* needs at least 386"):
+    with pytest.raises(ValueError, match=r"^model.vocab_size=100 is not allowed: data.files=.* needs at least 389"):
         load_chat_corpus(cfg, 100, str(small))
 
 
