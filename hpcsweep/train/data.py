@@ -99,11 +99,6 @@ def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = 
 
         assert tokenizer is not None
         return load_chat_corpus(cfg, model_vocab_size, tokenizer)
-    if cfg.kind == "text" and cfg.packing:
-        from hpcsweep.train.document_rows import load_document_corpus
-
-        assert tokenizer is not None
-        return load_document_corpus(cfg, model_vocab_size, tokenizer)
     if cfg.kind == "synthetic":
         tokens = markov_corpus(model_vocab_size, cfg.synthetic_tokens, cfg.seed)
         vocab_size = model_vocab_size
@@ -122,6 +117,11 @@ def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = 
         tokens, vocab_size = open_token_file(Path(cfg.path))
         source = cfg.path
     check_corpus_fits(cfg, model_vocab_size, num_tokens=len(tokens), corpus_vocab_size=vocab_size, source=source)
+    if cfg.packing:  # data.kind=text: its documents, packed
+        from hpcsweep.train.document_rows import document_corpus
+
+        assert tokenizer is not None
+        return document_corpus(tokens, vocab_size, cfg, tokenizer)
     return Corpus(tokens, vocab_size, int(len(tokens) * (1 - cfg.val_fraction)))
 
 

@@ -10,7 +10,6 @@ rows are packed by ``hpcsweep.train.packing``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import numpy as np
@@ -36,17 +35,15 @@ def document_pieces(ends: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndar
     return starts, lengths
 
 
-def load_document_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str) -> SampleCorpus:
-    """The text corpus ``cfg`` names, as packed rows of its documents (``ValueError`` as ``load_corpus``)."""
-    from hpcsweep.train.data import load_corpus
+def document_corpus(tokens: np.ndarray, vocab_size: int, cfg: DataConfig, tokenizer: str) -> SampleCorpus:
+    """The text corpus ``tokens`` (its cache entry, tokenized by ``tokenizer``) as packed rows of its
+    documents; ``ValueError`` naming ``data.files`` when it holds fewer than 2."""
     from hpcsweep.train.text_tokens import load_tokenizer
 
-    windows = load_corpus(dataclasses.replace(cfg, packing=False), model_vocab_size, tokenizer)
-    tokens = windows.tokens
     eos = load_tokenizer(tokenizer).eos_token_id
     starts, lengths = document_pieces(np.flatnonzero(np.asarray(tokens) == eos) + 1, cfg.seq_len)
     if len(starts) < 2:
         raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(starts)} document(s), at least 2 are needed "
                          "with data.packing=true (a training and a validation one)")
     log.info("text documents: %d pieces of at most data.seq_len=%d + 1 tokens", len(starts), cfg.seq_len)
-    return sample_corpus(tokens, None, starts, lengths, cfg, windows.vocab_size)
+    return sample_corpus(tokens, None, starts, lengths, cfg, vocab_size)
