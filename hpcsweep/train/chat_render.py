@@ -108,13 +108,14 @@ def assistant_spans(render: Render, messages: list[dict[str, str]], where: str) 
         if message["role"] != "assistant":
             continue
         generation = _generation_start(render, messages, index, full)
-        start = generation if generation is not None and generation >= cursor else cursor
-        found = _find_content(full, message["content"], start)
+        # A generation start before the previous turn's end is a template that renders this turn apart.
+        from_generation = generation is not None and generation >= cursor
+        found = _find_content(full, message["content"], generation if from_generation else cursor)
         if found is None:
             raise CorpusError(f"{where}: the text of assistant turn {index} cannot be located in the sample as the "
                               "chat template renders it")
         content_start, content_end = found
-        spans.append((start if generation is not None and generation >= cursor else content_start, content_end))
+        spans.append((generation if from_generation else content_start, content_end))
         cursor = content_end
     return full, spans
 
@@ -163,11 +164,12 @@ def render_sample(tokenizer: Any, render: Render, messages: list[dict[str, str]]
                   where: str, end_of_turn: set[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The token ids (int64) of one sample and its loss mask (uint8); ``end_of_turn``: ``special_ids``
     of the tokenizer (computed once by the caller, or here)."""
+    if train_on == "all":
+        ids = np.asarray(tokenizer(render(messages, False), add_special_tokens=False)["input_ids"], dtype=np.int64)
+        return ids, np.ones(len(ids), dtype=np.uint8)
     text, spans = assistant_spans(render, messages, where)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(encoded["input_ids"], dtype=np.int64)
-    if train_on == "all":
-        return ids, np.ones(len(ids), dtype=np.uint8)
     specials = special_ids(tokenizer) if end_of_turn is None else end_of_turn
     mask = token_mask(encoded["offset_mapping"], text, spans, specials, encoded["input_ids"])
     if not mask.any():
