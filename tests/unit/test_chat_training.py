@@ -53,3 +53,28 @@ def test_two_ranks_equal_one_rank_with_twice_the_rows_or_two_micro_steps(tmp_pat
         assert max(abs(a - b) for (_, a), (_, b) in zip(reference, curve, strict=True)) < 1e-5, name
     assert reference[-1][1] < reference[0][1] - 0.3  # real training, not a constant
     assert 0.5 < read_metrics(two)["fill_rate"] <= 1.0
+
+
+def test_padded_chat_rows_and_packed_text_documents_train(tmp_path, chat_settings):
+    """``data.packing=false`` (one sample a padded row) trains, with the fill rate padding leaves;
+    ``data=text data.packing=true`` trains on its documents packed."""
+    from tests.model_folders import corpus_documents, make_model_folder, write_text_corpus
+
+    short = {**chat_settings, "trainer.max_steps": 2, "trainer.eval_every": 2, "data.seq_len": 160}
+    padded = make_trial_dir(tmp_path / "padded", {**short, "data.packing": False})
+    packed = make_trial_dir(tmp_path / "packed", short)
+    folder = make_model_folder(tmp_path / "model", weights=False)
+    corpus = write_text_corpus(tmp_path / "corpus", corpus_documents(count=24, words_per_document=10))
+    files = [str(corpus / "*.txt"), str(corpus / "*.jsonl")]
+    write_entry(text_corpus(files, str(folder), chat_settings["data.cache_dir"], "data.tokenizer"), workers=1)
+    text = make_trial_dir(tmp_path / "text", {
+        **{k: v for k, v in short.items() if k not in ("data.chat_template", "data.files", "data.tokenizer")},
+        "data.kind": "text", "data.files": files, "data.tokenizer": str(folder), "data.packing": True,
+        "data.val_fraction": 0.2, "data.seq_len": 48})
+    for trial in (padded, packed, text):
+        assert train.run_trial(trial) == 0
+    fills = {trial.name: read_metrics(trial)["fill_rate"] for trial in (padded, packed, text)}
+    assert fills["padded"] < fills["packed"] - 0.3 and fills["text"] > 0.8, fills
+    for trial in (padded, packed, text):
+        metrics = read_metrics(trial)
+        assert metrics["status"] == "completed" and metrics["val_loss"] > 0, metrics
