@@ -19,6 +19,7 @@ from hpcsweep.memory_plan.gpu_memory import GpuMemory, gpu_memory
 from hpcsweep.slurm import commands
 from hpcsweep.slurm.partition_limits import SINFO_FORMAT, chosen_partition, parse_sinfo_partitions
 from hpcsweep.sweep.hooks import SweepTrial
+from hpcsweep.sweep.hydra_private import basic_sweeper_class
 from hpcsweep.sweep.memory_check import trial_numbers, trial_plan
 from hpcsweep.sweep.single_run import CONFIG_MODULE, CONFIG_NAME
 
@@ -28,7 +29,6 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 def expand_overrides(overrides: Sequence[str]) -> list[list[str]]:
     """Every trial's overrides: the cartesian product of the comma-separated sweeps, as Hydra's basic
     sweeper orders them; ``ValueError`` for an override Hydra cannot parse."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -36,7 +36,7 @@ def expand_overrides(overrides: Sequence[str]) -> list[list[str]]:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as err:
         raise ValueError(f"cannot read the overrides: {err}") from None
-    return [list(trial) for batch in BasicSweeper.split_arguments(parsed, None) for trial in batch]
+    return [list(trial) for batch in basic_sweeper_class().split_arguments(parsed, None) for trial in batch]
 
 
 def compose_trials(overrides: Sequence[str]) -> tuple[list[SweepTrial], dict[str, Any]]:

@@ -108,6 +108,7 @@ def test_every_preset_composes_into_a_valid_trial(choice):
     path = {
         "data=file": {"path": "corpus.bin"},
         "data=text": {"files": "corpus/*.txt", "tokenizer": "tokenizer"},
+        "data=chat": {"files": "sft/*.jsonl", "tokenizer": "tokenizer"},
         "model=pretrained": {"path": "/shared/models/x"},
     }.get(choice, {})
     composed = compose(choice, *(f"{group}.{key}={value}" for key, value in path.items()))
