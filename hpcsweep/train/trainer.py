@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files import metrics_file, tb_runs
@@ -31,6 +30,7 @@ from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, me
 from hpcsweep.train import step_timer
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.checkpoint import CheckpointManager
+from hpcsweep.train.loss import chunked_cross_entropy
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
     WorldInfo,
@@ -203,7 +203,8 @@ class Trainer:
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module) -> torch.Tensor:
         with optim.autocast_context(self.choices.precision, self.world.device):
             logits = net(input_ids=inputs).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        # The logits are this step's alone: their gradient may take their place (hpcsweep.train.loss).
+        return chunked_cross_entropy(logits, targets, self.cfg.trainer.loss_chunk_tokens, overwrite_logits=True)
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm)."""
