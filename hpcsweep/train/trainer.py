@@ -77,7 +77,7 @@ class Trainer:
         self.choices = gpu_choices.choose(
             tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available()
         )
-        gpu_choices.apply_backend_settings(self.choices, world.device.type)
+        self.backend_before = gpu_choices.apply_backend_settings(self.choices, world.device.type)
         weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none", device=world.device)
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation, weights_dtype).to(world.device)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
@@ -397,11 +397,13 @@ class Trainer:
             metrics_file.write_metrics(TrialFiles(self.trial_dir).metrics, self.report)
 
     def close(self) -> None:
-        """Wait for the save under way, flush and close the logger (safe to call twice)."""
+        """Wait for the save under way, flush and close the logger, and put torch's process-wide flags
+        (determinism, TF32) back as the trial found them (safe to call twice)."""
         try:
             self.telemetry.close()
             self.ckpt.close()
         finally:
             self.logger.close()
             self.logger = metrics.Logger()
+            gpu_choices.restore_backend_settings(self.backend_before)
 
