@@ -137,3 +137,41 @@ def test_a_training_step_peaks_at_least_one_fp32_logits_tensor_lower():
     drop = peaks["unchunked"]["peak_bytes"][0] - peaks["chunked"]["peak_bytes"][0]
     assert drop >= logits_bytes, (drop, logits_bytes, peaks)
     assert abs(peaks["unchunked"]["loss"][0] - peaks["chunked"]["loss"][0]) < 2e-2  # one AdamW step apart
+
+
+def test_the_trainer_takes_its_loss_in_the_configured_chunks_with_the_unchunked_gradients(tmp_path, monkeypatch):
+    from hpcsweep.config import trial_config_from_dict
+    from hpcsweep.train import loss as loss_module
+    from hpcsweep.train.distributed import init_distributed
+    from hpcsweep.train.trainer import Trainer
+
+    from .trial_dirs import trial_config
+
+    settings = {"data.batch_size": 2, "data.seq_len": 16, "data.synthetic_tokens": 2_000, "trainer.device": "cpu",
+                "model.dropout": 0.0, "trainer.loss_chunk_tokens": 5, "trainer.telemetry_every_s": 0}
+    tmp_path.joinpath("t").mkdir()
+    trainer = Trainer(trial_config_from_dict(trial_config(settings)), init_distributed("cpu", 60, env={}),
+                      tmp_path / "t")
+    chunkings = []
+    monkeypatch.setattr(loss_module, "chunk_bounds",
+                        lambda tokens, chunk: chunkings.append((tokens, chunk)) or chunk_bounds(tokens, chunk))
+    try:
+        generator = torch.Generator().manual_seed(0)
+        inputs = torch.randint(0, trainer.model.config.vocab_size, (2, 16), generator=generator)
+        targets = torch.randint(0, trainer.model.config.vocab_size, (2, 16), generator=generator)
+        targets[:, :3] = IGNORE_INDEX  # a chat sample's prompt
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+
+        def loss_and_grads(compute):
+            trainer.model.zero_grad(set_to_none=True)
+            loss = compute()
+            loss.backward()
+            return [loss.detach(), *(p.grad.clone() for p in params)]
+
+        chunked = loss_and_grads(lambda: trainer._loss(inputs, targets, trainer.net))
+        expected = loss_and_grads(lambda: unchunked(trainer.net(input_ids=inputs).logits, targets))
+    finally:
+        trainer.close()
+    assert chunkings == [(32, 5)]
+    for want, have in zip(expected, chunked):
+        torch.testing.assert_close(have, want, rtol=1e-6, atol=1e-6)
