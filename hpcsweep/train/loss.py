@@ -15,7 +15,9 @@ trainer), ``e`` bytes per token per vocabulary entry (the logits in the compute 
 bf16/fp16 autocast, 4 in fp32; their gradient takes their place), plus, while a chunk is worked on,
 about ``2 x 4 x chunk_tokens x V`` bytes of fp32 work (the upcast chunk and its log-softmax or softmax;
 in fp32 the upcast is the chunk itself, so one ``4 x chunk_tokens x V``). Without it, backward adds
-one more ``e x V`` per token for the gradient. The measured drop is in benchmarks/README.md ("Loss").
+one more ``e x V`` per token for the gradient. Outside the loss: DDP with ``find_unused_parameters``
+(on when deterministic) clones every output at the end of its forward, so a second ``e x V`` per token
+lives for a moment there. Measured: benchmarks/README.md, "loss".
 
 Targets equal to :data:`IGNORE_INDEX` (-100) take no loss: the loss is the mean over the tokens that
 do, as ``F.cross_entropy``'s ``ignore_index`` has it (NaN when none does, as there).
