@@ -78,15 +78,15 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
         grad = logits if ctx.overwrite else torch.empty_like(logits)
-        per_token = (grad_loss.float() / count).to(torch.float32)
+        per_token = grad_loss.float() / count
         for start, end in ctx.bounds:
             chunk_targets = targets[start:end]
             taken = chunk_targets != IGNORE_INDEX
-            # d(mean loss)/d logits = (softmax - one_hot(target)) / count, zero on ignored rows.
+            # d(mean loss)/d logits = (softmax - one_hot(target)) / count, zero on ignored rows. Every row
+            # takes its -1 (an ignored one at word 0, zeroed next): a boolean mask would wait on the GPU.
             work = torch.softmax(logits[start:end], dim=-1, dtype=torch.float32)
-            rows = torch.arange(end - start, device=work.device)
-            work[rows[taken], chunk_targets[taken]] -= 1.0
+            work[torch.arange(end - start, device=work.device), chunk_targets.clamp(min=0)] -= 1.0
             work *= torch.where(taken, per_token, torch.zeros_like(per_token))[:, None]
             grad[start:end] = work
-            del work
+            del work  # before the next chunk's softmax: one chunk of fp32 work at a time
         return grad, None, None, None

@@ -139,16 +139,21 @@ def test_a_training_step_peaks_at_least_one_fp32_logits_tensor_lower():
     assert abs(peaks["unchunked"]["loss"][0] - peaks["chunked"]["loss"][0]) < 2e-2  # one AdamW step apart
 
 
-def test_the_trainer_takes_its_loss_in_the_configured_chunks_with_the_unchunked_gradients(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("precision", "tolerance"), [("fp32", 1e-6), ("bf16", 1.6e-2)])
+def test_the_trainer_takes_its_loss_in_the_configured_chunks_with_the_unchunked_gradients(
+        tmp_path, monkeypatch, precision, tolerance):
+    """fp32, and bf16 autocast (bf16 logits, the gradient cast to bf16 where autograd cast it before)."""
     from hpcsweep.config import trial_config_from_dict
     from hpcsweep.train import loss as loss_module
+    from hpcsweep.train import optim
     from hpcsweep.train.distributed import init_distributed
     from hpcsweep.train.trainer import Trainer
 
     from .trial_dirs import trial_config
 
     settings = {"data.batch_size": 2, "data.seq_len": 16, "data.synthetic_tokens": 2_000, "trainer.device": "cpu",
-                "model.dropout": 0.0, "trainer.loss_chunk_tokens": 5, "trainer.telemetry_every_s": 0}
+                "model.dropout": 0.0, "trainer.loss_chunk_tokens": 5, "trainer.telemetry_every_s": 0,
+                "trainer.precision": precision}
     tmp_path.joinpath("t").mkdir()
     trainer = Trainer(trial_config_from_dict(trial_config(settings)), init_distributed("cpu", 60, env={}),
                       tmp_path / "t")
@@ -169,9 +174,17 @@ def test_the_trainer_takes_its_loss_in_the_configured_chunks_with_the_unchunked_
             return [loss.detach(), *(p.grad.clone() for p in params)]
 
         chunked = loss_and_grads(lambda: trainer._loss(inputs, targets, trainer.net))
-        expected = loss_and_grads(lambda: unchunked(trainer.net(input_ids=inputs).logits, targets))
+
+        def unchunked_in_the_trainers_precision():
+            with optim.autocast_context(trainer.choices.precision, trainer.world.device):
+                logits = trainer.net(input_ids=inputs).logits
+            assert logits.dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+            return unchunked(logits, targets)
+
+        expected = loss_and_grads(unchunked_in_the_trainers_precision)
     finally:
         trainer.close()
     assert chunkings == [(32, 5)]
-    for want, have in zip(expected, chunked):
-        torch.testing.assert_close(have, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(chunked[0], expected[0], rtol=1e-6, atol=1e-6)
+    for want, have in zip(expected[1:], chunked[1:]):
+        torch.testing.assert_close(have, want, rtol=tolerance, atol=1e-6)
