@@ -130,11 +130,11 @@ def test_a_training_step_peaks_at_least_one_fp32_logits_tensor_lower():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        peaks = alternate_step_peaks(tiny_lm(vocab), batch=batch, seq_len=seq_len, rounds=1, chunk_tokens=128)
+        peaks = alternate_step_peaks(tiny_lm(vocab), batch=batch, seq_len=seq_len, rounds=2, chunk_tokens=128)
     finally:
         torch.set_num_threads(threads)
     logits_bytes = batch * seq_len * vocab * 4
-    drop = peaks["unchunked"]["peak_bytes"][0] - peaks["chunked"]["peak_bytes"][0]
+    drop = max(peaks["unchunked"]["peak_bytes"]) - max(peaks["chunked"]["peak_bytes"])
     assert drop >= logits_bytes, (drop, logits_bytes, peaks)
     assert abs(peaks["unchunked"]["loss"][0] - peaks["chunked"]["loss"][0]) < 2e-2  # one AdamW step apart
 
