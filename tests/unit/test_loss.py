@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hpcsweep.config import TrainerConfig
 from hpcsweep.train.loss import IGNORE_INDEX, chunk_bounds, chunked_cross_entropy
 
-from ..loss_memory import alternate_step_peaks, tiny_lm
+from ..loss_memory import alternate_step_peaks, tiny_lm, unchunked_loss
 
 
 def lm_head_case(dtype: torch.dtype, *, batch: int = 2, seq: int = 37, hidden: int = 16, vocab: int = 101):
@@ -36,15 +36,11 @@ def loss_and_grads(case, loss_fn):
     return loss.detach(), hidden_states.grad.clone(), weight.grad.clone()
 
 
-def unchunked(logits, targets):
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-
 @pytest.mark.parametrize("chunk_tokens", [0, 1, 7, 16, 74, 10_000])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_fp32_loss_and_gradients_equal_the_unchunked_loss(chunk_tokens, overwrite):
     case = lm_head_case(torch.float32)
-    expected = loss_and_grads(case, unchunked)
+    expected = loss_and_grads(case, unchunked_loss)
     got = loss_and_grads(case, lambda lg, t: chunked_cross_entropy(lg, t, chunk_tokens, overwrite_logits=overwrite))
     for want, have in zip(expected, got):
         torch.testing.assert_close(have, want, rtol=1e-6, atol=1e-6)
@@ -53,7 +49,7 @@ def test_fp32_loss_and_gradients_equal_the_unchunked_loss(chunk_tokens, overwrit
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_bf16_logits_give_the_unchunked_loss_and_gradients(overwrite):
     case = lm_head_case(torch.bfloat16)
-    expected = loss_and_grads(case, unchunked)
+    expected = loss_and_grads(case, unchunked_loss)
     got = loss_and_grads(case, lambda lg, t: chunked_cross_entropy(lg, t, 8, overwrite_logits=overwrite))
     assert got[0].dtype == torch.float32  # the loss is taken in fp32, as .float() had it
     torch.testing.assert_close(got[0], expected[0], rtol=1e-6, atol=1e-6)
@@ -90,7 +86,7 @@ def test_the_gradient_takes_the_logits_place_and_a_second_backward_is_refused():
     loss = chunked_cross_entropy(logits, targets, 16, overwrite_logits=True)
     torch.testing.assert_close(logits.detach(), before, rtol=0, atol=0)  # forward leaves them alone
     loss.backward(retain_graph=True)
-    expected_grad = torch.autograd.grad(unchunked(before.requires_grad_(), targets), before)[0]
+    expected_grad = torch.autograd.grad(unchunked_loss(before.requires_grad_(), targets), before)[0]
     torch.testing.assert_close(logits.detach(), expected_grad, rtol=1e-6, atol=1e-6)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
@@ -101,7 +97,7 @@ def test_no_gradient_asked_keeps_the_logits():
     targets = torch.randint(0, 7, (2, 5))
     with torch.no_grad():
         loss = chunked_cross_entropy(logits, targets, 3, overwrite_logits=True)
-    torch.testing.assert_close(loss, unchunked(logits, targets), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss, unchunked_loss(logits, targets), rtol=1e-6, atol=1e-6)
 
 
 def test_chunks_cover_every_token_once():
@@ -179,7 +175,7 @@ def test_the_trainer_takes_its_loss_in_the_configured_chunks_with_the_unchunked_
             with optim.autocast_context(trainer.choices.precision, trainer.world.device):
                 logits = trainer.net(input_ids=inputs).logits
             assert logits.dtype == {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
-            return unchunked(logits, targets)
+            return unchunked_loss(logits, targets)
 
         expected = loss_and_grads(unchunked_in_the_trainers_precision)
     finally:
