@@ -468,6 +468,11 @@ class TrainerConfig:
     ``auto``: true on CPU, false on CUDA. metrics.json records what a trial ran with."""
     grad_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    loss_chunk_tokens: int = 1024
+    """The cross-entropy works on this many tokens' logits at a time (hpcsweep.train.loss): each
+    chunk is upcast to fp32, used and freed, and its gradient is written over the logits, so the fp32
+    logits of the whole batch never exist. Smaller saves memory (fp32 work: about 8 B x chunk x
+    vocabulary), larger saves kernel launches; 0 (or a value >= the batch's tokens): one chunk."""
     seed: int = 0
     """Seed of model initialisation and dropout."""
     ckpt_every: int = 50
@@ -551,6 +556,8 @@ class TrainerConfig:
         )
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "an integer >= 1")
         _require(self.grad_accum >= 1, "trainer.grad_accum", self.grad_accum, "an integer >= 1")
+        _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", self.loss_chunk_tokens,
+                 "an integer >= 0 (tokens per chunk of the loss; 0: one chunk)")
         _require(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(
             0.0 <= self.min_lr_ratio <= 1.0, "trainer.min_lr_ratio", self.min_lr_ratio, "0..1"

@@ -2,8 +2,9 @@
 
 Every choice is a pure function of the device's facts (:class:`DeviceFacts`: CPU or CUDA, the
 GPU's name and compute capability) and the trial's config, so tests feed device names and
-capabilities as literals. The side effects sit in two small functions at the edge:
-:func:`device_facts` reads the device, :func:`apply_backend_settings` sets torch's global flags.
+capabilities as literals. The side effects sit in small functions at the edge:
+:func:`device_facts` reads the device, :func:`apply_backend_settings` sets torch's global flags and
+:func:`restore_backend_settings` puts them back.
 
 :func:`gpu_allocation_error` refuses a trial whose node was given GPUs it cannot use, so it never
 trains silently on CPU.
@@ -213,20 +214,53 @@ def device_facts(device: torch.device) -> DeviceFacts:
     return DeviceFacts("cuda", torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)))
 
 
-def apply_backend_settings(choices: GpuChoices, device_type: str) -> None:
-    """Set torch's process-wide flags for ``choices``, every one explicitly.
+@dataclass(frozen=True)
+class BackendSettings:
+    """torch's process-wide flags as :func:`apply_backend_settings` found them, to put back when the trial ends."""
+
+    deterministic: bool
+    """``torch.are_deterministic_algorithms_enabled()``."""
+    deterministic_warn_only: bool
+    """``torch.is_deterministic_algorithms_warn_only_enabled()``."""
+    cuda_flags: tuple[bool, bool, bool, bool] | None
+    """CUDA's matmul TF32, cuDNN's TF32, cuDNN deterministic and cuDNN benchmark; None where they were
+    left alone (on CPU), so a process that set TF32 through PyTorch's newer API is not refused for
+    reading the legacy flags."""
+
+
+def _cuda_flags() -> tuple[bool, bool, bool, bool]:
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+
+
+def apply_backend_settings(choices: GpuChoices, device_type: str) -> BackendSettings:
+    """Set torch's process-wide flags for ``choices``, every one explicitly; returns the flags as they
+    were, for :func:`restore_backend_settings` when the trial ends.
 
     Explicit both ways: a local sweep runs one trial after another in one process, and the last
     trial's flags must not leak into the next. TF32 goes through the CUDA-only flags: the global
     ``torch.set_float32_matmul_precision`` also switches oneDNN's CPU matmuls (torch 2.9+), and
     PyTorch refuses a mix of its legacy and new TF32 settings.
     """
+    before = BackendSettings(torch.are_deterministic_algorithms_enabled(),
+                             torch.is_deterministic_algorithms_warn_only_enabled(),
+                             _cuda_flags() if device_type == "cuda" else None)
     torch.use_deterministic_algorithms(choices.deterministic)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = choices.tf32
         torch.backends.cudnn.allow_tf32 = choices.tf32
         torch.backends.cudnn.deterministic = choices.deterministic
         torch.backends.cudnn.benchmark = False
+    return before
+
+
+def restore_backend_settings(settings: BackendSettings) -> None:
+    """Put torch's process-wide flags back as :func:`apply_backend_settings` found them: a trial
+    must leave the process (a notebook, a test run, the next trial) as it found it."""
+    torch.use_deterministic_algorithms(settings.deterministic, warn_only=settings.deterministic_warn_only)
+    if settings.cuda_flags is not None:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = settings.cuda_flags
 
 
 def _capability_text(facts: DeviceFacts) -> str:

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files import metrics_file, tb_runs
@@ -33,6 +32,7 @@ from hpcsweep.train import moe_balance, router_stats, step_timer, task_scores, t
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
+from hpcsweep.train.loss import chunked_cross_entropy
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
     WorldInfo,
@@ -81,10 +81,7 @@ class Trainer:
         self.choices = gpu_choices.choose(
             tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available()
         )
-        # Restored by close(): a local sweep runs trials one after another in this process.
-        self.deterministic_before = (torch.are_deterministic_algorithms_enabled(),
-                                     torch.is_deterministic_algorithms_warn_only_enabled())
-        gpu_choices.apply_backend_settings(self.choices, world.device.type)
+        self.backend_before = gpu_choices.apply_backend_settings(self.choices, world.device.type)
         weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none", device=world.device)
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation, weights_dtype).to(world.device)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
@@ -229,7 +226,8 @@ class Trainer:
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module,
               position_ids: torch.Tensor | None = None) -> torch.Tensor:
         logits = self._logits(net, inputs, position_ids)
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        # The logits are this step's alone: their gradient may take their place (hpcsweep.train.loss).
+        return chunked_cross_entropy(logits, targets, self.cfg.trainer.loss_chunk_tokens, overwrite_logits=True)
 
     def loss_divisors(self, batches: Sequence[Batch]) -> list[float]:
         """What each micro-batch's mean loss is divided by, so the step's loss (and gradient, once DDP
@@ -282,7 +280,7 @@ class Trainer:
         """The loss of one validation batch, and ``(correct, counted)`` next-token predictions
         (targets of -100 take no part in either)."""
         logits = self._logits(self.model, batch.inputs, batch.position_ids)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten())
+        loss = chunked_cross_entropy(logits, batch.targets, self.cfg.trainer.loss_chunk_tokens)
         return loss, metrics.accuracy_counts(logits, batch.targets)
 
     @torch.no_grad()
@@ -495,7 +493,8 @@ class Trainer:
             metrics_file.write_metrics(TrialFiles(self.trial_dir).metrics, self.report)
 
     def close(self) -> None:
-        """Wait for the save under way, flush and close the logger (safe to call twice)."""
+        """Wait for the save under way, flush and close the logger, and put torch's process-wide flags
+        (determinism, TF32) back as the trial found them (safe to call twice)."""
         try:
             self.telemetry.close()
             self.ckpt.close()
@@ -505,6 +504,5 @@ class Trainer:
         finally:
             self.logger.close()
             self.logger = metrics.Logger()
-            enabled, warn_only = self.deterministic_before
-            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+            gpu_choices.restore_backend_settings(self.backend_before)
 

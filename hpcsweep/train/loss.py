@@ -1,0 +1,92 @@
+"""The training loss: token cross-entropy in chunks, so the fp32 logits of the whole vocabulary never exist.
+
+``F.cross_entropy(logits.float(), targets)`` holds, for B x T tokens of a V-word vocabulary, the
+logits in the compute dtype, their fp32 copy, the fp32 log-softmax (saved for backward) and in
+backward its fp32 gradient beside them: at DeepSeek's 129k vocabulary and 8 x 4096 tokens, 17 GB of
+fp32 per tensor. :func:`chunked_cross_entropy` computes the same loss ``chunk_tokens`` rows at a time:
+each chunk is upcast to fp32, log-softmax'd, reduced to its summed loss and freed. Backward recomputes
+each chunk's softmax from the saved logits and writes the chunk's gradient (cast to the logits' dtype,
+as autograd's cast back would) into the gradient of the logits. With ``overwrite_logits`` that
+gradient is written over the logits themselves, chunk by chunk (each chunk read before it is
+written), as Liger's cross-entropy does, so the loss adds no tensor of the logits' size at all.
+
+What the loss holds, for the memory plan (``hpcsweep.memory_plan``): with ``overwrite_logits`` (the
+trainer), ``e`` bytes per token per vocabulary entry (the logits in the compute dtype, ``e`` = 2 under
+bf16/fp16 autocast, 4 in fp32; their gradient takes their place), plus, while a chunk is worked on,
+about ``2 x 4 x chunk_tokens x V`` bytes of fp32 work (the upcast chunk and its log-softmax or softmax;
+in fp32 the upcast is the chunk itself, so one ``4 x chunk_tokens x V``). Without it, backward adds
+one more ``e x V`` per token for the gradient. Outside the loss: DDP with ``find_unused_parameters``
+(on when deterministic) clones every output at the end of its forward, so a second ``e x V`` per token
+lives for a moment there. Measured: benchmarks/README.md, "loss".
+
+Targets equal to :data:`IGNORE_INDEX` (-100) take no loss: the loss is the mean over the tokens that
+do, as ``F.cross_entropy``'s ``ignore_index`` has it (NaN when none does, as there).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+"""A target that takes no loss (chat data's prompt tokens; ``F.cross_entropy``'s default ``ignore_index``)."""
+
+
+def chunk_bounds(tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
+    """``[start, end)`` rows of each chunk of ``tokens`` rows; ``chunk_tokens`` 0 (or >= ``tokens``): one."""
+    if chunk_tokens < 0:
+        raise ValueError(f"chunk_tokens={chunk_tokens}: allowed are 0 (one chunk) or a number of tokens >= 1")
+    step = chunk_tokens if 0 < chunk_tokens < tokens else max(tokens, 1)
+    return [(start, min(start + step, tokens)) for start in range(0, tokens, step)]
+
+
+def chunked_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int, *, overwrite_logits: bool = False
+) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` (``[..., V]``, any float dtype) against ``targets`` (``[...]``),
+    in fp32, over the tokens whose target is not :data:`IGNORE_INDEX`, ``chunk_tokens`` tokens at a time.
+
+    Equal to ``F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())`` (to fp32 rounding),
+    gradients included. ``overwrite_logits``: backward writes the gradient over ``logits``, so the
+    caller must not read them after ``backward`` (a second backward through them raises).
+    """
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} differ before the vocabulary")
+    return _ChunkedCrossEntropy.apply(
+        logits.flatten(0, -2), targets.flatten(), chunk_tokens, overwrite_logits
+    )
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Forward sums each chunk's loss; backward recomputes each chunk's softmax (nothing fp32 is saved)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int, overwrite: bool) -> torch.Tensor:
+        bounds = chunk_bounds(logits.shape[0], chunk_tokens)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for start, end in bounds:
+            total += F.cross_entropy(logits[start:end].float(), targets[start:end], reduction="sum",
+                                     ignore_index=IGNORE_INDEX)
+        count = (targets != IGNORE_INDEX).sum()
+        ctx.save_for_backward(logits, targets, count)
+        ctx.bounds, ctx.overwrite = bounds, overwrite
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        logits, targets, count = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        grad = logits if ctx.overwrite else torch.empty_like(logits)
+        per_token = grad_loss.float() / count
+        for start, end in ctx.bounds:
+            chunk_targets = targets[start:end]
+            taken = chunk_targets != IGNORE_INDEX
+            # d(mean loss)/d logits = (softmax - one_hot(target)) / count, zero on ignored rows. Every row
+            # takes its -1 (an ignored one at word 0, zeroed next): a boolean mask would wait on the GPU.
+            work = torch.softmax(logits[start:end], dim=-1, dtype=torch.float32)
+            work[torch.arange(end - start, device=work.device), chunk_targets.clamp(min=0)] -= 1.0
+            work *= torch.where(taken, per_token, torch.zeros_like(per_token))[:, None]
+            grad[start:end] = work
+            del work  # before the next chunk's softmax: one chunk of fp32 work at a time
+        return grad, None, None, None
