@@ -42,7 +42,7 @@ GPU_OVERHEAD_BYTES = 2 * GIB
 for 8 GPUs a node over InfiniBand), and headroom for the caching allocator's fragmentation."""
 CPU_OVERHEAD_BYTES = 416 * 2**20
 """A CPU worker's interpreter with torch, transformers and peft imported: its resident set with no
-model to speak of (measured: 415 MiB ``ru_maxrss`` for a trial of a 128k-parameter model, torch 2.13
+model to speak of (measured: 415 MiB resident peak for a trial of a 128k-parameter model, torch 2.13
 CPU, transformers 5.24, peft 0.21, Linux x86-64)."""
 DEFAULT_LORA_RANK = 8
 

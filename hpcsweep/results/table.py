@@ -279,7 +279,8 @@ def planned_bytes(metrics: Mapping[str, Any]) -> int | None:
     """The memory plan's bytes per GPU that compare with the trial's measured peak: its tensors against
     CUDA's allocator peak, its total (interpreter included) against a CPU process's resident set."""
     plan, peak = metrics.get("memory_plan") or {}, metrics.get("memory_peak") or {}
-    return plan.get("total_bytes" if peak.get("source") == "ru_maxrss" else "tensors_bytes")
+    on_cuda = str(peak.get("source", "")).startswith("torch.cuda")
+    return plan.get("tensors_bytes" if on_cuda else "total_bytes")
 
 
 def memory_text(row: TrialRow) -> str:

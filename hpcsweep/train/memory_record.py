@@ -5,7 +5,7 @@ and attention kernel resolved, the real world size), compared with this GPU's to
 CPU: compared with nothing). ``memory_peak`` is what rank 0 measured: on CUDA
 ``torch.cuda.max_memory_allocated``, comparable with the plan's ``tensors_bytes`` (the plan less
 its fixed overhead, which the caching allocator does not see); on CPU the process's peak resident
-set (``ru_maxrss``), which also counts the interpreter and every library. ``PeakMemory`` also gives
+set (Linux: ``VmHWM``; elsewhere ``ru_maxrss``), which also counts the interpreter and every library. ``PeakMemory`` also gives
 each log window its own peak (``hpcsweep.train.step_timer``) without losing the trial's.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import resource
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,9 +65,28 @@ def measured_peak(device: torch.device) -> dict[str, Any]:
     """metrics.json's ``memory_peak``: this process's peak so far, in bytes, and what measured it."""
     if device.type == "cuda":
         return {"bytes": torch.cuda.max_memory_allocated(device), "source": "torch.cuda.max_memory_allocated"}
+    high_water = resident_high_water()
+    if high_water is not None:
+        return {"bytes": high_water, "source": "VmHWM"}
     # Linux reports ru_maxrss in KiB, macOS in bytes.
     scale = 1 if sys.platform == "darwin" else 1024
     return {"bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "source": "ru_maxrss"}
+
+
+def resident_high_water(status: Path = Path("/proc/self/status")) -> int | None:
+    """This process's own resident-set peak in bytes (Linux's ``VmHWM``), or None where there is none.
+
+    Not ``ru_maxrss``: Linux carries that over ``execve`` from the process that started this one, so a
+    worker spawned by a large parent (a test runner, an agent with torch imported) would report the
+    parent's resident set as its own peak."""
+    try:
+        text = status.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
 
 
 class PeakMemory:

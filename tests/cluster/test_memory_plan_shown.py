@@ -45,7 +45,7 @@ def test_a_lora_sweep_shows_its_plan_at_submit_and_plan_and_peak_after(tmp_path,
         metrics = read_json(tmp_path / trial["trial_dir"] / "metrics.json")
         plan, peak = metrics["memory_plan"], metrics["memory_peak"]
         # The dummy GPUs train on CPU: the plan's total (the interpreter included) against the resident set.
-        assert plan["setup"]["peft"] == "lora" and peak["source"] == "ru_maxrss"
+        assert plan["setup"]["peft"] == "lora" and peak["source"] == "VmHWM"
         shown = f"{plan['total_bytes'] / 2**30:.1f}/{peak['bytes'] / 2**30:.1f}"
         assert row.split()[-1] == shown, (row, shown)
         assert f"GB(plan/peak) {shown}" in status.stdout, status.stdout

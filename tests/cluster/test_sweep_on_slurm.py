@@ -49,7 +49,7 @@ def test_two_trial_sweep_is_one_array_and_completes(tmp_path, slurm_env):
         # The plan as the trial ran (the dummy GPUs train on CPU: fp32, compared with no GPU) and its peak.
         plan = metrics["memory_plan"]
         assert plan["setup"]["precision"] == "fp32" and plan["verdict"] == "not compared"
-        assert plan["total_bytes"] == sum(plan["bytes"].values()) and metrics["memory_peak"]["source"] == "ru_maxrss"
+        assert plan["total_bytes"] == sum(plan["bytes"].values()) and metrics["memory_peak"]["source"] == "VmHWM"
         env_record = read_json(tmp_path / trial["trial_dir"] / "environment.json")
         assert env_record["slurm"]["job_label"] == trial["job_id"]
         config_text = (tmp_path / trial["trial_dir"] / "config.yaml").read_text()

@@ -460,7 +460,7 @@ def test_the_plan_of_a_cpu_trial_is_within_20_percent_of_its_measured_peak(tmp_p
         assert process.returncode == 0, err[-3000:]
         metrics = read_metrics(trial_dir)
         plan, peak = metrics["memory_plan"], metrics["memory_peak"]
-        assert plan["setup"]["precision"] == "fp32" and peak["source"] == "ru_maxrss"
+        assert plan["setup"]["precision"] == "fp32" and peak["source"] == "VmHWM"
         assert plan["total_bytes"] == pytest.approx(peak["bytes"], rel=0.2), (kind, plan["bytes"], peak)
         if plan["setup"]["peft"] == "none":
             # The model's own tensors are most of it, not the interpreter: the check can fail.
