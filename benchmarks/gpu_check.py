@@ -267,11 +267,16 @@ def memory_plan_checks(plan: Plan, trials: list[tuple[Size, dict[str, Any]]]) ->
         if plan.device == "cuda" and not MEMORY_BAND[0] <= ratio <= MEMORY_BAND[1]:
             raise CheckFailed(f"{size.label}: memory plan {estimate['tensors_bytes'] / 2**30:.2f} GB is x{ratio:.2f} "
                               f"the measured peak {peak['bytes'] / 2**30:.2f} GB ({peak['source']}); allowed "
-                              f"x{MEMORY_BAND[0]}..x{MEMORY_BAND[1]}: fix hpcsweep/memory_plan/__init__.py")
+                              f"x{MEMORY_BAND[0]}..x{MEMORY_BAND[1]}: fix hpcsweep/memory_plan/plan.py")
         rows.append({"size": size.label, "plan_bytes": estimate["tensors_bytes"], "total_bytes": estimate["total_bytes"],
                      "peak_bytes": peak["bytes"], "peak_source": peak["source"], "ratio": ratio,
                      "compared": plan.device == "cuda", "parts": estimate["bytes"]})
     return rows
+
+
+def trial_metrics(trial_dir: Path) -> dict[str, Any]:
+    """A trial's metrics.json, as it ended."""
+    return json.loads((trial_dir / "metrics.json").read_text())
 
 
 def memory_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -573,7 +578,12 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     return {
         "device": fast_metrics.get("device_name") or "cpu",
         "sizes": rows,
-        "memory": memory_plan_checks(plan, [(plan.small, fast_metrics), (plan.large, large_metrics)]),
+        # Every run's plan against its peak: DDP small and large, FSDP, and LoRA over a saved folder.
+        "memory": memory_plan_checks(plan, [
+            (plan.small, fast_metrics), (plan.large, large_metrics),
+            (dataclasses.replace(plan.large, label=f"{plan.large.label}-fsdp"), trial_metrics(workdir / "large-fsdp")),
+            (dataclasses.replace(plan.lora_base, label=f"{plan.lora_base.label}-lora"), trial_metrics(workdir / "lora-fast")),
+        ]),
 
 
         "fsdp": fsdp,

@@ -462,6 +462,11 @@ class TrainerConfig:
     """Stop after this many evaluations without improvement (0 disables)."""
     early_stop_min_delta: float = 0.0
     """An improvement smaller than this does not count."""
+    early_stop_metric: str = "val_loss"
+    """What early stopping watches: ``val_loss``, ``val_accuracy`` (checked every ``trainer.eval_every``
+    steps) or a task score ``tasks.NAME.METRIC`` (every ``tasks.every`` steps; NAME one of ``tasks.names``)."""
+    early_stop_mode: Literal["min", "max"] = "min"
+    """``min``: lower is better (a loss); ``max``: higher is better (an accuracy, a task score)."""
     hang_timeout_min: float = 15.0
     """When no step finishes for this many minutes (an evaluation, a save or the start-up included),
     the trial's stacks go to its log, its workers end, and it fails as a hang, which is retried on
@@ -543,6 +548,9 @@ class TrainerConfig:
             self.hang_timeout_min >= 0, "trainer.hang_timeout_min", self.hang_timeout_min, "minutes >= 0 (0 disables)"
         )
         self._check_parallel()
+        _require(self.early_stop_metric in EVAL_METRICS or _task_key(self.early_stop_metric) is not None,
+                 "trainer.early_stop_metric", self.early_stop_metric,
+                 f"one of {', '.join(EVAL_METRICS)}, or a task score tasks.NAME.METRIC")
         _require(self.telemetry_every_s >= 0, "trainer.telemetry_every_s", self.telemetry_every_s,
                  "seconds >= 0 (0 disables telemetry)")
         self._check_profile()
@@ -570,6 +578,43 @@ class TrainerConfig:
         _require(self.sync_every == 1 or self.grad_comm == "none", "trainer.sync_every", self.sync_every,
                  f"only 1 with trainer.grad_comm={self.grad_comm!r} (local SGD replaces the all-reduce that "
                  "grad_comm compresses): set one of trainer.sync_every=1 or trainer.grad_comm=none")
+
+
+EVAL_METRICS = ("val_loss", "val_accuracy")
+"""What every evaluation measures (``trainer.eval_every``): ``trainer.early_stop_metric`` may watch these."""
+
+
+def _task_key(key: str) -> tuple[str, str] | None:
+    """``(NAME, METRIC)`` of ``tasks.NAME.METRIC``, else None."""
+    parts = key.split(".")
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "tasks" and all(parts) else None
+
+
+@dataclass(kw_only=True)
+class TasksConfig:
+    """Task scores from lm-evaluation-harness on the trial's model (``hpcsweep.train.task_scores``,
+    docs/user/task-scores.md). Needs ``pip install 'hpcsweep[tasks]'`` and a tokenizer."""
+
+    names: list[str] = field(default_factory=list)
+    """lm-eval task names to run, each defined by a YAML file under ``include_path``. Empty: no tasks."""
+    include_path: str | None = None
+    """A folder of lm-eval task YAML files whose data are local files (``dataset_path: json`` with
+    ``dataset_kwargs: {data_files: ...}``): nothing is downloaded, lm-eval's built-in tasks are not read."""
+    every: int = 0
+    """Run the tasks every this many optimizer steps, and at the end; 0: at the end only."""
+    limit: int | None = None
+    """At most this many examples of each task (null: all of them)."""
+    batch_size: int = 8
+    """Requests per forward pass of lm-eval."""
+
+    def __post_init__(self) -> None:
+        _require(len(set(self.names)) == len(self.names) and all(self.names), "tasks.names", self.names,
+                 "a list of distinct lm-eval task names")
+        _require(not self.names or bool(self.include_path), "tasks.include_path", self.include_path,
+                 "a folder of lm-eval task YAML files when tasks.names is set")
+        _require(self.every >= 0, "tasks.every", self.every, "an integer >= 0 (0: at the end only)")
+        _require(self.limit is None or self.limit >= 1, "tasks.limit", self.limit, "null or an integer >= 1")
+        _require(self.batch_size >= 1, "tasks.batch_size", self.batch_size, "an integer >= 1")
 
 
 @dataclass(kw_only=True)
@@ -723,8 +768,10 @@ class TrialConfig:
     nccl: NcclConfig
     topology: TopologyConfig
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
 
     def __post_init__(self) -> None:
+        self._check_task_keys()
         if self.model.path is not None:
             return  # the folder's sizes count: hpcsweep.model.folder checks them against the data
         _require(
@@ -748,6 +795,18 @@ class TrialConfig:
                 corpus_vocab_size=self.model.vocab_size,
                 source=f"the synthetic corpus (data.synthetic_tokens={self.data.synthetic_tokens})",
             )
+
+    def _check_task_keys(self) -> None:
+        """A task score watched by early stopping is one the trial measures, more than once."""
+        trainer, tasks = self.trainer, self.tasks
+        task = _task_key(trainer.early_stop_metric)
+        if task is None:
+            return
+        _require(task[0] in tasks.names, "trainer.early_stop_metric", trainer.early_stop_metric,
+                 f"a score of a task in tasks.names={tasks.names}")
+        _require(trainer.early_stop_patience == 0 or tasks.every > 0, "tasks.every", tasks.every,
+                 f"a number of steps > 0 when early stopping watches {trainer.early_stop_metric} "
+                 "(0 runs the tasks at the end only)")
 
 
 def tokenizer_folder(data: DataConfig, model: ModelConfig) -> str | None:
@@ -793,6 +852,7 @@ _GROUPS: dict[str, type] = {
     "nccl": NcclConfig,
     "topology": TopologyConfig,
     "logging": LoggingConfig,
+    "tasks": TasksConfig,
 }
 
 

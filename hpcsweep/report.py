@@ -1,7 +1,9 @@
 """``python -m hpcsweep.report SWEEP_DIR``: one table of a sweep's trials, best first.
 
-Rows are sorted by ``--metric`` (default ``best_val_loss``, ascending); failed trials come last,
-each with the line that says why. ``mean tok/s`` is the throughput over the whole run, every
+Rows are sorted by ``--metric`` (default ``best_val_loss``, ascending), or best first by ``--sort KEY``,
+which also takes ``val_accuracy`` and task scores ``tasks.NAME.METRIC`` (largest first, as for
+accuracies; ``--ascending`` turns it); failed trials come last, each with the line that says why.
+``val_acc`` and one column per task score show what each trial measured last. ``mean tok/s`` is the throughput over the whole run, every
 attempt of a resumed trial included, from the trial's TensorBoard events. ``GB(plan/peak)`` is the
 memory plan's tensors per GPU against the peak rank 0 measured (``docs/user/memory-plan.md``). ``GPU-h`` is the
 GPU-hours the trial's allocations held and ``own GPU-h`` its own compute share; the line under the
@@ -33,13 +35,13 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
 from hpcsweep.results.efficiency_table import efficiency_cells, hours_word, sweep_outliers
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
-from hpcsweep.results.table import METRICS, TrialRow, load_sweep, sort_rows, swept_keys
+from hpcsweep.results.table import METRICS, TrialRow, higher_is_better, load_sweep, memory_text, sort_keys, sort_rows, swept_keys
 from hpcsweep.results.wandb_sync import sync_line
 from hpcsweep.slurm.usage import Usage
 
 CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
-    "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "own_gpu_hours", "world_size", "nodes", "error",
+    "val_accuracy", "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "own_gpu_hours", "world_size", "nodes", "error",
     "trial_dir",
     "attempt", "last_stop_reason", "memory_plan_bytes", "memory_peak_bytes",
 )
@@ -59,10 +61,12 @@ def _steps(row: TrialRow) -> str:
 
 def _memory(row: TrialRow) -> str:
     """``18.5/16.2``: the memory plan's GB per GPU against the measured peak's."""
-    if row.memory_plan_bytes is None:
-        return "-"
-    peak = "-" if row.memory_peak_bytes is None else f"{row.memory_peak_bytes / 2**30:.1f}"
-    return f"{row.memory_plan_bytes / 2**30:.1f}/{peak}"
+    return memory_text(row)
+
+
+def task_columns(rows: Sequence[TrialRow]) -> list[str]:
+    """The ``tasks.NAME.METRIC`` keys any row has, sorted: one column each."""
+    return sorted({key for row in rows for key in row.task_scores})
 
 
 def table_cells(
@@ -70,8 +74,10 @@ def table_cells(
 ) -> tuple[list[str], list[list[str]]]:
     """The header and the cells of the report table (numbers already formatted); ``hours``: ``GPU`` or
     ``CPU``, what the hours columns count (``hpcsweep.results.efficiency_table.hours_word``)."""
-    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", "mean tok/s", "restarts",
-              f"{hours}-h", f"own {hours}-h", "attempt", "GB(plan/peak)"]
+    tasks = task_columns(rows)
+    measured = ["val_acc"] if any(row.val_accuracy is not None for row in rows) else []
+    header = ["#", *keys, "status", "steps", "train_loss", "val_loss", "best_val_loss", *measured, *tasks, "mean tok/s",
+              "restarts", f"{hours}-h", f"own {hours}-h", "attempt", "GB(plan/peak)"]
     cells = [
         [
             str(row.num),
@@ -81,6 +87,8 @@ def table_cells(
             _number(row.train_loss, 4),
             _number(row.val_loss, 4),
             _number(row.best_val_loss, 4),
+            *([_number(row.val_accuracy, 4)] if measured else []),
+            *(_number(row.task_scores.get(key), 4) for key in tasks),
             _number(row.mean_tokens_per_s, 0),
             _number(row.restarts, 0),
             _number(row.gpu_hours, 3),
@@ -161,10 +169,11 @@ def render_csv(rows: Sequence[TrialRow], keys: Sequence[str]) -> str:
     """One CSV row per trial: every override key, then every field (numbers unrounded)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([*keys, *CSV_FIELDS])
+    tasks = task_columns(rows)
+    writer.writerow([*keys, *CSV_FIELDS, *tasks])
     for row in rows:
         values = ["" if getattr(row, name) is None else getattr(row, name) for name in CSV_FIELDS]
-        writer.writerow([*(row.overrides.get(k, "") for k in keys), *values])
+        writer.writerow([*(row.overrides.get(k, "") for k in keys), *values, *(row.task_scores.get(k, "") for k in tasks)])
     return out.getvalue()
 
 
@@ -189,7 +198,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.report", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="the sweep's multirun dir (holds sweep.json)")
     parser.add_argument("--metric", default="best_val_loss", choices=METRICS, help="sort key (default: %(default)s)")
+    parser.add_argument("--sort", metavar="KEY",
+                        help="best first by KEY: a --metric, val_accuracy, or a task score tasks.NAME.METRIC "
+                             "(accuracies and task scores largest first)")
     parser.add_argument("--descending", action="store_true", help="largest first (e.g. for mean_tokens_per_s)")
+    parser.add_argument("--ascending", action="store_true", help="with --sort: smallest first")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table instead of text")
     parser.add_argument("--efficiency", action="store_true",
@@ -212,7 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep = load_sweep(args.sweep_dir)
     if sweep.slurm_error:
         print(f"no Slurm states (from metrics.json only): {sweep.slurm_error.splitlines()[0]}", file=sys.stderr)
-    rows = sort_rows(sweep.rows, args.metric, args.descending)
+    if args.sort is not None and args.sort not in sort_keys(sweep.rows):
+        print(f"--sort {args.sort} is not allowed: one of {', '.join(sort_keys(sweep.rows))}", file=sys.stderr)
+        return 2
+    if args.sort is not None:
+        descending = args.descending or (higher_is_better(args.sort) and not args.ascending)
+        rows = sort_rows(sweep.rows, args.sort, descending)
+    else:
+        rows = sort_rows(sweep.rows, args.metric, args.descending)
     keys = swept_keys(rows)
     hours = hours_word(rows, local=sweep.record.launcher != "slurm")
     total = total_line(sweep.usage, rows, hours)

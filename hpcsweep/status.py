@@ -30,6 +30,7 @@ from hpcsweep.results.table import (
     FINAL_STATUSES,
     TrialRow,
     load_sweep,
+    memory_text,
     resolve_trial_dir,
     swept_keys,
 )
@@ -128,6 +129,8 @@ def status_line(row: TrialRow, params: str, eta: float | None, color: bool = Fal
     )
     if row.attempt > 1:
         line += f"  attempt {row.attempt}"
+    if row.memory_plan_bytes is not None or row.memory_peak_bytes is not None:
+        line += f"  GB(plan/peak) {memory_text(row)}"
     if row.last_stop_reason == "budget" and row.status == "stopped":
         line += "  (stopped by the budget)"
     if row.status == "failed":

@@ -31,6 +31,14 @@ SLOW_MODULES = {
 """Unit test modules whose every test is slow (most share a module fixture that trains)."""
 SLOW_TESTS = {
     "test_moe_balance.py": {"test_balance_halves_the_max_mean_load_of_a_router_biased_toward_one_expert"},
+    "test_memory_plan.py": {
+        "test_the_plans_adapters_are_the_trainable_parameters_of_the_wrapped_deepseek_v3",  # peft wraps 61 x 256 experts
+        "test_the_plan_of_a_cpu_trial_is_within_20_percent_of_its_measured_peak",  # two CPU trials in fresh interpreters
+    },
+    "test_task_scores.py": {  # two CPU trials of the fact model, lm-eval every 2 steps in one
+        "test_a_stalling_task_score_stops_the_trial_offline_and_training_is_unchanged_by_the_tasks",
+        "test_two_ranks_wait_for_rank_0s_scores_and_stop_early_together",  # torchrun of two ranks
+    },
     "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
     "test_example_model.py": {"test_it_writes_the_readmes_model_folder_and_corpus_as_the_tests_make_them"},

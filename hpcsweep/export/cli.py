@@ -32,6 +32,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--best", action="store_true", help="the trial with the lowest best_val_loss")
     which.add_argument("--trial", type=int, metavar="N", help="trial N of the sweep")
+    parser.add_argument("--by", default="best_val_loss", metavar="KEY",
+                        help="with --best: the metrics.json key that ranks trials, e.g. tasks.NAME.acc (default: %(default)s)")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="a new (or empty) folder")
     parser.add_argument("--merge", action="store_true", help="LoRA: merge the adapter into its base, one full model")
     parser.add_argument("--checkpoint", choices=("best", "last"), default="best",
@@ -65,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         refusal = None if args.allow_running else running_refusal(statuses, args.trial, args.sweep_dir)
         if refusal:
             raise ExportRefused(refusal)
-        source = choose_source(args.sweep_dir, args.trial, args.checkpoint)
+        source = choose_source(args.sweep_dir, args.trial, args.checkpoint, by=args.by)
         from transformers.utils import logging as transformers_logging
 
         from hpcsweep.export.writer import ExportOptions, export_trial

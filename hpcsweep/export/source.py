@@ -1,7 +1,7 @@
 """Which trial of a sweep to export, and which of its checkpoints: decisions on a sweep dir's files.
 
 ``--best`` is the trial with the lowest ``best_val_loss`` in its metrics.json among the trials that
-have a checkpoint; ``--trial N`` is trial N. Of the trial's checkpoints, ``best`` is the one with the
+have a checkpoint (``--by KEY``: the best by another key, the largest for an accuracy or task score); ``--trial N`` is trial N. Of the trial's checkpoints, ``best`` is the one with the
 lowest validation loss in its name (``hpcsweep.train.checkpoint`` keeps the top-k by it, weights
 only), ``last`` the newest. Only checkpoints whose weights are complete count. Every refusal is an
 ``ExportRefused`` with the one line to print.
@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from hpcsweep.files.sweep_record import missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
-from hpcsweep.results.table import JobQuery, load_sweep, read_record, resolve_trial_dir
+from hpcsweep.files.metric_keys import finite_metric
+from hpcsweep.results.table import JobQuery, higher_is_better, load_sweep, read_record, resolve_trial_dir
 from hpcsweep.slurm.job_states import query_job_states
 from hpcsweep.train.checkpoint import CheckpointError, checkpoint_paths, inspect_checkpoint, parse_name
 
@@ -94,8 +95,11 @@ def read_trial_metrics(trial_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def choose_source(sweep_dir: Path, trial_num: int | None, which: Literal["best", "last"]) -> ExportSource:
-    """The trial (``trial_num``; None: the best) and the checkpoint to export, or ``ExportRefused``."""
+def choose_source(
+    sweep_dir: Path, trial_num: int | None, which: Literal["best", "last"], by: str = "best_val_loss"
+) -> ExportSource:
+    """The trial (``trial_num``; None: the best by metrics.json's ``by``, :func:`best_trial`) and the
+    checkpoint to export, or ``ExportRefused``."""
     trials = sweep_trials(sweep_dir)
     if trial_num is not None:
         chosen = [t for t in trials if t.num == trial_num]
@@ -111,7 +115,7 @@ def choose_source(sweep_dir: Path, trial_num: int | None, which: Literal["best",
         candidates = [(t, read_trial_metrics(t.trial_dir)) for t in trials if usable_checkpoints(t.trial_dir)]
         if not candidates:
             raise ExportRefused(f"no trial of {sweep_dir} has a checkpoint to export")
-        trial, _ = min(candidates, key=lambda c: (_loss(c[1].get("best_val_loss")), c[0].num))
+        trial = best_trial(candidates, by)
         checkpoints = usable_checkpoints(trial.trial_dir)
     by_name = {p.name: p for p in checkpoints}
     return ExportSource(trial, read_trial_metrics(trial.trial_dir), by_name[choose_checkpoint(list(by_name), which)])
@@ -150,6 +154,17 @@ def running_note(source: ExportSource, statuses: Mapping[int, str]) -> str | Non
 
 def _loss(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
+
+
+def best_trial(candidates: Sequence[tuple[TrialChoice, dict[str, Any]]], by: str) -> TrialChoice:
+    """The candidate whose metrics.json is best by dotted key ``by``: the largest for accuracies and
+    task scores (``tasks.NAME.acc``), else the smallest; the lowest number among equals. ``ExportRefused``
+    when no candidate has a finite number there."""
+    valued = [(trial, value) for trial, metrics in candidates if (value := finite_metric(metrics, by)) is not None]
+    if not valued:
+        raise ExportRefused(f"--by {by}: no trial with a checkpoint has a number {by} in its metrics.json")
+    sign = -1.0 if higher_is_better(by) else 1.0
+    return min(valued, key=lambda tv: (sign * tv[1], tv[0].num))[0]
 
 
 def out_dir_refusal(out: Path) -> str | None:

@@ -1,12 +1,12 @@
 """A decoder's sizes, and its parameters counted from them: pure arithmetic, no torch, no model.
 
 ``ModelShape`` comes from a ``ModelConfig`` (``shape_from_model_config``) or from a Hugging Face
-``config.json`` (``shape_from_hf_config``: Llama-style dense models, DeepSeek-V2/V3 with MLA
-attention and MoE layers). ``parameter_groups`` lists every weight the transformers classes
-build (``LlamaForCausalLM``, ``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``) by module
-name and size, so the login node can count total, active and LoRA parameters of a model far
-too big to build; ``tests/unit/test_memory_plan.py`` checks the counts against the real
-models built on the meta device.
+``config.json`` (``shape_from_hf_config``): Llama-style dense models, DeepSeek-V2/V3 (MLA attention,
+MoE layers), Mixtral and Qwen2-MoE, and DeepSeek-MoE's remote-code ``deepseek`` (GQA attention,
+DeepSeek MoE layers). ``parameter_groups`` lists every weight those models build, by module name
+and size, so the login node can count total, active and LoRA parameters of a model far too big to
+build; ``tests/unit/test_memory_plan.py`` checks the counts against the real models, and the LoRA
+count against the real wrapped models, built on the meta device.
 """
 
 from __future__ import annotations
@@ -15,10 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpcsweep.model.lora_targets import ALL_LINEAR
+
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2")
 """``config.json`` ``model_type`` values laid out as Llama: GQA attention and a gated MLP."""
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 """``model_type`` values with MLA attention and DeepSeek MoE layers."""
+GQA_MOE_MODEL_TYPES = ("deepseek", "mixtral", "qwen2_moe")
+"""``model_type`` values with GQA attention and MoE layers: DeepSeek-MoE (its remote code's keys:
+``n_routed_experts``, ``n_shared_experts``, ``moe_intermediate_size``, ``first_k_dense_replace``,
+``moe_layer_freq``), Mixtral (every layer routed, no shared expert) and Qwen2-MoE (one gated shared expert)."""
+PLANNED_MODEL_TYPES = (*DENSE_MODEL_TYPES, *MLA_MODEL_TYPES, *GQA_MOE_MODEL_TYPES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +33,10 @@ class ModelShape:
     """The sizes that decide a decoder's parameters and activations."""
 
     arch: str
-    """``llama`` (dense, GQA) or ``deepseek_v3`` (MLA attention, MoE after ``first_k_dense_replace`` layers)."""
+    """``llama`` (GQA attention), ``deepseek_v3`` (MLA attention); either with MoE layers where
+    ``sparse_layers`` names them."""
+    model_type: str = ""
+    """``config.json``'s ``model_type`` (what picks the LoRA targets); the ``arch`` when built from a ``ModelConfig``."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -35,13 +45,18 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    """q, k and v carry biases (Qwen2-MoE's ``qkv_bias``)."""
     n_routed_experts: int = 0
     """0: no MoE layer."""
     num_experts_per_tok: int = 0
-    n_shared_experts: int = 0
     moe_intermediate_size: int = 0
-    first_k_dense_replace: int = 0
-    moe_layer_freq: int = 1
+    shared_intermediate_size: int = 0
+    """Width of the shared experts' MLP (DeepSeek: ``n_shared_experts x moe_intermediate_size``); 0: none."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate (``h -> 1``) in front of the shared expert (Qwen2-MoE)."""
+    sparse_layers: tuple[int, ...] = ()
+    """The decoder layers whose MLP is a MoE layer."""
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -54,30 +69,34 @@ class ModelShape:
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` has MoE experts instead of a dense MLP."""
-        return (
-            self.n_routed_experts > 0 and index >= self.first_k_dense_replace and index % self.moe_layer_freq == 0
-        )
+        return self.n_routed_experts > 0 and index in self.sparse_layers
 
     @property
     def moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
 
+def deepseek_sparse_layers(layers: int, first_k_dense: int, every: int = 1) -> tuple[int, ...]:
+    """DeepSeek's MoE layers: from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th."""
+    return tuple(i for i in range(layers) if i >= first_k_dense and i % every == 0)
+
+
 def shape_from_model_config(model: Any) -> ModelShape:
     """The shape of a ``hpcsweep.config.ModelConfig`` (as ``hpcsweep.train.model.hf_config`` builds it)."""
     common = dict(
-        vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
-        num_layers=model.num_layers, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
-        head_dim=model.hidden_size // model.num_heads, tie_word_embeddings=False,
+        model_type=model.arch, vocab_size=model.vocab_size, hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size, num_layers=model.num_layers, num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads, head_dim=model.hidden_size // model.num_heads, tie_word_embeddings=False,
     )
     if model.arch == "llama":
         return ModelShape(arch="llama", **common)
     return ModelShape(
         arch="deepseek_v3", **common,
         n_routed_experts=model.n_routed_experts, num_experts_per_tok=model.num_experts_per_tok,
-        n_shared_experts=model.n_shared_experts, moe_intermediate_size=model.moe_intermediate_size,
-        first_k_dense_replace=model.first_k_dense_replace, q_lora_rank=model.q_lora_rank,
-        kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim,
+        moe_intermediate_size=model.moe_intermediate_size,
+        shared_intermediate_size=model.moe_intermediate_size * model.n_shared_experts,
+        sparse_layers=deepseek_sparse_layers(model.num_layers, model.first_k_dense_replace),
+        q_lora_rank=model.q_lora_rank, kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim,
         qk_nope_head_dim=model.qk_nope_head_dim, v_head_dim=model.v_head_dim,
     )
 
@@ -93,28 +112,50 @@ def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
 
 def _shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
     model_type = config.get("model_type")
-    if model_type not in (*DENSE_MODEL_TYPES, *MLA_MODEL_TYPES):
-        allowed = ", ".join((*DENSE_MODEL_TYPES, *MLA_MODEL_TYPES))
-        raise ValueError(f"config.json model_type={model_type!r} has no memory plan: one of {allowed}")
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    if model_type not in PLANNED_MODEL_TYPES:
+        raise ValueError(f"config.json model_type={model_type!r} has no memory plan: one of {', '.join(PLANNED_MODEL_TYPES)}")
+    hidden, heads, layers = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
     common = dict(
-        vocab_size=config["vocab_size"], hidden_size=hidden, intermediate_size=config["intermediate_size"],
-        num_layers=config["num_hidden_layers"], num_heads=heads,
+        model_type=model_type, vocab_size=config["vocab_size"], hidden_size=hidden,
+        intermediate_size=config["intermediate_size"], num_layers=layers, num_heads=heads,
         num_kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or hidden // heads,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
     if model_type in DENSE_MODEL_TYPES:
         return ModelShape(arch="llama", **common)
-    return ModelShape(
-        arch="deepseek_v3", **common,
+    if model_type == "mixtral":
+        return ModelShape(
+            arch="llama", **common, n_routed_experts=config["num_local_experts"],
+            num_experts_per_tok=config["num_experts_per_tok"], moe_intermediate_size=config["intermediate_size"],
+            sparse_layers=tuple(range(layers)),
+        )
+    if model_type == "qwen2_moe":
+        dense = set(config.get("mlp_only_layers") or ())
+        step = config.get("decoder_sparse_step") or 1
+        return ModelShape(
+            arch="llama", **common, attention_bias=bool(config.get("qkv_bias", True)),
+            n_routed_experts=config["num_experts"], num_experts_per_tok=config["num_experts_per_tok"],
+            moe_intermediate_size=config["moe_intermediate_size"],
+            shared_intermediate_size=config["shared_expert_intermediate_size"], shared_expert_gate=True,
+            sparse_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
+        )
+    experts = dict(
         n_routed_experts=config.get("n_routed_experts") or 0,
         num_experts_per_tok=config.get("num_experts_per_tok") or 0,
-        n_shared_experts=config.get("n_shared_experts") or 0,
         moe_intermediate_size=config.get("moe_intermediate_size") or 0,
-        first_k_dense_replace=config.get("first_k_dense_replace") or 0,
-        # DeepSeek-V3's transformers class puts experts in every layer after the first k.
-        moe_layer_freq=(config.get("moe_layer_freq") or 1) if model_type == "deepseek_v2" else 1,
+        shared_intermediate_size=(config.get("moe_intermediate_size") or 0) * (config.get("n_shared_experts") or 0),
+        # transformers' DeepSeek-V2/V3 classes put experts in every layer after the first k; the remote
+        # code (model_type deepseek) also honours moe_layer_freq.
+        sparse_layers=deepseek_sparse_layers(
+            layers, config.get("first_k_dense_replace") or 0,
+            (config.get("moe_layer_freq") or 1) if model_type == "deepseek" else 1,
+        ),
+    )
+    if model_type == "deepseek":
+        return ModelShape(arch="llama", **common, **experts)
+    return ModelShape(
+        arch="deepseek_v3", **common, **experts,
         q_lora_rank=config.get("q_lora_rank"), kv_lora_rank=config["kv_lora_rank"],
         qk_rope_head_dim=config["qk_rope_head_dim"], qk_nope_head_dim=config["qk_nope_head_dim"],
         v_head_dim=config["v_head_dim"],
@@ -148,8 +189,9 @@ def _attention(shape: ModelShape) -> list[tuple[str, int, int]]:
     h, n = shape.hidden_size, shape.num_heads
     if not shape.is_mla:
         kv = shape.num_kv_heads * shape.head_dim
+        biases = [("q_proj.bias", 0, n * shape.head_dim), ("k_proj.bias", 0, kv), ("v_proj.bias", 0, kv)]
         return [("q_proj", h, n * shape.head_dim), ("k_proj", h, kv), ("v_proj", h, kv),
-                ("o_proj", n * shape.head_dim, h)]
+                ("o_proj", n * shape.head_dim, h), *(biases if shape.attention_bias else [])]
     qk = shape.qk_nope_head_dim + shape.qk_rope_head_dim
     query = (
         [("q_proj", h, n * qk)]
@@ -171,28 +213,42 @@ def _mlp(prefix: str, hidden: int, width: int) -> list[tuple[str, int, int]]:
             (f"{prefix}down_proj", width, hidden)]
 
 
+def _layer_norms(shape: ModelShape) -> list[tuple[str, int, int]]:
+    return [("input_layernorm", 0, shape.hidden_size), ("post_attention_layernorm", 0, shape.hidden_size)]
+
+
+def _dense_mlp(shape: ModelShape) -> list[tuple[str, int, int]]:
+    return [(f"mlp.{name}", i, o) for name, i, o in _mlp("", shape.hidden_size, shape.intermediate_size)]
+
+
+def _moe_mlp(shape: ModelShape) -> list[tuple[str, int, int, float]]:
+    """A MoE layer's weights, each with the share of tokens that uses it."""
+    h, experts, width = shape.hidden_size, shape.n_routed_experts, shape.moe_intermediate_size
+    share = shape.num_experts_per_tok / experts
+    # The router is a weight of its own in transformers 5 (no nn.Linear, so never a LoRA target);
+    # routed experts are fused 3-D tensors, [E, 2I, h] and [E, h, I].
+    weights = [("mlp.gate", 0, experts * h, 1.0), ("mlp.experts.gate_up_proj", 0, experts * 2 * width * h, share),
+               ("mlp.experts.down_proj", 0, experts * width * h, share)]
+    if shape.shared_intermediate_size:
+        prefix = "shared_expert." if shape.shared_expert_gate else "shared_experts."
+        weights += [(f"mlp.{name}", i, o, 1.0) for name, i, o in _mlp(prefix, h, shape.shared_intermediate_size)]
+    if shape.shared_expert_gate:
+        weights.append(("mlp.shared_expert_gate", h, 1, 1.0))
+    return weights
+
+
 def parameter_groups(shape: ModelShape) -> list[ParamGroup]:
-    """Every weight of the model, grouped by module name across layers (no biases: none of these
-    classes has any by default)."""
+    """Every weight of the model, grouped by module name across layers (biases only where named:
+    none of these classes has any by default but Qwen2-MoE's q, k, v)."""
     h, layers, moe = shape.hidden_size, shape.num_layers, shape.moe_layers
     dense = layers - moe
     groups = [ParamGroup("embed_tokens", 0, shape.vocab_size * h)]
     groups += [ParamGroup(f"self_attn.{name}", i, o, layers) for name, i, o in _attention(shape)]
-    groups += [ParamGroup(norm, 0, h, layers) for norm in ("input_layernorm", "post_attention_layernorm")]
+    groups += [ParamGroup(name, i, o, layers) for name, i, o in _layer_norms(shape)]
     if dense:
-        groups += [ParamGroup(f"mlp.{name}", i, o, dense) for name, i, o in _mlp("", h, shape.intermediate_size)]
+        groups += [ParamGroup(name, i, o, dense) for name, i, o in _dense_mlp(shape)]
     if moe:
-        experts, width = shape.n_routed_experts, shape.moe_intermediate_size
-        share = shape.num_experts_per_tok / experts
-        groups += [
-            ParamGroup("mlp.gate", h, experts, moe),
-            # Routed experts are 3D tensors in transformers (no nn.Linear, so no LoRA target).
-            ParamGroup("mlp.experts.gate_up_proj", 0, experts * 2 * width * h, moe, share),
-            ParamGroup("mlp.experts.down_proj", 0, experts * width * h, moe, share),
-        ]
-        if shape.n_shared_experts:
-            groups += [ParamGroup(f"mlp.{name}", i, o, moe)
-                       for name, i, o in _mlp("shared_experts.", h, width * shape.n_shared_experts)]
+        groups += [ParamGroup(name, i, o, moe, share) for name, i, o, share in _moe_mlp(shape)]
     groups.append(ParamGroup("norm", 0, h))
     if not shape.tie_word_embeddings:
         groups.append(ParamGroup("lm_head", h, shape.vocab_size))
@@ -209,16 +265,21 @@ def active_parameters(shape: ModelShape) -> int:
     return round(sum(g.numel * g.share for g in parameter_groups(shape)))
 
 
+def _numel(weights: list) -> int:
+    return sum(i * o if i else o for _, i, o, *_ in weights)
+
+
+def layer_parameters(shape: ModelShape, index: int) -> int:
+    """Parameters of decoder layer ``index``: attention, its two norms, and its dense or MoE MLP."""
+    mlp = _moe_mlp(shape) if shape.is_moe_layer(index) else _dense_mlp(shape)
+    return _numel(_attention(shape)) + _numel(_layer_norms(shape)) + _numel(mlp)
+
+
 def largest_layer_parameters(shape: ModelShape) -> int:
-    """Parameters of the biggest decoder layer (an MoE one where there is one): what FSDP gathers at once."""
-    groups = [g for g in parameter_groups(shape) if g.count > 1 or g.name.startswith(("self_attn.", "mlp."))]
-    per_layer_attention = sum(g.numel // g.count for g in groups if not g.name.startswith("mlp."))
-    mlp_sizes: dict[bool, int] = {True: 0, False: 0}
-    for g in groups:
-        if g.name.startswith("mlp."):
-            moe_group = g.name.startswith(("mlp.gate", "mlp.experts", "mlp.shared_experts"))
-            mlp_sizes[moe_group] += g.numel // g.count
-    return per_layer_attention + max(mlp_sizes.values())
+    """Parameters of the biggest decoder layer: what FSDP gathers at once."""
+    kinds = {shape.is_moe_layer(i) for i in range(shape.num_layers)}
+    return max(layer_parameters(shape, next(i for i in range(shape.num_layers) if shape.is_moe_layer(i) == moe))
+               for moe in kinds)
 
 
 def root_parameters(shape: ModelShape) -> int:
@@ -226,11 +287,25 @@ def root_parameters(shape: ModelShape) -> int:
     return sum(g.numel for g in parameter_groups(shape) if g.name in ("embed_tokens", "norm", "lm_head"))
 
 
-def lora_parameters(shape: ModelShape, rank: int, targets: tuple[str, ...]) -> int:
-    """Adapter parameters of LoRA at ``rank`` on every linear layer whose last name is in ``targets``:
-    ``rank x (in + out)`` each (peft's ``lora_A`` and ``lora_B``)."""
-    return sum(
-        g.count * rank * (g.in_features + g.out_features)
-        for g in parameter_groups(shape)
-        if g.is_linear and g.name.rsplit(".", 1)[-1] in targets
-    )
+def expert_lora_parameters(shape: ModelShape, rank: int) -> int:
+    """Adapter parameters of an expert LoRA at ``rank`` on both fused expert tensors of every MoE layer:
+    each expert its own ``A`` (r x in) and ``B`` (out x r), as peft's ``ParamWrapper`` shapes them
+    (``lora_A`` in -> r·E, ``lora_B`` r·E -> out): ``r·E·(h + 2I)`` for ``gate_up_proj`` and
+    ``r·E·(I + h)`` for ``down_proj``."""
+    h, width = shape.hidden_size, shape.moe_intermediate_size
+    return shape.moe_layers * rank * shape.n_routed_experts * ((h + 2 * width) + (width + h))
+
+
+def lora_parameters(shape: ModelShape, rank: int, targets: tuple[str, ...] | str, experts: bool = False) -> int:
+    """Adapter parameters of LoRA at ``rank`` on every linear layer whose last name is in ``targets``
+    (``all-linear``: every linear layer but the LM head), ``rank x (in + out)`` each (peft's ``lora_A``
+    and ``lora_B``), plus with ``experts`` the routed experts' (``expert_lora_parameters``)."""
+
+    def adapted(group: ParamGroup) -> bool:
+        if targets == ALL_LINEAR:
+            return group.name != "lm_head"
+        return group.name.rsplit(".", 1)[-1] in targets
+
+    linear = sum(g.count * rank * (g.in_features + g.out_features) for g in parameter_groups(shape)
+                 if g.is_linear and adapted(g))
+    return linear + (expert_lora_parameters(shape, rank) if experts else 0)

@@ -22,6 +22,12 @@ DEFAULT_LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "deepseek_v2": ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
                     "gate_proj", "up_proj", "down_proj"),
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    # GQA attention with MoE layers: the dense MLPs' and shared experts' linears carry the MLP names
+    # (DeepSeek-MoE's remote code, Qwen2-MoE's shared expert; its 1-wide sigmoid gate, like the router,
+    # is left alone); Mixtral has no MLP linear at all, only routed experts.
+    "deepseek": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "qwen2_moe": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("q_proj", "k_proj", "v_proj", "o_proj"),
 }
 """Adapted linear module names by ``config.model_type``: every linear layer of attention and of the
 dense and shared-expert MLPs. Names an architecture does not have (``q_a_proj`` with full-rank

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-HUB_OFFLINE_VARIABLES = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+HUB_OFFLINE_VARIABLES = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+"""HF_DATASETS_OFFLINE: lm-eval's tasks read their data through the datasets package (``hpcsweep.train.task_scores``)."""
 
 
 def stay_offline(environ: MutableMapping[str, str] | None = None) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcsweep.files.metric_keys import TASKS_KEY, metric_value, task_score_keys
 from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics
 from hpcsweep.files.sweep_record import (
     SWEEP_FILE,
@@ -55,7 +56,10 @@ METRICS = (
     "step", "restarts",
 )
 """Row fields ``--metric`` may sort by."""
-SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s"}
+HIGHER_IS_BETTER = ("val_accuracy", "mean_tokens_per_s", "tokens_per_s")
+"""Row fields whose best value is the largest (task scores are, too: ``higher_is_better``)."""
+SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s",
+                    "val_accuracy": "val/accuracy"}
 """Where a metric comes from when metrics.json lacks it: the latest point of this scalar tag."""
 
 JobQuery = Callable[[Sequence[str]], Mapping[str, JobState]]
@@ -76,6 +80,10 @@ class TrialRow:
     train_loss: float | None = None
     val_loss: float | None = None
     best_val_loss: float | None = None
+    val_accuracy: float | None = None
+    """Next-token accuracy on the validation split at the last evaluation (metrics.json ``val_accuracy``)."""
+    task_scores: dict[str, float] = field(default_factory=dict)
+    """The latest task scores by ``tasks.NAME.METRIC`` (metrics.json ``tasks``; ``hpcsweep.train.task_scores``)."""
     tokens_per_s: float | None = None
     """The latest logged window's throughput (metrics.json's ``tokens_per_s``)."""
     mean_tokens_per_s: float | None = None
@@ -258,19 +266,54 @@ def build_row(
         never_starts=waiting.never_starts if waiting is not None else "",
         attempt=len(trial.all_attempts()),
         last_stop_reason=metrics.get("last_stop_reason") or "",
-        memory_plan_bytes=(metrics.get("memory_plan") or {}).get("tensors_bytes"),
+        memory_plan_bytes=planned_bytes(metrics),
         memory_peak_bytes=(metrics.get("memory_peak") or {}).get("bytes"),
         efficiency=efficiency_of(metrics, mean_rate if mean_rate is not None else values["tokens_per_s"]),
         profile_dir=str(Path(traces[0]).parent) if (traces := (metrics.get("profile") or {}).get("traces")) else "",
+        task_scores={key: metric_value(metrics, key) for key in task_score_keys(metrics)},
         **values,
     )
+
+
+def planned_bytes(metrics: Mapping[str, Any]) -> int | None:
+    """The memory plan's bytes per GPU that compare with the trial's measured peak: its tensors against
+    CUDA's allocator peak, its total (interpreter included) against a CPU process's resident set."""
+    plan, peak = metrics.get("memory_plan") or {}, metrics.get("memory_peak") or {}
+    return plan.get("total_bytes" if peak.get("source") == "ru_maxrss" else "tensors_bytes")
+
+
+def memory_text(row: TrialRow) -> str:
+    """``18.5/16.2``: the memory plan's GB per GPU against the measured peak's (``-`` for either unknown)."""
+    if row.memory_plan_bytes is None and row.memory_peak_bytes is None:
+        return "-"
+    plan = "-" if row.memory_plan_bytes is None else f"{row.memory_plan_bytes / 2**30:.1f}"
+    peak = "-" if row.memory_peak_bytes is None else f"{row.memory_peak_bytes / 2**30:.1f}"
+    return f"{plan}/{peak}"
+
+
+def row_metric(row: TrialRow, metric: str) -> float | None:
+    """A row's value of ``metric``: a field (``best_val_loss``) or a task score (``tasks.NAME.METRIC``)."""
+    if metric in row.task_scores:
+        return row.task_scores[metric]
+    value = getattr(row, metric, None) if metric in TrialRow.__dataclass_fields__ else None
+    return value if isinstance(value, (int, float)) else None
+
+
+def sort_keys(rows: Sequence[TrialRow]) -> list[str]:
+    """Every key ``report --sort`` takes for these rows: the fields of ``METRICS``, ``val_accuracy``, and their task scores."""
+    return [*METRICS, "val_accuracy", *sorted({k for row in rows for k in row.task_scores})]
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether the best value of ``metric`` is its largest: accuracies, task scores, throughput."""
+    return metric in HIGHER_IS_BETTER or metric.startswith(f"{TASKS_KEY}.")
 
 
 def sort_rows(rows: Sequence[TrialRow], metric: str, descending: bool = False) -> list[TrialRow]:
     """Rows by ``metric``: failed trials last, then trials without the metric, then by number."""
 
     def key(row: TrialRow) -> tuple:
-        value = getattr(row, metric)
+        value = row_metric(row, metric)
         missing = value is None or (isinstance(value, float) and math.isnan(value))
         ordered = 0.0 if missing else (-value if descending else value)
         return (row.status == "failed", missing, ordered, row.num)

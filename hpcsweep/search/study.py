@@ -31,6 +31,7 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from hpcsweep.files.metric_keys import metric_value
 from hpcsweep.search.settings import STUDY_NAME, SearchFiles, SearchSettings
 from hpcsweep.search.space import Dimension, SearchSpace
 from hpcsweep.search.warm_start import SeedTrial
@@ -237,8 +238,6 @@ def load_study(files: SearchFiles, settings: SearchSettings, num: int = 0) -> op
 
 
 def objective_value(metrics: dict[str, Any] | None, objective: str) -> float | None:
-    """The objective in a trial's metrics.json, or None when it has none (or not a number)."""
-    value = (metrics or {}).get(objective)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+    """The objective in a trial's metrics.json, or None when it has none (or not a number); a dotted
+    objective reads a nested score (``tasks.NAME.acc``, ``hpcsweep.files.metric_keys``)."""
+    return metric_value(metrics, objective)

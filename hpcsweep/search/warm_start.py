@@ -26,12 +26,12 @@ trials' values of the key are taken.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsweep.files.metric_keys import finite_metric
 from hpcsweep.search.space import Dimension, SearchSpace
 
 WARM_START_KEY = "hydra.sweeper.warm_start"
@@ -171,8 +171,8 @@ def _select(
 def _ending(trial: EarlierTrial, objective: str, pruner: str) -> tuple[str | None, Any]:
     """``(state, value)`` to seed it with, or ``(None, (kind, reason))`` when it did not finish usably."""
     if trial.status in FINISHED_STATUSES:
-        value = trial.metrics.get(objective)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        value = finite_metric(trial.metrics, objective)
+        if value is None:
             # Optuna fails a trial told NaN: a diverged trial is no point of the objective.
             return None, ("without the objective", f"its metrics.json has no finite number {objective}")
         return "COMPLETE", float(value)

@@ -129,6 +129,9 @@ class TrialHook:
         """Validate the sweep against the nodes of the partition it goes to (their GRES, as ``sinfo``
         prints them: ``gpu:a100:8(S:0-1)``); ``ValueError``. On Slurm only, once the allocations fit."""
 
+    def check_objective(self, trial: CheckedTrial, objective: str) -> None:
+        """``ValueError`` when a search's ``objective`` key names something the trial can never report."""
+
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int] | None:
         """``(first, last)``: the first step at which the trial reports its objective, and its last step.
 

@@ -139,10 +139,19 @@ class HpcsweepTrials(TrialHook):
 
         check_memory_plans(trials, launcher, partition_gres)
 
+    def check_objective(self, trial: CheckedTrial, objective: str) -> None:
+        """A task score objective (``tasks.NAME.METRIC``) names a task of the trial's ``tasks.names``."""
+        parts, names = objective.split("."), trial.app_config[0].tasks.names
+        if parts[0] == "tasks" and (len(parts) != 3 or parts[1] not in names):
+            raise ValueError(f"hydra.sweeper.objective={objective} is not allowed: a task score is tasks.NAME.METRIC "
+                             f"with NAME one of tasks.names={names}")
+
     def objective_steps(self, trial: CheckedTrial) -> tuple[int, int]:
-        """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``."""
-        trainer = trial.app_config[0].trainer
-        return min(trainer.eval_every, trainer.max_steps), trainer.max_steps
+        """The trainer evaluates every ``trainer.eval_every`` steps and at ``trainer.max_steps``, and
+        runs a trial's tasks every ``tasks.every`` steps (0: at the end only)."""
+        trainer, tasks = trial.app_config[0].trainer, trial.app_config[0].tasks
+        task_every = tasks.every if tasks.names and tasks.every > 0 else trainer.max_steps
+        return min(trainer.eval_every, task_every, trainer.max_steps), trainer.max_steps
 
     def run_locally(
         self, trials: Sequence[SweepTrial], run_trials: Callable[[Sequence[SweepTrial]], list[JobReturn] | SweepStopped]

@@ -1,4 +1,6 @@
-"""Refuse, before submit, every trial whose memory plan does not fit the GPUs it will get.
+"""Refuse, before submit, every trial whose memory plan does not fit the GPUs it will get, and show
+the plans that fit: one line per distinct plan (``memory plan: trials #0-2: ~53 GB/GPU of 80 per A100
+(LoRA r=16, DDP): fits``).
 
 On Slurm only: the GPUs' memory comes from ``hydra.launcher.gpu_mem_gb``, ``hydra.launcher.gres``
 or the partition's GRES (``hpcsweep.memory_plan.gpu_memory``). A local run is not checked: there is no queue
@@ -13,15 +15,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory, gpu_memory
+from hpcsweep.memory_plan.gpu_memory import GpuMemory, gpu_memory
 from hpcsweep.memory_plan import (
+    MemoryPlan,
+    TrainingSetup,
     fits,
+    plan_line,
     plan_memory,
     refusal_line,
     resolve_parallel,
     setup_of_trial,
     shape_of_trial,
 )
+from hpcsweep.memory_plan.model_shape import ModelShape
 from hpcsweep.sweep.allocation import gpus_asked
 from hpcsweep.sweep.hooks import SweepTrial
 
@@ -36,42 +42,74 @@ def memory_check_enabled(params: Mapping[str, Any]) -> bool:
     return value
 
 
+def trial_numbers(nums: Sequence[int]) -> str:
+    """``trial #3`` / ``trials #0-2,5``: trial numbers, consecutive ones as a range."""
+    ranges: list[list[int]] = []
+    for num in sorted(nums):
+        if ranges and num == ranges[-1][1] + 1:
+            ranges[-1][1] = num
+        else:
+            ranges.append([num, num])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+    return f"trial{'s' if len(nums) > 1 else ''} #{text}"
+
+
+def grouped_plan_lines(planned: Sequence[tuple[int, str]]) -> list[str]:
+    """One line per distinct plan line, naming the trials that have it, in the order first met."""
+    groups: dict[str, list[int]] = {}
+    for num, line in planned:
+        groups.setdefault(line, []).append(num)
+    return [f"{trial_numbers(nums)}: {line}" for line, nums in groups.items()]
+
+
+def trial_plan(
+    trial: SweepTrial, params: Mapping[str, Any], gpu: GpuMemory | None
+) -> tuple[ModelShape, TrainingSetup, MemoryPlan] | None:
+    """The shape, setup (``trainer.parallel=auto`` resolved against ``gpu``) and plan of one trial on the
+    GPUs it asks for; None for a trial that asks for no GPU, or (with a warning) whose model the plan
+    does not know."""
+    config = trial.app_config[0]
+    per_node = gpus_asked(trial.allocation, params)
+    if per_node == 0:
+        return None
+    try:
+        shape = shape_of_trial(config.model)
+    except ValueError as err:  # a pretrained folder of an architecture the plan does not know
+        log.warning("trial #%d: memory plan not checked: %s", trial.num, err)
+        return None
+    setup = setup_of_trial(config, world_size=trial.allocation.nodes * per_node, device="cuda",
+                           bf16=True if gpu is None else gpu.bf16)
+    if setup.parallel == "auto":
+        setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))
+    return shape, setup, plan_memory(shape, setup)
+
+
 def memory_refusals(
     trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory
-) -> tuple[list[str], tuple[float, int] | None]:
-    """The refusal line of each trial that does not fit ``gpu``, and the largest plan (GB, trial number).
+) -> tuple[list[str], list[str]]:
+    """The refusal line of each trial that does not fit ``gpu``, and one plan line per distinct plan.
 
     ``app_config`` of each trial is hpcsweep's ``(TrialConfig, ResumeConfig)``; a trial that asks
     for no GPU is not checked.
     """
     refused: list[str] = []
-    largest: tuple[float, int] | None = None
+    planned: list[tuple[int, str]] = []
     for trial in trials:
-        config = trial.app_config[0]
-        per_node = gpus_asked(trial.allocation, params)
-        if per_node == 0:
+        found = trial_plan(trial, params, gpu)
+        if found is None:
             continue
-        try:
-            shape = shape_of_trial(config.model)
-        except ValueError as err:  # a pretrained folder of an architecture the plan does not know
-            log.warning("trial #%d: memory plan not checked: %s", trial.num, err)
-            continue
-        setup = setup_of_trial(config, world_size=trial.allocation.nodes * per_node, device="cuda", bf16=gpu.bf16)
-        if setup.parallel == "auto":
-            setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))
-        plan = plan_memory(shape, setup)
-        if largest is None or plan.total / GIB > largest[0]:
-            largest = (plan.total / GIB, trial.num)
+        shape, setup, plan = found
+        planned.append((trial.num, plan_line(plan, setup, gpu)))
         if not fits(plan, gpu):
-            refused.append(refusal_line(trial.num, shape, setup, plan, gpu, per_node))
-    return refused, largest
+            refused.append(refusal_line(trial.num, shape, setup, plan, gpu, gpus_asked(trial.allocation, params)))
+    return refused, grouped_plan_lines(planned)
 
 
 def check_memory_plans(trials: Sequence[SweepTrial], params: Mapping[str, Any], partition_gres: Sequence[str]) -> None:
     """Raise ``ValueError`` with the first refusal line (and how many more) when a trial cannot fit.
 
-    Logs the largest plan of the sweep (at debug level: a retry's first line is its own); warns, and
-    checks nothing, when the GPUs' memory is unknown.
+    Logs each distinct plan in one line when all fit; warns, and checks nothing, when the GPUs'
+    memory is unknown.
     """
     if not memory_check_enabled(params):
         return
@@ -80,10 +118,9 @@ def check_memory_plans(trials: Sequence[SweepTrial], params: Mapping[str, Any], 
         if any(gpus_asked(t.allocation, params) for t in trials):
             log.warning("memory plans not checked: %s; set hydra.launcher.gpu_mem_gb to the GB of one GPU", gpu)
         return
-    refused, largest = memory_refusals(trials, params, gpu)
+    refused, lines = memory_refusals(trials, params, gpu)
     if refused:
         more = f" ({len(refused) - 1} more of the {len(trials)} trials do not fit either)" if len(refused) > 1 else ""
         raise ValueError(refused[0] + more)
-    if largest is not None:
-        log.debug("memory plan: at most ~%.1f GB/GPU (trial #%d) of %.0f GB per %s (%s)",
-                 largest[0], largest[1], gpu.gb, gpu.label, gpu.source)
+    for line in lines:
+        log.info("memory plan: %s", line)

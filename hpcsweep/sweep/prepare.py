@@ -20,6 +20,7 @@ from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_he
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.sweep.text_preparation import sweep_text_corpus
+from hpcsweep.train.task_files import check_tasks
 from hpcsweep.trial.identity import (
     ConfigMismatch,
     differences_text,
@@ -52,6 +53,7 @@ def validate_composed(config: DictConfig | Mapping[str, Any]) -> TrialConfig:
     }
     trial = trial_config_from_dict(values)
     check_model_and_data(trial)
+    check_tasks(trial)
     return trial
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
+TAGS = ("train/loss", "val/loss", "val/accuracy", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
 # The step-time breakdown's (hpcsweep.train.step_timer).
 TAGS += ("time/data_pct", "time/compute_pct", "time/optimizer_pct", "time/checkpoint_pct", "time/logging_pct", "mem/peak_gb")
 
@@ -129,6 +129,14 @@ class TensorBoardLogger(Logger):
         self.writer.close()
 
 
+
+
+def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[correct, counted]`` (float64) next-token predictions of ``logits`` against ``targets``; a
+    target of -100 (no loss taken there, as chat data's prompt tokens) is not counted."""
+    counted = targets != -100
+    correct = (logits.argmax(dim=-1) == targets) & counted
+    return torch.stack([correct.sum(), counted.sum()]).to(torch.float64)
 
 
 def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -71,25 +71,39 @@ def build_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradSca
 class EarlyStopping:
     """Stop after ``patience`` evaluations without an improvement of at least ``min_delta``.
 
-    ``patience=0`` never stops. The state is plain numbers, saved in every checkpoint.
+    ``mode="min"``: lower is better (a loss); ``"max"``: higher is better (an accuracy, a task
+    score). ``patience=0`` never stops. The state is plain numbers, saved in every checkpoint.
     """
 
     patience: int
     min_delta: float
-    best: float = math.inf
+    mode: str = "min"
+    best: float | None = None
     bad_evals: int = 0
 
-    def update(self, val_loss: float) -> bool:
-        """Record one evaluation; True when training should stop."""
-        if val_loss < self.best - self.min_delta:
-            self.best, self.bad_evals = val_loss, 0
+    def __post_init__(self) -> None:
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"trainer.early_stop_mode={self.mode!r} is not allowed: one of 'min', 'max'")
+        if self.best is None:
+            self.best = math.inf if self.mode == "min" else -math.inf
+
+    def improves(self, value: float) -> bool:
+        """Whether ``value`` beats the best so far by at least ``min_delta``."""
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def update(self, value: float) -> bool:
+        """Record one evaluation of the watched metric; True when training should stop."""
+        if self.improves(value):
+            self.best, self.bad_evals = value, 0
         else:
             self.bad_evals += 1
-            self.best = min(self.best, val_loss)
+            self.best = min(self.best, value) if self.mode == "min" else max(self.best, value)
         return self.patience > 0 and self.bad_evals >= self.patience
 
     def state_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        return {"best": self.best, "bad_evals": self.bad_evals}
 
     def load_state_dict(self, state: dict[str, float | int]) -> None:
         self.best, self.bad_evals = float(state["best"]), int(state["bad_evals"])

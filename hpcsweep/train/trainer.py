@@ -23,13 +23,14 @@ import torch.nn.functional as F
 
 from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files import metrics_file, tb_runs
+from hpcsweep.files.metric_keys import TASKS_KEY, metric_value
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.model.record import ModelRecord
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
-from hpcsweep.train import moe_balance, router_stats, step_timer, trackers
+from hpcsweep.train import moe_balance, router_stats, step_timer, task_scores, trackers
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
@@ -37,6 +38,7 @@ from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,
     any_rank,
+    broadcast_object,
     max_over_ranks,
     mean_over_ranks,
     node_name,
@@ -100,6 +102,9 @@ class Trainer:
         memory_plan = memory_record.worker_memory_plan(
             cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation, model_record)
         self.parallel = parallel.resolve_parallel(tcfg, ddp_fits=memory_record.planned_parallel(memory_plan) != "fsdp")
+        if self.parallel == "fsdp" and cfg.tasks.names:
+            raise ValueError("tasks.names is not allowed with FSDP (trainer.parallel=auto chose it: the trial does not "
+                             "fit a GPU with DDP): task scores run on rank 0's whole model")
         self.net = parallel.wrap_model(
             self.model, world, self.parallel, tcfg, facts=self.device_facts, precision=self.choices.precision,
             find_unused_parameters=find_unused,
@@ -110,7 +115,10 @@ class Trainer:
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
-        self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta)
+        self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta, tcfg.early_stop_mode)
+        # best_val_loss is reported whatever early stopping watches.
+        self.best_val = optim.EarlyStopping(0, 0.0)
+        self.task_scorer = task_scores.build_task_scorer(cfg.tasks, tokenizer_folder(cfg.data, cfg.model), self.is_writer)
         self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
                                       base_model=trained_state.base_model_identity(cfg.model, model_record))
         self.save_schedule = SaveSchedule(
@@ -127,6 +135,7 @@ class Trainer:
         self.step_seconds = 0.0
         self.first_save_logged = False
         self.val_loss: float | None = None
+        self.val_accuracy: float | None = None
         self.evaluated_at: int | None = None
         # A search trial reports each evaluation to its study, which may prune it.
         self.pruning = pruning_reporter(search_trial)
@@ -161,6 +170,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "early_stopping": self.early.state_dict(),
+            "best_val_loss": self.best_val.best,
             "status": status,
             "restarts": self.report["restarts"],
         }
@@ -199,6 +209,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.early.load_state_dict(state["early_stopping"])
+        # A checkpoint from before early stopping could watch another metric: its best was the loss's.
+        self.best_val.best = float(state.get("best_val_loss", state["early_stopping"]["best"]))
         self.step, self.val_loss = state["step"], state["val_loss"]
         if not state["rng_restored"]:
             log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", state["world_size"], self.world.world_size)
@@ -247,20 +259,34 @@ class Trainer:
         self.step += 1
         return total, grad_norm
 
+    def _loss_and_accuracy(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of one validation batch, and ``(correct, counted)`` next-token predictions
+        (targets of -100 take no part in either)."""
+        with optim.autocast_context(self.choices.precision, self.world.device):
+            logits = self.model(input_ids=inputs).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return loss, metrics.accuracy_counts(logits, targets)
+
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the fixed validation batches, averaged over ranks."""
+        """Mean loss over the fixed validation batches, averaged over ranks; the next-token accuracy
+        over the same batches goes to ``self.val_accuracy``."""
         tcfg, world = self.cfg.trainer, self.world
         self.model.eval()
         total = torch.zeros((), device=world.device)
+        counts = torch.zeros(2, device=world.device, dtype=torch.float64)
         for i in range(tcfg.eval_batches):
             for micro in range(tcfg.grad_accum):
                 inputs, targets = data.get_batch(
                     self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
                     micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
                 )
-                total += self._loss(inputs.to(world.device), targets.to(world.device), self.model)
+                loss, batch_counts = self._loss_and_accuracy(inputs.to(world.device), targets.to(world.device))
+                total += loss
+                counts += batch_counts
         self.model.train()
+        correct, counted = (mean_over_ranks(world, counts) * world.world_size).tolist()
+        self.val_accuracy = correct / counted if counted else None
         return mean_over_ranks(world, total / (tcfg.eval_batches * tcfg.grad_accum)).item()
 
     # ----- the loop ----------------------------------------------------------------------------
@@ -293,10 +319,17 @@ class Trainer:
                 with self.step_timer.phase("logging"):
                     self.log_train(loss, grad_norm, window_steps / elapsed)
                 window_start, window_steps = time.perf_counter(), 0
-            if self.step % tcfg.eval_every == 0 or self.step == tcfg.max_steps:
-                if self.log_eval(self.evaluate()):
+            evaluated = self.step % tcfg.eval_every == 0 or self.step == tcfg.max_steps
+            scored = self.task_scorer_due()
+            if evaluated or scored:
+                stop = self.log_eval(self.evaluate()) if evaluated else False
+                if scored:
+                    stop = self.log_tasks() or stop
+                if stop:
+                    if self.cfg.tasks.names and not scored:
+                        self.log_tasks()  # a trial that stops early ends with its task scores
                     return self.finish("stopped_early")
-                if self.pruned():
+                if self.pruned(evaluated, scored):
                     return self.finish("pruned")
             if self.step == tcfg.max_steps:
                 break
@@ -348,25 +381,57 @@ class Trainer:
         log.info("step %d loss %.4f lr %.3g %.0f tok/s", self.step, scalars["train/loss"], scalars["train/lr"], tokens_per_s)
 
     def log_eval(self, val_loss: float) -> bool:
-        """Report a validation loss; True when early stopping says stop."""
+        """Report a validation loss (and ``self.val_accuracy``); True when early stopping says stop."""
         self.val_loss, self.evaluated_at = val_loss, self.step
-        stop = self.early.update(val_loss)
+        self.best_val.update(val_loss)
+        stop = self.early_stop_says({"val_loss": val_loss, "val_accuracy": self.val_accuracy})
         with self.step_timer.phase("logging"):
-            self.logger.log({"val/loss": val_loss, "hparams/best_val_loss": self.early.best}, self.step)
-            self.report.update(val_loss=val_loss, best_val_loss=self.early.best)
+            self.logger.log({"val/loss": val_loss, "val/accuracy": self.val_accuracy,
+                             "hparams/best_val_loss": self.best_val.best}, self.step)
+            self.report.update(val_loss=val_loss, val_accuracy=self.val_accuracy, best_val_loss=self.best_val.best)
             self.write_report()
             log.info("step %d val_loss %.4f", self.step, val_loss)
         return stop
 
-    def pruned(self) -> bool:
+    def early_stop_says(self, measured: dict[str, Any]) -> bool:
+        """Feed early stopping the watched metric when ``measured`` holds it; True when it says stop.
+        Every rank holds the same ``measured``, so every rank decides alike."""
+        value = metric_value(measured, self.cfg.trainer.early_stop_metric)
+        return False if value is None else self.early.update(value)
+
+    def task_scorer_due(self) -> bool:
+        """Whether the trial's lm-eval tasks run after this step (``tasks.every``, and at the end)."""
+        tasks = self.cfg.tasks
+        return bool(tasks.names) and task_scores.is_due(self.step, tasks.every, self.cfg.trainer.max_steps)
+
+    def log_tasks(self) -> bool:
+        """Run the tasks on rank 0 (the other ranks wait for its scores), report them; True when early stopping says stop."""
+        scores = None
+        if self.task_scorer is not None:
+            with optim.autocast_context(self.choices.precision, self.world.device):
+                scores = self.task_scorer.score(self.model)
+        scores = broadcast_object(self.world, scores)
+        with self.step_timer.phase("logging"):
+            self.logger.log(task_scores.tensorboard_scalars(scores), self.step)
+            self.report[TASKS_KEY] = scores
+            self.write_report()
+            log.info("step %d tasks %s", self.step, scores)
+        return self.early_stop_says({TASKS_KEY: scores})
+
+    def pruned(self, evaluated: bool = True, scored: bool = False) -> bool:
         """In a search trial: rank 0 reports the objective and asks the pruner; every rank follows.
 
-        Never at the last step: the trial has completed by then.
+        The objective counts only at a step that measured it: metrics.json's values at an evaluation
+        (``evaluated``), task scores where the tasks ran (``scored``). Never at the last step: the
+        trial has completed by then.
         """
         if self.pruning is None:
             return False
         if self.is_writer:
-            self.pruning.report(self.step, self.report)
+            measured = {k: v for k, v in self.report.items() if k != TASKS_KEY} if evaluated else {}
+            if scored:
+                measured[TASKS_KEY] = self.report[TASKS_KEY]
+            self.pruning.report(self.step, measured)
         last = self.step == self.cfg.trainer.max_steps
         prune = any_rank(self.world, self.is_writer and not last and self.pruning.should_prune())
         if prune:

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from hpcsweep.config import TrialConfig, trial_config_from_dict, trial_config_to_dict
+from hpcsweep.config import TrialConfig, config_defaults, trial_config_from_dict, trial_config_to_dict
 from hpcsweep.files.trial_files import CONFIG_FILE, TrialFiles
 from hpcsweep.model.folder import identity_changes
 from hpcsweep.model.record import read_model_record
@@ -114,6 +114,10 @@ def is_free(key: str, stored: Mapping[str, Any], now: Mapping[str, Any]) -> bool
 def config_differences(stored: Mapping[str, Any], now: Mapping[str, Any]) -> list[Difference]:
     """The training-identity keys whose values differ between two plain trial configs."""
     old, new = dict(flatten(stored)), dict(flatten(now))
+    # A key added since the trial trained (tasks.*, trainer.early_stop_metric) is read at its default:
+    # new keys default to what training did before them.
+    defaults = dict(flatten(config_defaults()))
+    old.update({key: defaults[key] for key in new.keys() - old.keys() if key in defaults})
     return [
         Difference(key, old.get(key), new.get(key))
         for key in sorted(old.keys() | new.keys())

@@ -122,7 +122,8 @@ class SearchSweeperConf:
     sampler: str = "tpe"
     # none, median, sha (successive halving) or hyperband: stops bad trials at an evaluation.
     pruner: str = "none"
-    # The metrics.json key the study optimises (reported at each evaluation for pruning).
+    # The metrics.json key the study optimises (reported at each evaluation for pruning); dotted for a
+    # nested one: tasks.NAME.METRIC, a task score (reported each time the tasks run).
     objective: str = "best_val_loss"
     # minimize or maximize the objective.
     direction: str = "minimize"

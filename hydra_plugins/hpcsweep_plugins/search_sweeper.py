@@ -204,6 +204,7 @@ def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> list[tuple
             raise ValueError(f"search space: {str(err).splitlines()[0]}") from None
         except ValueError as err:
             raise ValueError(f"search space: {err}") from None
+        hook.check_objective(checked, settings.objective)
         found = hook.objective_steps(checked)
         if found is not None:
             steps.append(found)

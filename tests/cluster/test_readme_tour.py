@@ -41,6 +41,7 @@ PAGES = (
     "docs/user/your-text.md",
     "docs/user/lora-and-export.md",
     "docs/user/moe.md",
+    "docs/user/task-scores.md",
     "docs/user/budget-and-retry.md",
     "docs/user/failures.md",
     "docs/user/results.md",

@@ -21,7 +21,7 @@ import hpcsweep.configs
 from hpcsweep.config import config_defaults, config_keys, trial_config_from_dict
 
 CONFIGS = Path(hpcsweep.configs.__file__).parent
-TRIAL_GROUPS = ("model", "data", "trainer", "nccl", "topology")
+TRIAL_GROUPS = ("model", "data", "trainer", "nccl", "topology", "tasks")
 
 
 def repeated_defaults(values: Mapping[str, Any], base: Mapping[str, Any], where: str) -> list[str]:

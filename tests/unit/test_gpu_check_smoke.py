@@ -59,7 +59,8 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     # The memory plan as the trial ran (fp32, eager, one CPU worker) and the peak beside it.
     assert (fast["memory_plan"]["setup"]["precision"], fast["memory_plan"]["setup"]["fused_attention"]) == ("fp32", False)
     assert fast["memory_plan"]["verdict"] == "not compared" and fast["memory_peak"]["source"] == "ru_maxrss"
-    assert [row["size"] for row in result["memory"]] == ["tiny", "tiny-x2"]
+    # Every run's plan beside its peak: DDP small and large, FSDP, and LoRA over a saved folder.
+    assert [row["size"] for row in result["memory"]] == ["tiny", "tiny-x2", "tiny-x2-fsdp", "tiny-lora"]
     assert all(0 < row["plan_bytes"] < row["peak_bytes"] for row in result["memory"])
 
 

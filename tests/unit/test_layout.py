@@ -20,8 +20,8 @@ SHARED = ("config", "files", "slurm", "search", "control", "model", "memory_plan
 """Shared by every stage; each imports only what is listed for it in ALLOWED."""
 TOOLS = ("export",)
 """After a sweep, beside the stages: reads trials with the workers' code; no stage imports a tool."""
-COMMANDS = ("__main__", "app", "profile", "report", "retry", "status", "topology")
-"""What users type: ``python -m hpcsweep[.profile|.report|.retry|.status|.topology]``; nothing imports them."""
+COMMANDS = ("__main__", "app", "plan", "profile", "report", "retry", "status", "topology")
+"""What users type: ``python -m hpcsweep[.plan|.profile|.report|.retry|.status|.topology]``; nothing imports them."""
 ALLOWED = {
     "config": {"config"},
     "files": {"config", "files"},
@@ -202,6 +202,7 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
         ["hpcsweep.report"],
         ["hpcsweep.retry", "hpcsweep.sweep.retry_submit"],
         ["hpcsweep.topology"],
+        ["hpcsweep.plan", "hpcsweep.sweep.plan_preview"],
         ["hydra_plugins.hpcsweep_plugins.launchers", "hpcsweep.sweep.slurm_submit", "hpcsweep.sweep.prepare",
          "hpcsweep.sweep.memory_check"],
         ["hydra_plugins.hpcsweep_plugins.search_sweeper", "hpcsweep.search.study", "hpcsweep.search.trial_slot"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -15,9 +16,9 @@ import yaml
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from hpcsweep.config import ModelConfig, trial_config_from_dict
+from hpcsweep.model.lora_targets import DEFAULT_LORA_TARGETS
 from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory, gpu_memory, gres_gpu_types
 from hpcsweep.memory_plan import (
-    DEFAULT_LORA_TARGETS,
     TrainingSetup,
     activation_bytes_per_token,
     cheapest_fixes,
@@ -29,6 +30,7 @@ from hpcsweep.memory_plan import (
 )
 from hpcsweep.memory_plan.model_shape import (
     active_parameters,
+    largest_layer_parameters,
     lora_parameters,
     shape_from_hf_config,
     shape_from_model_config,
@@ -38,22 +40,20 @@ from hpcsweep.sweep.hooks import Allocation, SweepTrial
 from hpcsweep.sweep.memory_check import check_memory_plans
 from hpcsweep.train.model import build_model, hf_config
 from tests.model_folders import make_model_folder
+from tests.unit.trial_dirs import make_trial_dir, read_metrics
+from tests.wrapped_models import (
+    LLAMA_7B,
+    MIXTRAL,
+    MOE_16B,
+    QWEN_MOE,
+    V2_LITE,
+    V3,
+    meta_model,
+    moe_16b_as_qwen2_moe,
+    wrapped_trainable_parameters,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-# DeepSeek-V2-Lite's config.json (https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite): 15.7B
-# parameters, 2.4B activated per token (its model card).
-V2_LITE = dict(
-    model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944,
-    moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
-    n_shared_experts=2, n_routed_experts=64, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
-    v_head_dim=128, qk_nope_head_dim=128, num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1,
-    tie_word_embeddings=False,
-)
-# Llama-2-7B's config.json (https://huggingface.co/meta-llama/Llama-2-7b-hf): 6.74B parameters.
-LLAMA_7B = dict(
-    model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-    num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False,
-)
 A100 = GpuMemory(80 * GIB, "A100", "test")
 
 
@@ -105,7 +105,7 @@ def test_presets_count_as_built_on_the_meta_device(name):
 
 
 @pytest.mark.parametrize("arch,targets", [
-    ("llama", DEFAULT_LORA_TARGETS),
+    ("llama", DEFAULT_LORA_TARGETS["llama"]),
     # peft also adapts transformers' 3D expert tensors when a target names them (down_proj): the
     # plan counts adapters on nn.Linear modules only, so the MoE model is checked on attention.
     ("deepseek_v3", ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
@@ -155,9 +155,9 @@ def test_activation_formula_matches_what_autograd_saves(arch, precision):
     setup = TrainingSetup(precision=precision, batch_size=batch, seq_len=seq, fused_attention=False, device="cpu")
     per = activation_bytes_per_token(shape, setup)
     layers = sum(per["attention"] + per["moe_mlp" if shape.is_moe_layer(i) else "dense_mlp"] for i in range(3))
-    # What the model saves: every layer, then the final norm and lm_head's input (the 12 bytes a
-    # vocabulary entry of the head are the loss's, which the trainer computes outside the model).
-    estimate = batch * seq * (layers + per["head"] - 12 * cfg.vocab_size)
+    # What the model saves: every layer, then the final norm and lm_head's input (the logits are
+    # the loss's, which the trainer computes outside the model).
+    estimate = batch * seq * (layers + per["head"])
     assert estimate == pytest.approx(saved_activation_bytes(cfg, precision, batch, seq), rel=0.1)
 
 
@@ -166,12 +166,13 @@ def test_fsdp_divides_states_and_lora_freezes_the_base():
     ddp = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8))
     assert ddp.weights == pytest.approx(6 * total_parameters(shape))  # fp32 master + bf16 autocast copy
     assert ddp.gradients == 8 * total_parameters(shape)  # and DDP's buckets
-    assert ddp.optimizer == 12 * total_parameters(shape)  # AdamW's moments and the foreach step's temporary
+    assert ddp.optimizer == 8 * total_parameters(shape)  # AdamW's moments
+    assert ddp.temporaries == 4 * total_parameters(shape)  # the foreach step's temporary
     fsdp = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8, parallel="fsdp"))
     assert fsdp.optimizer == pytest.approx(ddp.optimizer / 8, rel=1e-6)
     assert fsdp.activations == ddp.activations and fsdp.total < ddp.total / 3
     lora = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, peft="lora"))
-    assert lora.trainable_parameters == lora_parameters(shape, 8, DEFAULT_LORA_TARGETS) < total_parameters(shape) / 100
+    assert lora.trainable_parameters == lora_parameters(shape, 8, DEFAULT_LORA_TARGETS["llama"]) < total_parameters(shape) / 100
     assert lora.weights == 2 * total_parameters(shape) + 4 * lora.trainable_parameters
     sgd = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, optimizer="sgd", momentum=0.0))
     assert sgd.optimizer == 0
@@ -193,7 +194,7 @@ def test_refusal_of_a_moe_full_fine_tuning_names_lora_and_fsdp():
     plan = plan_memory(shape, setup)
     line = refusal_line(3, shape, setup, plan, A100, 8)
     assert line == (
-        "trial #3: ~402 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~51 GB), "
+        "trial #3: ~402 GB/GPU (full fine-tuning, DDP) > 80 GB per A100: use model.peft=lora (~48 GB), "
         "or trainer.parallel=fsdp over >= 6 GPUs"
     )
     # Each named change fits, and the GPU count is the smallest that does.
@@ -279,7 +280,7 @@ def test_the_sweep_check_refuses_in_one_line_naming_how_many(caplog):
         check_memory_plans(trials, params, ["gpu:8"])
         check_memory_plans(trials[:1], params, ["gpu:h200:8"])
     assert "memory plans not checked: the partition's GPU GRES names no type; set hydra.launcher.gpu_mem_gb" in caplog.text
-    assert "memory plan: at most ~" in caplog.text and "of 141 GB per H200" in caplog.text
+    assert "memory plan: trial #0: ~2.0 GB/GPU of 141 per H200 (full fine-tuning, DDP): fits" in caplog.text
     with pytest.raises(ValueError, match=r"^hydra.launcher.check_memory='no' is not allowed: true or false$"):
         check_memory_plans(trials, {**params, "check_memory": "no"}, ["gpu:a100:8"])
 
@@ -295,8 +296,9 @@ def test_a_trials_setup_reads_its_precision_peft_and_parallel_keys():
                                     "trainer": {"parallel": "fsdp"}})
     setup = setup_of_trial(later, world_size=4, device="cuda")
     assert (setup.peft, setup.lora_rank, setup.lora_targets, setup.parallel) == ("lora", 16, ("q_proj",), "fsdp")
+    # null: the architecture's own targets, resolved by the plan from the model's type.
     assert setup_of_trial(trial_config_from_dict({"model": {"peft": "lora"}}), world_size=1, device="cuda").lora_targets \
-        == DEFAULT_LORA_TARGETS
+        is None
 
 
 def test_a_pretrained_folder_is_planned_from_its_config_json(tmp_path):
@@ -325,3 +327,229 @@ def test_an_architecture_without_a_plan_is_named_and_not_refused(tmp_path, caplo
     with caplog.at_level(logging.WARNING, logger="hpcsweep.sweep.memory_check"):
         check_memory_plans([odd], {"gpus_per_node": 8}, ["gpu:a100:8"])
     assert "trial #0: memory plan not checked: config.json model_type='gpt2' has no memory plan" in caplog.text
+
+
+@pytest.mark.parametrize("config_json,built_as", [
+    (V2_LITE, V2_LITE), (LLAMA_7B, LLAMA_7B), (MIXTRAL, MIXTRAL), (QWEN_MOE, QWEN_MOE),
+    # The remote-code DeepSeek-MoE-16B, planned from its own config.json keys, against Qwen2-MoE built
+    # with its sizes: transformers' architecture with the same modules (tests/wrapped_models.py).
+    (MOE_16B, moe_16b_as_qwen2_moe()),
+], ids=["deepseek-v2-lite", "llama-2-7b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-moe-16b"])
+def test_the_plans_adapters_are_the_trainable_parameters_of_the_wrapped_model(config_json, built_as):
+    check_adapters_and_layers(config_json, built_as)
+
+
+def test_the_plans_adapters_are_the_trainable_parameters_of_the_wrapped_deepseek_v3():
+    # Its own test: 61 layers of 256 experts take peft most of a minute to wrap, even on the meta device.
+    check_adapters_and_layers(V3, V3)
+
+
+def check_adapters_and_layers(config_json: dict, built_as: dict) -> None:
+    """Parameters, the largest layer and the LoRA adapters as planned from ``config_json``, against
+    the transformers model of ``built_as`` built and wrapped on the meta device."""
+    shape = shape_from_hf_config(config_json)
+    net = meta_model(built_as)
+    layers = [sum(p.numel() for p in layer.parameters()) for layer in net.model.layers]
+    built = sum(p.numel() for p in net.parameters())
+    # Qwen2-MoE's shared-expert gate (h parameters a MoE layer) is all DeepSeek-MoE lacks.
+    extra = shape.moe_layers * shape.hidden_size if built_as is not config_json else 0
+    assert total_parameters(shape) == built - extra
+    assert largest_layer_parameters(shape) == max(layers) - (shape.hidden_size if extra else 0)
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, peft="lora", lora_rank=8)
+    assert plan_memory(shape, setup).trainable_parameters == wrapped_trainable_parameters(net, 8)
+
+
+def test_the_plan_counts_expert_adapters_only_with_model_lora_experts():
+    shape = shape_from_hf_config(V2_LITE)
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, peft="lora", lora_rank=8)
+    with_experts = plan_memory(shape, setup)
+    without = plan_memory(shape, replace(setup, lora_experts=False))
+    assert without.trainable_parameters == wrapped_trainable_parameters(meta_model(V2_LITE), 8, experts=False)
+    # r x E x ((h + 2I) + (I + h)) a MoE layer: 26 of 27 layers, 64 experts.
+    assert with_experts.trainable_parameters - without.trainable_parameters == 26 * 8 * 64 * (2 * 2048 + 3 * 1408)
+    # The expert LoRA's transient: every token-expert's x·A·B on gate_up (2I wide) in bf16, no W + s·BA.
+    tokens = 2048
+    assert with_experts.temporaries - without.temporaries == tokens * 6 * 2 * 1408 * 2 + 4 * (
+        with_experts.trainable_parameters - without.trainable_parameters)
+
+
+def test_the_largest_fsdp_layer_of_a_dense_model_counts_its_whole_mlp():
+    shape = shape_from_hf_config(LLAMA_7B)
+    h, inter = 4096, 11008
+    assert largest_layer_parameters(shape) == 4 * h * h + 3 * h * inter + 2 * h
+
+
+def test_fsdp_without_resharding_after_forward_holds_every_layer_gathered():
+    shape = shape_from_hf_config(LLAMA_7B)
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8, parallel="fsdp")
+    resharded = plan_memory(shape, setup)
+    kept = plan_memory(shape, replace(setup, reshard_after_forward=False))
+    gathered_anyway = 2 * largest_layer_parameters(shape) + (32000 * 4096 * 2 + 4096)  # two layers and the root
+    assert kept.temporaries - resharded.temporaries == 2 * (total_parameters(shape) - gathered_anyway)
+    trial = trial_config_from_dict({"trainer": {"fsdp_reshard_after_forward": False}})
+    assert setup_of_trial(trial, world_size=8, device="cuda").reshard_after_forward is False
+
+
+def test_the_chunked_loss_holds_the_logits_in_the_compute_dtype_and_one_chunk_in_fp32():
+    shape = shape_from_hf_config(V3)
+    setup = TrainingSetup(precision="bf16", batch_size=8, seq_len=4096)
+    tokens, vocab = 8 * 4096, 129280
+    assert plan_memory(shape, setup).loss == 12 * tokens * vocab  # logits, fp32 copy, log-softmax, gradient
+    chunked = plan_memory(shape, replace(setup, loss_chunk_tokens=1024))
+    assert chunked.loss == 2 * tokens * vocab + 8 * 1024 * vocab
+    assert plan_memory(shape, replace(setup, loss_chunk_tokens=0)).loss == 10 * tokens * vocab  # one chunk
+
+
+def test_a_remote_code_deepseek_moe_folder_is_planned_not_skipped(tmp_path, caplog):
+    (tmp_path / "config.json").write_text(json.dumps({**MOE_16B, "auto_map": {"AutoModelForCausalLM": "m.M"}}))
+    model = SimpleNamespace(**{**vars(ModelConfig()), "path": str(tmp_path)})
+    shape = shape_of_trial(model)
+    # Its model card: 16.4B parameters.
+    assert (shape.moe_layers, total_parameters(shape)) == (27, pytest.approx(16.4e9, rel=0.01))
+    trial = sweep_trial(0, {"model": {"peft": "lora"}})
+    folder_trial = replace(trial, app_config=(SimpleNamespace(
+        model=SimpleNamespace(**{**vars(trial.app_config[0].model), "path": str(tmp_path)}),
+        trainer=trial.app_config[0].trainer, data=trial.app_config[0].data), None))
+    with caplog.at_level(logging.INFO, logger="hpcsweep.sweep.memory_check"):
+        check_memory_plans([folder_trial], {"gpus_per_node": 8}, ["gpu:a100:8"])
+    assert "not checked" not in caplog.text
+    assert re.search(r"trial #0: ~\d+ GB/GPU of 80 per A100 \(LoRA r=16, DDP\): fits", caplog.text), caplog.text
+
+
+def write_folder(folder: Path, kind: str) -> Path:
+    """A dense (Llama) or MoE (DeepSeek-V3) folder whose weights dominate a CPU worker's memory
+    (a large vocabulary, many experts) while a step of a few tokens stays cheap."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                 max_position_embeddings=256)
+    if kind == "dense":
+        net = LlamaForCausalLM(LlamaConfig(vocab_size=32000, num_key_value_heads=2, **sizes))
+    else:
+        net = DeepseekV3ForCausalLM(DeepseekV3Config(
+            vocab_size=16000, num_key_value_heads=4, moe_intermediate_size=512, n_routed_experts=16,
+            num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=None,
+            kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, n_group=1, topk_group=1,
+            **sizes))
+    net.save_pretrained(folder)
+    return folder
+
+
+def test_the_plan_of_a_cpu_trial_is_within_20_percent_of_its_measured_peak(tmp_path):
+    import subprocess
+    import sys
+
+    from hpcsweep.train.checkpoint_store import read_metadata
+
+    folders = {kind: write_folder(tmp_path / f"{kind}-model", kind) for kind in ("dense", "moe")}
+    runs = {}
+    # Full fine-tuning of a dense and a MoE folder, and LoRA over the dense one.
+    for name, kind, peft in (("dense", "dense", "none"), ("moe", "moe", "none"), ("dense-lora", "dense", "lora")):
+        trial_dir = make_trial_dir(tmp_path / name, {
+            "model.path": str(folders[kind]), "model.peft": peft, "data.batch_size": 2,
+            "data.seq_len": 32, "data.synthetic_tokens": 20_000, "trainer.device": "cpu", "trainer.precision": "fp32",
+            "trainer.max_steps": 3, "trainer.warmup_steps": 0, "trainer.log_every": 3, "trainer.eval_every": 3,
+            "trainer.eval_batches": 1, "trainer.ckpt_every": 0,
+        })
+        # A process of its own each: the resident-set peak is the process's.
+        runs[name] = (trial_dir, subprocess.Popen([sys.executable, "-m", "hpcsweep.train", str(trial_dir)],
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for kind, (trial_dir, process) in runs.items():
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        metrics = read_metrics(trial_dir)
+        plan, peak = metrics["memory_plan"], metrics["memory_peak"]
+        assert plan["setup"]["precision"] == "fp32" and peak["source"] == "ru_maxrss"
+        assert plan["total_bytes"] == pytest.approx(peak["bytes"], rel=0.2), (kind, plan["bytes"], peak)
+        if plan["setup"]["peft"] == "none":
+            # The model's own tensors are most of it, not the interpreter: the check can fail.
+            assert plan["total_bytes"] - plan["bytes"]["overhead"] > plan["bytes"]["overhead"]
+        if plan["setup"]["peft"] == "lora":
+            # The adapters, as the checkpoint (and so the export) holds them, are what the plan counted.
+            (checkpoint,) = (trial_dir / "checkpoints").glob("step*")
+            saved = read_metadata(checkpoint / "model").state_dict_metadata
+            assert plan["parameters"]["trainable"] == sum(math.prod(meta.size) for meta in saved.values()) > 0
+
+
+LLAMA_7B_OVERRIDES = [
+    "model=llama_small", "model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=32",
+    "model.num_heads=32", "model.num_kv_heads=32", "model.vocab_size=32000", "model.max_position_embeddings=2048",
+    "data.seq_len=2048", "data.batch_size=1", "data.synthetic_tokens=100000", "trainer.parallel=ddp",
+]
+
+
+def test_python_m_hpcsweep_plan_prints_each_plan_part_by_part_on_the_login_node():
+    import subprocess
+    import sys
+
+    args = ["-m", *LLAMA_7B_OVERRIDES, "model.peft=none,lora", "hydra.launcher.gres=gpu:a100:8"]
+    code = ("import sys; from hpcsweep import plan; rc = plan.main(sys.argv[1:]); "
+            "print('torch imported:', 'torch' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "torch imported: False"
+    full_at = lines.index("trial #0: full fine-tuning, DDP, bf16, 8 GPU(s), data.batch_size=1 x data.seq_len=2048")
+    lora_at = lines.index("trial #1: LoRA r=16, DDP, bf16, 8 GPU(s), data.batch_size=1 x data.seq_len=2048")
+    full = {line.split()[0]: line for line in lines[full_at + 1:lora_at]}
+    # The breakdown is the plan's, part by part, with its bytes a parameter.
+    shape = shape_from_hf_config(LLAMA_7B)
+    # The trainer's own loss settings (trainer.loss_chunk_tokens, when the config has it).
+    chunk = getattr(trial_config_from_dict({}).trainer, "loss_chunk_tokens", None)
+    plan = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8,
+                                            loss_chunk_tokens=chunk))
+    assert list(full) == ["parameters", *plan.parts, "total"]
+    for part, nbytes in plan.parts.items():
+        assert f" {nbytes / GIB:.2f} GB" in full[part]
+    assert "6.0 B/param" in full["weights"] and "8.0 B/param" in full["gradients"] and "8.0 B/param" in full["optimizer"]
+    assert full["total"].endswith("~180 GB/GPU of 80 per A100 (full fine-tuning, DDP): does not fit")
+    assert lines[lora_at + 9].endswith("GB/GPU of 80 per A100 (LoRA r=16, DDP): fits")
+    refused = subprocess.run([sys.executable, "-m", "hpcsweep.plan", "data.batch_size=0"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: trial #0 (data.batch_size=0): ")
+
+
+def test_report_and_status_show_the_plan_against_the_peak_it_compares_with(tmp_path, capsys):
+    from hpcsweep import report, status
+    from tests.unit.sweep_fixtures import make_sweep, metrics
+
+    gib = 2**30
+    cuda = {**metrics("completed"), "memory_plan": {"tensors_bytes": int(18.5 * gib), "total_bytes": int(20.5 * gib)},
+            "memory_peak": {"bytes": int(16.2 * gib), "source": "torch.cuda.max_memory_allocated"}}
+    # On CPU the peak is the process's resident set: the plan's total (interpreter included) is what compares.
+    cpu = {**metrics("completed"), "memory_plan": {"tensors_bytes": int(0.5 * gib), "total_bytes": int(0.9 * gib)},
+           "memory_peak": {"bytes": int(1.0 * gib), "source": "ru_maxrss"}}
+    unplanned = {**metrics("completed"), "memory_plan": {"verdict": "not planned", "error": "..."},
+                 "memory_peak": {"bytes": int(3.0 * gib), "source": "torch.cuda.max_memory_allocated"}}
+    make_sweep(tmp_path, [(["model.lr=1e-4"], cuda), (["model.lr=1e-3"], cpu), (["model.lr=1e-2"], unplanned)])
+    assert report.main([str(tmp_path)]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()[:4]
+    assert header.split()[-1] == "GB(plan/peak)"
+    assert [row.split()[-1] for row in rows] == ["18.5/16.2", "0.9/1.0", "-/3.0"]
+    status.main([str(tmp_path)])
+    shown = capsys.readouterr().out
+    assert "GB(plan/peak) 18.5/16.2" in shown and "GB(plan/peak) 0.9/1.0" in shown and "GB(plan/peak) -/3.0" in shown
+
+
+def test_trials_with_the_same_plan_share_one_line_in_the_order_first_met():
+    from hpcsweep.sweep.memory_check import grouped_plan_lines, trial_numbers
+
+    assert trial_numbers([5, 0, 2, 1]) == "trials #0-2,5" and trial_numbers([3]) == "trial #3"
+    planned = [(0, "~31 GB/GPU … LoRA"), (1, "~180 GB/GPU … full"), (2, "~31 GB/GPU … LoRA"), (3, "~31 GB/GPU … LoRA")]
+    assert grouped_plan_lines(planned) == ["trials #0,2-3: ~31 GB/GPU … LoRA", "trial #1: ~180 GB/GPU … full"]
+
+
+@pytest.mark.parametrize(("arch", "experts"), [("deepseek_v3", True), ("deepseek_v3", False), ("llama", True)])
+def test_the_plans_trainable_count_is_what_the_trainers_lora_trains(arch, experts):
+    """The trainer's own wrapping (``hpcsweep.train.lora.apply_lora``, expert LoRA included) against the
+    plan of the same config: one list of targets, one count."""
+    from hpcsweep.memory_plan import trial_setup
+    from hpcsweep.train import lora, model
+
+    cfg = trial_config_from_dict({"model": {"arch": arch, "peft": "lora", "lora": {"experts": experts}}})
+    net = lora.apply_lora(model.build_model(cfg.model, 0, "eager"), cfg.model, seed=0)
+    trains = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    planned = plan_memory(trial_setup.shape_of_trial(cfg.model),
+                          trial_setup.setup_of_trial(cfg, world_size=1, device="cpu")).trainable_parameters
+    assert trains == planned

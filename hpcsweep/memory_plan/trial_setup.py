@@ -1,0 +1,59 @@
+"""A trial's shape and training setup, read from its config (so that fields other branches add are
+optional): what the plan is computed from, on the login node and on each worker alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hpcsweep.memory_plan.model_shape import ModelShape, shape_from_hf_config, shape_from_model_config
+from hpcsweep.memory_plan.plan import TrainingSetup
+from hpcsweep.model.folder import read_model_folder
+
+
+def shape_of_trial(model: Any) -> ModelShape:
+    """The shape of a trial's ``model`` group: its pretrained folder's ``config.json`` when
+    ``model.path`` is set, else the config's own sizes."""
+    path = model.path
+    if path:
+        return shape_from_hf_config(read_model_folder(Path(path)).config)
+    return shape_from_model_config(model)
+
+
+def setup_of_trial(trial: Any, *, world_size: int, device: str, bf16: bool = True) -> TrainingSetup:
+    """The ``TrainingSetup`` of a ``TrialConfig`` on ``world_size`` workers of ``device``.
+
+    ``precision=auto`` is bf16 on a GPU with bf16 tensor cores, else fp32 (as
+    ``hpcsweep.train.gpu_choices`` resolves it); ``model.attn_implementation=auto`` is fused on
+    CUDA, eager on CPU. ``model.lora.target_modules=null`` counts adapters on the architecture's
+    targets (``hpcsweep.model.lora_targets``), and the routed experts' unless ``model.lora.experts=false``.
+    ``trainer.loss_chunk_tokens`` absent: the loss over the whole batch's fp32 logits.
+    """
+    model, trainer, data = trial.model, trial.trainer, trial.data
+    precision = trainer.precision
+    if precision == "auto":
+        precision = "bf16" if device == "cuda" and bf16 else "fp32"
+    targets = model.lora.target_modules
+    attention = model.attn_implementation
+    return TrainingSetup(
+        precision=precision, optimizer=trainer.optimizer, momentum=trainer.momentum,
+        peft=model.peft, lora_rank=model.lora.r,
+        lora_targets=None if targets is None else (targets,) if isinstance(targets, str) else tuple(targets),
+        lora_experts=getattr(model.lora, "experts", True),
+        grad_checkpointing=trainer.grad_checkpointing, batch_size=data.batch_size, seq_len=data.seq_len,
+        parallel=trainer.parallel, world_size=world_size, device=device,
+        fused_attention=attention != "eager" and (attention != "auto" or device == "cuda"),
+        from_scratch=not model.path or bool(getattr(model, "random_init", False)),
+        loss_chunk_tokens=getattr(trainer, "loss_chunk_tokens", None),
+        reshard_after_forward=getattr(trainer, "fsdp_reshard_after_forward", True),
+        mapped_weights_bytes=mapped_weights_bytes(model) if device == "cpu" else 0,
+    )
+
+
+def mapped_weights_bytes(model: Any) -> int:
+    """The bytes of the safetensors files a trial of ``model`` loads (0: built from its config, or
+    ``model.random_init``)."""
+    if not model.path or getattr(model, "random_init", False):
+        return 0
+    folder = read_model_folder(Path(model.path))
+    return sum((folder.path / name).stat().st_size for name in folder.weight_files)
