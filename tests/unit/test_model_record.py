@@ -99,3 +99,15 @@ def test_a_folder_changed_after_training_is_refused_by_the_attempts_record(model
     with pytest.raises(ConfigMismatch, match=r"changed since the trial trained from it: config.json "
                                              r"initializer_range=0.02 \(now 0.5\)"):
         runner.run_trial_on_this_node(small_trial(folder), trial_dir, env={})
+
+
+def test_the_export_takes_the_bases_config_from_the_checkpoints_record_not_the_folder(model_folders, tmp_path):
+    from hpcsweep.export.writer import base_folder
+
+    folder = shutil.copytree(model_folders["single"], tmp_path / "model")
+    identity = {**read_model_record(str(folder)).identity, "config": {"model_type": "deepseek_v3", "dtype": "bfloat16"}}
+    # What config.json says now is not what the trial trained from: the record is.
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "float16"}))
+    base = base_folder(identity, str(folder), trust_remote_code=False)
+    assert (base.path, base.main_dtype, base.remote_code) == (folder.resolve(), "bfloat16", False)
