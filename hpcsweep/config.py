@@ -350,9 +350,10 @@ def _model_defaults() -> dict[str, Any]:
 class DataConfig:
     """Where training tokens come from and how they are batched."""
 
-    kind: Literal["synthetic", "file", "text"] = "synthetic"
+    kind: Literal["synthetic", "file", "text", "chat"] = "synthetic"
     """``synthetic``: a built-in corpus with learnable structure; ``file``: a token file at ``path``;
-    ``text``: the user's text files (``files``), tokenized once into ``cache_dir``."""
+    ``text``: the user's text files (``files``), tokenized once into ``cache_dir``; ``chat``: the user's
+    instruction samples (``.jsonl`` ``files``), rendered with the tokenizer's chat template."""
     path: str | None = None
     """The memory-mapped token file (``kind=file``), made by ``scripts/prepare-data``."""
     seq_len: int = 64
@@ -379,17 +380,41 @@ class DataConfig:
     """A test knob, not a tuning one: every training batch read waits this long first, as from slow
     storage, so that a test can make one trial of a sweep wait on data (``data.read_delay_ms=0,0,0,50``
     makes the last of four trials slow). 0: no wait."""
+    chat_template: str | None = None
+    """``kind=chat``: a Jinja file to render samples with, for a tokenizer whose ``tokenizer_config.json``
+    has no ``chat_template`` (null: the tokenizer's own)."""
+    train_on: Literal["assistant", "all"] = "assistant"
+    """``kind=chat``: ``assistant`` takes the loss on the assistant turns' tokens and their end-of-turn
+    token only; ``all`` on every token."""
+    max_samples: int | None = None
+    """``kind=chat``: use only the first this many samples of the corpus (in file and line order); null: all."""
+    overlong: Literal["truncate", "drop", "refuse"] = "drop"
+    """``kind=chat``: what becomes of a sample longer than a row (more than ``seq_len + 1`` tokens):
+    ``drop`` leaves it out (the count is printed), ``truncate`` keeps its first ``seq_len + 1`` tokens,
+    ``refuse`` stops the sweep before any trial starts, naming its file and line."""
+    packing: bool | None = None
+    """Pack whole samples (``kind=chat``) or documents (``kind=text``, a long one cut into row-sized
+    pieces) into ``seq_len`` rows, each apart: its position ids restart and it attends to no other.
+    ``false``: ``kind=chat`` has one sample a row, padded (padding takes no loss); ``kind=text`` reads
+    windows across documents. null: true for ``kind=chat``, false otherwise."""
 
     def __post_init__(self) -> None:
+        if self.packing is None:
+            self.packing = self.kind == "chat"
+        _require(not self.packing or self.kind in ("text", "chat"), "data.packing", self.packing,
+                 "false unless data.kind=text or data.kind=chat (packing needs sample boundaries)")
+        _require(self.max_samples is None or self.max_samples >= 2, "data.max_samples", self.max_samples,
+                 "null or an integer >= 2 (a training and a validation sample)")
         if self.kind == "file":
             _require(bool(self.path), "data.path", self.path, "a token file path when data.kind=file")
-        if self.kind == "text":
+        if self.kind in ("text", "chat"):
             patterns = [self.files] if isinstance(self.files, str) else list(self.files or [])
             _require(
                 bool(patterns) and all(patterns), "data.files", self.files,
-                "a glob or a list of globs of .txt/.jsonl files when data.kind=text",
+                "a glob or a list of globs of .jsonl files when data.kind=chat" if self.kind == "chat"
+                else "a glob or a list of globs of .txt/.jsonl files when data.kind=text",
             )
-            _require(bool(self.cache_dir), "data.cache_dir", self.cache_dir, "a directory when data.kind=text")
+            _require(bool(self.cache_dir), "data.cache_dir", self.cache_dir, f"a directory when data.kind={self.kind}")
         _require(self.seq_len >= 2, "data.seq_len", self.seq_len, "an integer >= 2")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "an integer >= 1")
         _require(self.read_delay_ms >= 0, "data.read_delay_ms", self.read_delay_ms, "an integer >= 0 (milliseconds)")
@@ -780,12 +805,12 @@ class TrialConfig:
             self.data.seq_len,
             f"at most model.max_position_embeddings={self.model.max_position_embeddings}",
         )
-        if self.data.kind == "text":
+        if self.data.kind in ("text", "chat"):
             _require(
                 tokenizer_folder(self.data, self.model) is not None,
                 "data.tokenizer",
                 self.data.tokenizer,
-                "a Hugging Face tokenizer folder when data.kind=text and no model.path names one",
+                f"a Hugging Face tokenizer folder when data.kind={self.data.kind} and no model.path names one",
             )
         if self.data.kind == "synthetic":
             check_corpus_fits(

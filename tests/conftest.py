@@ -21,6 +21,7 @@ SLOW_MODULES = {
     "test_foreign_app.py",  # a venv with the foreign app installed, then local sweeps of it
     "test_export.py",  # a LoRA and a full trial, exported, loaded in a fresh process
     "test_finetune_benchmark.py",  # benchmarks/finetune.py's three contenders, tiny, in this process
+    "test_chat_training.py",  # a 2-rank chat trial under torchrun and two 1-rank ones
     "test_lora_ddp.py",  # a torchrun run of two ranks
     "test_moe_balance_ddp.py",  # a torchrun run of two ranks
     "test_sharded_checkpoint.py",  # torchrun runs of two ranks
@@ -43,6 +44,8 @@ SLOW_TESTS = {
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
     "test_example_model.py": {"test_it_writes_the_readmes_model_folder_and_corpus_as_the_tests_make_them"},
     "test_export_travel.py": {"test_an_adapter_names_its_base_as_typed_and_loads_over_a_copy_of_it_elsewhere"},
+    "test_chat_data.py": {"test_a_local_chat_sweep_prepares_its_samples_once_and_reports_the_fill_rate",
+                          "test_deepseek_v3_tokens_are_its_chat_template_and_the_mask_is_the_assistant_turns"},
     "test_interrupt_resume.py": {
         "test_ctrl_c_stops_the_sweep_with_a_checkpoint_and_the_printed_command_resumes_it",
         "test_resuming_with_another_lr_is_refused_unless_forced",

@@ -152,8 +152,6 @@ def running_note(source: ExportSource, statuses: Mapping[int, str]) -> str | Non
             f"(step {step}{of}), not its final weights")
 
 
-def _loss(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.inf
 
 
 def best_trial(candidates: Sequence[tuple[TrialChoice, dict[str, Any]]], by: str) -> TrialChoice:

@@ -1,6 +1,9 @@
 """Where the user's text lies once tokenized: one cache entry per (tokenizer, corpus).
 
 An entry is ``CACHE_DIR/KEY/tokens.bin`` plus its header ``tokens.json`` (``hpcsweep.files.token_file``).
+A ``data=chat`` entry also holds ``mask.bin`` (uint8, 1 where the loss is taken), ``offsets.bin`` (int64,
+each sample's first token, then the total) and ``sources.bin`` (int64 pairs: each sample's file index
+and line), and its key also hashes the chat template file and ``data.train_on``.
 ``KEY`` hashes the tokenizer folder's files (their names and bytes) and the corpus files' absolute
 paths, sizes and modification times, so a changed tokenizer or a touched file makes a new entry, and
 the order the globs list files in does not matter (documents are read in path order).
@@ -15,6 +18,7 @@ import glob
 import hashlib
 import json
 import os
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +33,20 @@ TOKENIZER_FILES = (
     "merges.txt",
     "tokenizer.model",
     "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 """The files of a Hugging Face tokenizer folder that decide how text becomes ids."""
 FORMAT_VERSION = 1
 """Bumped when the way documents become tokens changes (EOS placement, jsonl parsing)."""
 TOKENS_NAME = "tokens.bin"
 """The token file inside a cache entry (its header is ``tokens.json``)."""
+MASK_NAME = "mask.bin"
+"""``data=chat``: one uint8 per token, 1 where the loss is taken."""
+OFFSETS_NAME = "offsets.bin"
+"""``data=chat``: int64, the first token of each sample, then the number of tokens."""
+SOURCES_NAME = "sources.bin"
+"""``data=chat``: int64 pairs, each sample's file (its index in the entry's file list) and 1-based line."""
 
 
 class TokenCacheError(ValueError):
@@ -72,6 +84,19 @@ def tokenizer_sha256(folder: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def has_chat_template(folder: str | os.PathLike[str]) -> bool:
+    """Whether the tokenizer folder carries a chat template: in ``tokenizer_config.json``, or in the
+    ``chat_template.jinja``/``chat_template.json`` that transformers saves beside it."""
+    root = Path(folder)
+    if (root / "chat_template.jinja").is_file() or (root / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((root / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
 def glob_patterns(files: str | Sequence[str]) -> list[str]:
     """``data.files`` as a list of globs (a single glob may be given as a string)."""
     return [files] if isinstance(files, str) else list(files)
@@ -96,13 +121,40 @@ def corpus_files(files: str | Sequence[str]) -> list[CorpusFile]:
     return [CorpusFile(path, found[path].st_size, found[path].st_mtime_ns) for path in sorted(found)]
 
 
-def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile]) -> str:
+@dataclass(frozen=True)
+class ChatRendering:
+    """How a ``data=chat`` corpus becomes tokens besides its tokenizer: the template and the loss mask."""
+
+    template_path: str | None
+    """``data.chat_template`` (absolute), or None: the tokenizer's own template."""
+    template_sha256: str | None
+    """The SHA-256 of ``template_path``'s bytes (the tokenizer's own is in the tokenizer's hash)."""
+    train_on: str
+    """``data.train_on``: ``assistant`` or ``all``."""
+
+
+def chat_rendering(template_path: str | None, train_on: str) -> ChatRendering:
+    """``ChatRendering`` of ``data.chat_template`` and ``data.train_on``; ``TokenCacheError`` naming
+    ``data.chat_template`` when it is not a readable file."""
+    if template_path is None:
+        return ChatRendering(None, None, train_on)
+    path = os.path.abspath(os.path.expanduser(template_path))
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as err:
+        raise TokenCacheError(f"data.chat_template={template_path!r} is not allowed: {err.strerror}") from None
+    return ChatRendering(path, digest, train_on)
+
+
+def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile], chat: ChatRendering | None = None) -> str:
     """The cache entry's name for this tokenizer and corpus (order of ``files`` does not matter)."""
-    described = {
+    described: dict[str, object] = {
         "format": FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_hash,
         "files": sorted([f.path, f.size, f.mtime_ns] for f in files),
     }
+    if chat is not None:
+        described["chat"] = {"template_sha256": chat.template_sha256, "train_on": chat.train_on}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -116,10 +168,12 @@ class TextCorpus:
     files: list[CorpusFile]
     cache_dir: str
     """Absolute path."""
+    chat: ChatRendering | None = None
+    """``data=chat``: how samples are rendered and masked; None for ``data=text``."""
 
     @property
     def key(self) -> str:
-        return cache_key(self.tokenizer_sha256, self.files)
+        return cache_key(self.tokenizer_sha256, self.files, self.chat)
 
     @property
     def entry(self) -> Path:
@@ -135,8 +189,24 @@ class TextCorpus:
         """Whether the entry has been written (entries appear whole, by one rename)."""
         return self.token_path.is_file() and self.token_path.with_suffix(".json").is_file()
 
+    def sample_offsets(self) -> list[int]:
+        """``data=chat``: the first token of each sample, then the number of tokens (stdlib only, for the
+        login node)."""
+        offsets = array("q")
+        offsets.frombytes((self.entry / OFFSETS_NAME).read_bytes())
+        return offsets.tolist()
 
-def text_corpus(files: str | Sequence[str], tokenizer_folder: str, cache_dir: str, tokenizer_key: str) -> TextCorpus:
+    def sample_source(self, index: int) -> str:
+        """``data=chat``: ``FILE:LINE`` of sample ``index``."""
+        sources = array("q")
+        sources.frombytes((self.entry / SOURCES_NAME).read_bytes())
+        return f"{self.files[sources[2 * index]].path}:{sources[2 * index + 1]}"
+
+
+def text_corpus(
+    files: str | Sequence[str], tokenizer_folder: str, cache_dir: str, tokenizer_key: str,
+    chat: ChatRendering | None = None,
+) -> TextCorpus:
     """The corpus ``data.files`` names, tokenized by ``tokenizer_folder``, cached in ``cache_dir``
     (relative paths: from the current directory). ``TokenCacheError`` naming the key at fault
     (``tokenizer_key``: the config key that named the tokenizer folder)."""
@@ -152,4 +222,5 @@ def text_corpus(files: str | Sequence[str], tokenizer_folder: str, cache_dir: st
         tokenizer_sha256=digest,
         files=corpus_files(files),
         cache_dir=os.path.abspath(os.path.expanduser(cache_dir)),
+        chat=chat,
     )

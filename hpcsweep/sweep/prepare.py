@@ -15,11 +15,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokenizer_folder, trial_config_from_dict
-from hpcsweep.files.token_cache import TokenCacheError, tokenizer_sha256
+from hpcsweep.files.token_cache import TokenCacheError, has_chat_template, tokenizer_sha256
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
-from hpcsweep.sweep.text_preparation import sweep_text_corpus
+from hpcsweep.sweep.text_preparation import checked_samples, sweep_text_corpus
 from hpcsweep.train.task_files import check_tasks
 from hpcsweep.trial.identity import (
     ConfigMismatch,
@@ -99,6 +99,9 @@ def check_token_file(trial: TrialConfig, model_vocab_size: int, vocab_key: str =
     ``data.seq_len``. For ``data.kind=text``: naming ``data.files`` or the tokenizer when they cannot
     be used, and checking the cache entry once it exists."""
     data = trial.data
+    if data.kind == "chat":
+        check_chat_corpus(trial)
+        return
     if data.kind == "text":
         check_text_corpus(trial, model_vocab_size, vocab_key)
         return
@@ -170,6 +173,19 @@ def check_text_corpus(trial: TrialConfig, model_vocab_size: int, vocab_key: str 
         source=f"data.files={trial.data.files!r} (tokenized into {corpus.token_path})",
         vocab_key=vocab_key,
     )
+
+
+def check_chat_corpus(trial: TrialConfig) -> None:
+    """A ``data.kind=chat`` trial's tokenizer has a chat template (or ``data.chat_template`` names one),
+    and its cache entry, once written, holds no sample it refuses (``data.overlong=refuse``)."""
+    corpus = sweep_text_corpus(trial)
+    if trial.data.chat_template is None and not has_chat_template(corpus.tokenizer_folder):
+        raise ValueError(
+            f"data.chat_template=null is not allowed: the tokenizer in {corpus.tokenizer_folder} has no chat "
+            "template (tokenizer_config.json's chat_template, or chat_template.jinja); name a Jinja file"
+        )
+    if corpus.is_cached():
+        checked_samples(trial)
 
 
 def check_resumes(trials: Sequence[PreparedTrial]) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files.atomic import atomic_write_text
 from hpcsweep.files.sweep_record import TokenPreparationRecord
-from hpcsweep.files.token_cache import TextCorpus, TokenCacheError, glob_patterns, text_corpus
+from hpcsweep.files.chat_samples import SampleSelection, check_samples
+from hpcsweep.files.token_cache import ChatRendering, TextCorpus, TokenCacheError, chat_rendering, glob_patterns, text_corpus
 from hpcsweep.slurm import commands
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
 
@@ -45,26 +46,38 @@ exec "$python" -m hpcsweep.train.text_tokens "$@"
 """
 
 
+TOKENIZED_KINDS = ("text", "chat")
+"""The ``data.kind``s whose files are tokenized into the token cache."""
+
+
 @functools.cache
-def _text_corpus(files: tuple[str, ...], folder: str, cache_dir: str, tokenizer_key: str) -> TextCorpus:
-    return text_corpus(list(files), folder, cache_dir, tokenizer_key)
+def _text_corpus(files: tuple[str, ...], folder: str, cache_dir: str, tokenizer_key: str,
+                 chat: ChatRendering | None) -> TextCorpus:
+    return text_corpus(list(files), folder, cache_dir, tokenizer_key, chat)
+
+
+@functools.cache
+def _chat_rendering(template_path: str | None, train_on: str) -> ChatRendering:
+    return chat_rendering(template_path, train_on)
 
 
 def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
-    """The ``TextCorpus`` of a ``data.kind=text`` trial, globbed and hashed once per distinct (files,
-    tokenizer, cache dir) in this login-node command, not once per trial of a 1,000-trial sweep."""
+    """The ``TextCorpus`` of a ``data.kind=text`` or ``chat`` trial, globbed and hashed once per distinct
+    (files, tokenizer, cache dir, template, train_on) in this login-node command, not once per trial of a
+    1,000-trial sweep."""
     data = trial.data
     folder = tokenizer_folder(data, trial.model)
     assert data.files is not None and folder is not None  # DataConfig and TrialConfig check both
     key = "data.tokenizer" if data.tokenizer else "model.path"
-    return _text_corpus(tuple(glob_patterns(data.files)), folder, data.cache_dir, key)
+    chat = _chat_rendering(data.chat_template, data.train_on) if data.kind == "chat" else None
+    return _text_corpus(tuple(glob_patterns(data.files)), folder, data.cache_dir, key, chat)
 
 
 def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
-    """The distinct ``data=text`` corpora of ``trials`` that have no cache entry yet, in trial order."""
+    """The distinct ``data=text``/``chat`` corpora of ``trials`` with no cache entry yet, in trial order."""
     found: dict[str, TextCorpus] = {}
     for trial in trials:
-        if trial.data.kind == "text":
+        if trial.data.kind in TOKENIZED_KINDS:
             corpus = sweep_text_corpus(trial)
             found.setdefault(corpus.key, corpus)
     return [corpus for corpus in found.values() if not corpus.is_cached()]
@@ -82,15 +95,54 @@ def prepare_here(trials: Sequence[TrialConfig]) -> None:
             write_entry(corpus, available_cpus())
         except (TokenCacheError, CorpusError) as err:
             exit_with_config_error(err, "no trial ran")
+    summaries = []
+    for trial in trials:
+        if trial.data.kind == "chat":
+            try:
+                summary = checked_samples(trial).summary(trial.data)
+            except ValueError as err:
+                exit_with_config_error(err, "no trial ran")
+            if summary not in summaries:
+                summaries.append(summary)
+                log.info("chat samples at data.seq_len=%d: %s", trial.data.seq_len, summary)
 
 
-def preparation_request(corpora: Sequence[TextCorpus]) -> str:
+_selections: dict[tuple[Any, ...], SampleSelection] = {}
+
+
+def checked_samples(trial: TrialConfig) -> SampleSelection:
+    """``check_samples`` of a ``data.kind=chat`` trial whose entry is written, once per distinct (entry,
+    ``seq_len``, ``overlong``, ``max_samples``) in this login-node command."""
+    corpus, data = sweep_text_corpus(trial), trial.data
+    key = (str(corpus.entry), data.seq_len, data.overlong, data.max_samples)
+    if key not in _selections:
+        _selections[key] = check_samples(corpus, data)
+    return _selections[key]
+
+
+def sample_checks(corpus: TextCorpus, trials: Sequence[TrialConfig]) -> list[dict[str, Any]]:
+    """The distinct sample selections (``hpcsweep.files.chat_samples``) that the preparation job checks
+    on a chat corpus once written, so an overlong sample under ``data.overlong=refuse`` fails it."""
+    checks = {
+        (t.data.seq_len, t.data.overlong, t.data.max_samples): None
+        for t in trials if t.data.kind == "chat" and sweep_text_corpus(t).key == corpus.key
+    }
+    return [{"seq_len": s, "overlong": o, "max_samples": m} for s, o, m in checks]
+
+
+def preparation_request(corpora: Sequence[TextCorpus], trials: Sequence[TrialConfig] = ()) -> str:
     """The job's request file: for each corpus, its files as found at submit, its tokenizer, and the
-    cache entry it must write (a corpus changed since is refused)."""
-    return json.dumps([
-        {"files": [f.path for f in c.files], "tokenizer": c.tokenizer_folder, "cache_dir": c.cache_dir, "key": c.key}
-        for c in corpora
-    ], indent=2) + "\n"
+    cache entry it must write (a corpus changed since is refused); for a chat corpus also its template,
+    ``train_on`` and the sample selections of ``trials`` to check once it is written."""
+    requests = []
+    for c in corpora:
+        request: dict[str, Any] = {"files": [f.path for f in c.files], "tokenizer": c.tokenizer_folder,
+                                   "cache_dir": c.cache_dir, "key": c.key}
+        if c.chat is not None:
+            request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on,
+                               "checks": sample_checks(c, trials)}
+        requests.append(request)
+    return json.dumps(requests, indent=2) + "\n"
 
 
 def sbatch_options(params: Mapping[str, Any], log_path: Path) -> list[str]:
@@ -126,7 +178,7 @@ def submit_preparation(
     folder = sweep_dir / PREPARATION_DIR
     script, request = folder / "prepare.sh", folder / "request.json"
     atomic_write_text(script, SCRIPT)
-    atomic_write_text(request, preparation_request(corpora))
+    atomic_write_text(request, preparation_request(corpora, trials))
     # Each job logs to its own file (sbatch fills in %j): a retry's preparation keeps the failed one's log.
     options = sbatch_options(params, folder / log_name("%j"))
     job_id = commands.sbatch(options, str(script), [sys.executable, "--request", str(request)])

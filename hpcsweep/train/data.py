@@ -1,6 +1,9 @@
 """Token data: a synthetic corpus with learnable structure, a memory-mapped token file, and a
 sampler that is a pure function of ``(seed, step, rank, micro_step)``.
 
+``data.kind=chat`` reads whole samples instead of windows (``hpcsweep.train.chat_data``), as does
+``data.kind=text`` with ``data.packing`` (its documents); ``get_rows`` gives either as a ``Batch``.
+
 Because a batch depends on nothing but those numbers, the sampler's position in a checkpoint is
 just the step, and a resumed run sees exactly the batches it would have seen. The global batch of
 a step is the same for any split into ranks x micro-steps, so 2 ranks x batch b equals 1 rank x 2b.
@@ -21,6 +24,9 @@ from hpcsweep.files.token_file import TokenFileError, header_path, header_text, 
 
 if TYPE_CHECKING:
     import torch
+
+    from hpcsweep.train.batch import Batch
+    from hpcsweep.train.chat_data import SampleCorpus
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SUCCESSORS = 4
@@ -80,12 +86,19 @@ def open_token_file(path: Path) -> tuple[np.ndarray, int]:
     return tokens, header.vocab_size
 
 
-def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None) -> Corpus:
+def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None) -> Corpus | SampleCorpus:
     """The corpus ``cfg`` names, checked against the model's vocabulary.
 
     ``data.kind=text`` reads its token cache entry as ``data.kind=file`` reads ``data.path``;
     ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``).
+    ``data.kind=chat`` reads its samples (``hpcsweep.train.chat_data``), and ``data.kind=text`` with
+    ``data.packing`` its documents (``hpcsweep.train.document_rows``).
     """
+    if cfg.kind == "chat":
+        from hpcsweep.train.chat_data import load_chat_corpus
+
+        assert tokenizer is not None
+        return load_chat_corpus(cfg, model_vocab_size, tokenizer)
     if cfg.kind == "synthetic":
         tokens = markov_corpus(model_vocab_size, cfg.synthetic_tokens, cfg.seed)
         vocab_size = model_vocab_size
@@ -104,6 +117,11 @@ def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = 
         tokens, vocab_size = open_token_file(Path(cfg.path))
         source = cfg.path
     check_corpus_fits(cfg, model_vocab_size, num_tokens=len(tokens), corpus_vocab_size=vocab_size, source=source)
+    if cfg.packing:  # data.kind=text: its documents, packed
+        from hpcsweep.train.document_rows import document_corpus
+
+        assert tokenizer is not None
+        return document_corpus(tokens, vocab_size, cfg, tokenizer)
     return Corpus(tokens, vocab_size, int(len(tokens) * (1 - cfg.val_fraction)))
 
 
@@ -148,3 +166,38 @@ def get_batch(
     windows = corpus.tokens[mine[:, None] + np.arange(cfg.seq_len + 1)]
     windows = torch.from_numpy(windows.astype(np.int64))
     return windows[:, :-1], windows[:, 1:]
+
+
+def get_rows(
+    corpus: Corpus | SampleCorpus,
+    cfg: DataConfig,
+    *,
+    split: str,
+    step: int,
+    rank: int,
+    micro_step: int,
+    world_size: int,
+    grad_accum: int,
+) -> Batch:
+    """``get_batch``'s windows, or a chat corpus's rows of samples, as a ``Batch`` (same arguments)."""
+    from hpcsweep.train.batch import Batch  # here: scripts/prepare-data imports this module and needs no torch
+
+    if isinstance(corpus, Corpus):
+        inputs, targets = get_batch(corpus, cfg, split=split, step=step, rank=rank, micro_step=micro_step,
+                                    world_size=world_size, grad_accum=grad_accum)
+        return Batch(inputs, targets, None, targets.numel())
+    if split == "train" and cfg.read_delay_ms:
+        wait_as_slow_storage(cfg.read_delay_ms)
+    return corpus.batch(split, step=step, rank=rank, micro_step=micro_step, world_size=world_size,
+                        grad_accum=grad_accum, rows=cfg.batch_size)
+
+
+def same_loss_tokens(corpus: Corpus | SampleCorpus) -> bool:
+    """Whether every micro-batch takes the loss on the same number of targets (windows do; rows of
+    samples do not, so a step weighs its micro-batches by their counts)."""
+    return isinstance(corpus, Corpus)
+
+
+def fill_rate(corpus: Corpus | SampleCorpus) -> float | None:
+    """A chat corpus's useful positions over its training rows' positions; None for windows (always full)."""
+    return None if isinstance(corpus, Corpus) else corpus.fill_rate()

@@ -157,6 +157,15 @@ def max_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
     return tensor.tolist()
 
 
+def sum_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
+    """Each of ``values``' sums over all ranks, in one collective."""
+    if not world.is_distributed:
+        return list(values)
+    tensor = torch.tensor(list(values), dtype=torch.int64, device=world.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
 def mean_over_ranks(world: WorldInfo, value: torch.Tensor) -> torch.Tensor:
     """The mean of a tensor over all ranks."""
     if not world.is_distributed:

@@ -31,9 +31,12 @@ from typing import Any
 import numpy as np
 
 from hpcsweep.files.atomic import atomic_write_text, fsync_dir
-from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, text_corpus
+from hpcsweep.config import DataConfig
+from hpcsweep.files.chat_samples import check_samples
+from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, chat_rendering, text_corpus
 from hpcsweep.files.token_file import header_path, header_text
-from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, read_documents
+from hpcsweep.train.chat_tokens import write_chat_entry
+from hpcsweep.train.text_documents import Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +117,10 @@ def write_tokens(corpus: TextCorpus, token_path: Path, workers: int, piece_bytes
 
 
 def write_entry(corpus: TextCorpus, workers: int, piece_bytes: int | None = None) -> Path:
-    """Tokenize ``corpus`` into its cache entry unless it is there; return its token file."""
+    """Tokenize ``corpus`` into its cache entry unless it is there; return its token file. A chat corpus
+    is rendered by ``hpcsweep.train.chat_tokens``."""
+    if corpus.chat is not None:
+        return write_chat_entry(corpus, workers, piece_bytes)
     if corpus.is_cached():
         return corpus.token_path
     Path(corpus.cache_dir).mkdir(parents=True, exist_ok=True)
@@ -153,13 +159,20 @@ def write_token_file_at(corpus: TextCorpus, out: Path, workers: int) -> None:
 def prepare_requested(request: dict[str, Any], workers: int) -> Path:
     """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``);
     ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with."""
-    corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer")
+    chat = request.get("chat")
+    rendering = chat_rendering(chat["template"], chat["train_on"]) if chat else None
+    corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer", rendering)
     if request.get("key") and corpus.key != request["key"]:
         raise TokenCacheError(
             f"the corpus or the tokenizer changed since the sweep was submitted (cache entry {corpus.key}, "
             f"not {request['key']}): submit the sweep again"
         )
-    return write_entry(corpus, workers)
+    path = write_entry(corpus, workers)
+    for check in chat["checks"] if chat else ():
+        # An overlong sample under data.overlong=refuse fails the job, so no trial of the sweep starts.
+        data = DataConfig(kind="chat", files=request["files"], **check)
+        log.info("data.seq_len=%d: %s", data.seq_len, check_samples(corpus, data).summary(data))
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for request in json.loads(args.request.read_text()):
             prepare_requested(request, args.workers or available_cpus())
-    except (TokenCacheError, CorpusError, OSError) as err:
+    except (ValueError, OSError) as err:  # TokenCacheError, CorpusError and a refused sample are ValueErrors
         print(f"token preparation failed: {err}", file=sys.stderr)
         return 1
     return 0

@@ -32,6 +32,7 @@ from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
 from hpcsweep.train import moe_balance, router_stats, step_timer, task_scores, trackers
 from hpcsweep.train.profiling import StepProfiler
+from hpcsweep.train.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
@@ -42,6 +43,7 @@ from hpcsweep.train.distributed import (
     max_over_ranks,
     mean_over_ranks,
     node_name,
+    sum_over_ranks,
 )
 from hpcsweep.control.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 from hpcsweep.control.stop import STOP_REQUESTED, StopRequest
@@ -152,6 +154,8 @@ class Trainer:
         self.report.update(device_name=self.device_facts.name, parallel=self.parallel,
                            intra_op_threads=torch.get_num_threads(), **dataclasses.asdict(self.choices))
         self.report["memory_plan"] = memory_plan
+        if (fill := data.fill_rate(self.corpus)) is not None:
+            self.report["fill_rate"] = fill
         self.profiler = StepProfiler(tcfg, trial_dir, rank=world.rank, world_size=world.world_size, device=world.device,
                                      is_reader=self.is_writer, on_trace=lambda summary: self.write_report(profile=summary))
         log.info("device %s: %s", self.device_facts.name or "cpu", self.choices)
@@ -220,27 +224,44 @@ class Trainer:
 
     # ----- steps -------------------------------------------------------------------------------
 
-    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module) -> torch.Tensor:
+    def _logits(self, net: torch.nn.Module, inputs: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
         with optim.autocast_context(self.choices.precision, self.world.device):
-            logits = net(input_ids=inputs).logits
+            return net(input_ids=inputs, position_ids=position_ids).logits
+
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module,
+              position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self._logits(net, inputs, position_ids)
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    def loss_divisors(self, batches: Sequence[Batch]) -> list[float]:
+        """What each micro-batch's mean loss is divided by, so the step's loss (and gradient, once DDP
+        averages it over ranks) is the mean over every target of the step: the step's loss tokens over
+        the micro-batch's, times the ranks. Rows of samples hold different counts, summed over the ranks
+        in one collective; windows hold the same, and the divisor is ``grad_accum``."""
+        counts = [batch.loss_tokens for batch in batches]
+        world_size = self.world.world_size
+        step_total = (counts[0] * len(counts) * world_size if data.same_loss_tokens(self.corpus)
+                      else sum_over_ranks(self.world, [sum(counts)])[0])
+        return [step_total / (count * world_size) for count in counts]
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm)."""
         tcfg, world = self.cfg.trainer, self.world
         total = torch.zeros((), device=world.device)
-        for micro in range(tcfg.grad_accum):
+        self.step_timer.enter("data")
+        batches = [
+            data.get_rows(self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
+                          micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
+            for micro in range(tcfg.grad_accum)
+        ]
+        for micro, (batch, divisor) in enumerate(zip(batches, self.loss_divisors(batches))):
             self.step_timer.enter("data")
-            inputs, targets = data.get_batch(
-                self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
-                micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
-            )
-            inputs, targets = inputs.to(world.device), targets.to(world.device)
+            batch = batch.to(world.device)
             self.step_timer.enter("compute")
             last = micro == tcfg.grad_accum - 1
             # Gradients are reduced once, on the last micro-step.
             with parallel.gradient_sync(self.net, sync=last):
-                loss = self._loss(inputs, targets, self.net) / tcfg.grad_accum
+                loss = self._loss(batch.inputs, batch.targets, self.net, batch.position_ids) / divisor
                 # The router balance loss trains, but train/loss stays the LM loss that val/loss compares with.
                 self.scaler.scale(loss + self.balance.take_aux_loss() / tcfg.grad_accum).backward()
             total += loss.detach()
@@ -259,13 +280,12 @@ class Trainer:
         self.step += 1
         return total, grad_norm
 
-    def _loss_and_accuracy(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss_and_accuracy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of one validation batch, and ``(correct, counted)`` next-token predictions
         (targets of -100 take no part in either)."""
-        with optim.autocast_context(self.choices.precision, self.world.device):
-            logits = self.model(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        return loss, metrics.accuracy_counts(logits, targets)
+        logits = self._logits(self.model, batch.inputs, batch.position_ids)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten())
+        return loss, metrics.accuracy_counts(logits, batch.targets)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -276,13 +296,16 @@ class Trainer:
         total = torch.zeros((), device=world.device)
         counts = torch.zeros(2, device=world.device, dtype=torch.float64)
         for i in range(tcfg.eval_batches):
-            for micro in range(tcfg.grad_accum):
-                inputs, targets = data.get_batch(
-                    self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
-                    micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum,
-                )
-                loss, batch_counts = self._loss_and_accuracy(inputs.to(world.device), targets.to(world.device))
-                total += loss
+            batches = [
+                data.get_rows(self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
+                              micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
+                for micro in range(tcfg.grad_accum)
+            ]
+            for batch, divisor in zip(batches, self.loss_divisors(batches)):
+                batch = batch.to(world.device)
+                # Each evaluation batch weighs as a step: by its targets (windows: 1, as they all hold as many).
+                loss, batch_counts = self._loss_and_accuracy(batch)
+                total += loss * (tcfg.grad_accum / divisor)
                 counts += batch_counts
         self.model.train()
         correct, counted = (mean_over_ranks(world, counts) * world.world_size).tolist()

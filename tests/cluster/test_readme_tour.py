@@ -39,6 +39,7 @@ PAGES = (
     "docs/user/search.md",
     "docs/user/fine-tune.md",
     "docs/user/your-text.md",
+    "docs/user/instruction-tuning.md",
     "docs/user/lora-and-export.md",
     "docs/user/moe.md",
     "docs/user/task-scores.md",

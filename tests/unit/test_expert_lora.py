@@ -124,13 +124,14 @@ def test_neither_the_fold_nor_the_expert_weight_gradient_is_ever_built(arch):
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen2_moe"])
 def test_every_linear_and_each_routed_expert_gets_an_adapter_of_rank_r(arch):
     net = lora.apply_lora(base_model(arch), model_cfg(), seed=0)
+    # Every linear but the head and a gate (Qwen-MoE's shared_expert_gate, one output: a router, not a projection).
     linears = {name for name, m in base_model(arch).named_modules()
-               if isinstance(m, torch.nn.Linear) and name != "lm_head"}
+               if isinstance(m, torch.nn.Linear) and name != "lm_head" and not name.endswith("_gate")}
     wrapped = {name.removeprefix("base_model.model.") for name, m in net.named_modules()
                if isinstance(m, LoraLayer) and ".base_layer" not in name}
     experts = {w.get_param().shape for w in expert_wrappers(net)}
-    if arch == "deepseek_v3":  # its defaults (hpcsweep.model.lora_targets) name every linear but the head
-        assert set(lora_targets.DEFAULT_LORA_TARGETS["deepseek_v3"]) >= {n.rpartition(".")[2] for n in linears}
+    # Its defaults (hpcsweep.model.lora_targets) name each of those linears.
+    assert set(lora_targets.DEFAULT_LORA_TARGETS[arch]) >= {n.rpartition(".")[2] for n in linears}
     assert wrapped - {"model.layers.1.mlp.experts"} == linears
     expected = sum(4 * (m.in_features + m.out_features) for n, m in base_model(arch).named_modules() if n in linears)
     expected += sum(4 * e * (o + i) for e, o, i in experts)

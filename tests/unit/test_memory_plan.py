@@ -280,7 +280,7 @@ def test_the_sweep_check_refuses_in_one_line_naming_how_many(caplog):
         check_memory_plans(trials, params, ["gpu:8"])
         check_memory_plans(trials[:1], params, ["gpu:h200:8"])
     assert "memory plans not checked: the partition's GPU GRES names no type; set hydra.launcher.gpu_mem_gb" in caplog.text
-    assert "memory plan: trial #0: ~2.0 GB/GPU of 141 per H200 (full fine-tuning, DDP): fits" in caplog.text
+    assert "memory plan: trial #0: ~2.0 GB/GPU of 141 per H200 (training from scratch, DDP): fits" in caplog.text
     with pytest.raises(ValueError, match=r"^hydra.launcher.check_memory='no' is not allowed: true or false$"):
         check_memory_plans(trials, {**params, "check_memory": "no"}, ["gpu:a100:8"])
 
@@ -490,7 +490,7 @@ def test_python_m_hpcsweep_plan_prints_each_plan_part_by_part_on_the_login_node(
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[-1] == "torch imported: False"
-    full_at = lines.index("trial #0: full fine-tuning, DDP, bf16, 8 GPU(s), data.batch_size=1 x data.seq_len=2048")
+    full_at = lines.index("trial #0: training from scratch, DDP, bf16, 8 GPU(s), data.batch_size=1 x data.seq_len=2048")
     lora_at = lines.index("trial #1: LoRA r=16, DDP, bf16, 8 GPU(s), data.batch_size=1 x data.seq_len=2048")
     full = {line.split()[0]: line for line in lines[full_at + 1:lora_at]}
     # The breakdown is the plan's, part by part, with its bytes a parameter.
@@ -503,7 +503,7 @@ def test_python_m_hpcsweep_plan_prints_each_plan_part_by_part_on_the_login_node(
     for part, nbytes in plan.parts.items():
         assert f" {nbytes / GIB:.2f} GB" in full[part]
     assert "6.0 B/param" in full["weights"] and "8.0 B/param" in full["gradients"] and "8.0 B/param" in full["optimizer"]
-    assert full["total"].endswith("~180 GB/GPU of 80 per A100 (full fine-tuning, DDP): does not fit")
+    assert full["total"].endswith("~180 GB/GPU of 80 per A100 (training from scratch, DDP): does not fit")
     assert lines[lora_at + 9].endswith("GB/GPU of 80 per A100 (LoRA r=16, DDP): fits")
     refused = subprocess.run([sys.executable, "-m", "hpcsweep.plan", "data.batch_size=0"], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
