@@ -66,7 +66,8 @@ class BaseFolder:
 
 
 def base_folder(identity: dict[str, Any], typed: str | None, trust_remote_code: bool) -> BaseFolder:
-    """The base the checkpoint names (``identity``), checked to be there still."""
+    """The base the checkpoint names (``identity``: the trial's record of the folder, its ``config.json``
+    included, so that only the safetensors headers' dtypes are read from the folder), checked to be there still."""
     if not identity.get("path"):
         return BaseFolder(None, None, {}, "float32", False)
     path = Path(identity["path"])
@@ -74,7 +75,7 @@ def base_folder(identity: dict[str, Any], typed: str | None, trust_remote_code: 
         raise ExportRefused(f"the base model folder {path} that the trial trained from is gone: put it back "
                             "(an export reads the frozen base, and its tokenizer, from there)")
     tensors = export_dtypes.header_dtypes(path)
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config = identity.get("config") or json.loads((path / "config.json").read_text(encoding="utf-8"))
     remote = trust_remote_code or needs_remote_code(path)
     return BaseFolder(path, typed, tensors, export_dtypes.folder_dtype(config, tensors), remote)
 

@@ -23,6 +23,8 @@ class WorkerAttempt:
     worker leaves its progress, stacks and traceback for the runner. ``signal_delay_s``: the lead of Slurm's
     time-limit signal (``hydra.launcher.signal_delay_s``), weighed against the first save; None outside Slurm.
     ``search_trial``: the study trial's file of a search trial (its pruning reporter), else None.
+    ``model_record``: the JSON form of the runner's record of the model folder (``hpcsweep.model.record``),
+    read once per attempt; None for the built-in model.
     """
 
     node_rank: int = 0
@@ -30,6 +32,7 @@ class WorkerAttempt:
     worker_dir: Path | None = None
     signal_delay_s: int | None = None
     search_trial: Path | None = None
+    model_record: dict[str, Any] | None = None
 
 
 NO_RUNNER = WorkerAttempt()

@@ -21,6 +21,8 @@ import torch
 
 from hpcsweep.memory_plan.gpu_memory import GpuMemory
 from hpcsweep.memory_plan import plan_memory, plan_record, resolve_parallel, setup_of_trial, shape_of_trial
+from hpcsweep.memory_plan.model_shape import shape_from_hf_config
+from hpcsweep.model.record import ModelRecord
 
 
 def device_memory(device: torch.device) -> GpuMemory | None:
@@ -31,12 +33,14 @@ def device_memory(device: torch.device) -> GpuMemory | None:
     return GpuMemory(props.total_memory, props.name, "torch.cuda.get_device_properties")
 
 
-def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precision: str, attention: str) -> dict[str, Any]:
+def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precision: str, attention: str,
+                       model_record: ModelRecord | None = None) -> dict[str, Any]:
     """metrics.json's ``memory_plan`` for trial ``cfg`` on ``world_size`` workers of ``device``,
-    with the resolved ``precision`` and ``attention`` kernel."""
+    with the resolved ``precision`` and ``attention`` kernel; a model folder's shape is that of its
+    ``config.json`` as ``model_record`` holds it (the runner's record), else as read now."""
     gpu = device_memory(device)
     try:
-        shape = shape_of_trial(cfg.model)
+        shape = shape_of_trial(cfg.model) if model_record is None else shape_from_hf_config(model_record.config)
     except ValueError as err:  # a pretrained folder of an architecture the plan does not know
         return {"verdict": "not planned", "error": str(err)}
     setup = replace(

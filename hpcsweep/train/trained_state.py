@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from hpcsweep.config import ModelConfig
-from hpcsweep.model.folder import model_identity, read_model_folder
+from hpcsweep.model.record import ModelRecord, read_model_record
 
 _TRAINED = StateDictOptions(ignore_frozen_params=True)
 # Loading: the frozen base is missing from what was saved, by design (checked below, not by strict).
@@ -49,15 +49,22 @@ def load_trained_state_dict(model: torch.nn.Module, state: Mapping[str, Any]) ->
     set_model_state_dict(model, dict(state), options=_LOAD_TRAINED)
 
 
-def base_model_identity(cfg: ModelConfig) -> dict[str, Any]:
+def base_model_identity(cfg: ModelConfig, record: ModelRecord | None = None) -> dict[str, Any]:
     """The identity of the base model a trial trains from, as its checkpoints and exports record it.
 
     Empty for a model built from the config: the trial's ``config.yaml`` (its ``model.*`` keys and
     ``trainer.seed``) is all there is to it. A model loaded from a folder is named by the folder's
     identity, whose ``path`` (absolute) ``hpcsweep.export`` copies the tokenizer from and names as an
-    adapter's base.
+    adapter's base: that of ``record``, the runner's record of the folder (its attempt file), or for a
+    worker started without a runner, the folder read here. ``ValueError`` when ``record`` is of
+    another folder than ``model.path``.
     """
     if cfg.path is None:
         return {}
-    identity = model_identity(read_model_folder(cfg.path))
+    if record is None:
+        record = read_model_record(cfg.path)
+    elif record.typed != cfg.path:
+        raise ValueError(f"the attempt file's model record is of model.path={record.typed}, "
+                         f"the trial's config.yaml says model.path={cfg.path}")
+    identity = record.identity
     return {**identity, "path": str(Path(identity["path"]).resolve())}

@@ -24,6 +24,7 @@ from hpcsweep.config import TrialConfig, tokenizer_folder
 from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.metric_keys import TASKS_KEY, metric_value
 from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.model.record import ModelRecord
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
@@ -72,6 +73,7 @@ class Trainer:
         restarts: int = 0,
         signal_delay_s: int | None = None,
         search_trial: Path | None = None,
+        model_record: ModelRecord | None = None,
     ) -> None:
         self.cfg, self.world, self.trial_dir = cfg, world, trial_dir
         self.stop_event, self.hooks, self.signal_delay_s = stop_event, tuple(hooks), signal_delay_s
@@ -97,7 +99,7 @@ class Trainer:
         self.step_timer = step_timer.build_step_timer(world.device.type, self.peak_memory,
                                                       enabled=tcfg.step_timing and self.is_writer)
         memory_plan = memory_record.worker_memory_plan(
-            cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation)
+            cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation, model_record)
         self.parallel = parallel.resolve_parallel(tcfg, ddp_fits=memory_record.planned_parallel(memory_plan) != "fsdp")
         if self.parallel == "fsdp" and cfg.tasks.names:
             raise ValueError("tasks.names is not allowed with FSDP (trainer.parallel=auto chose it: the trial does not "
@@ -117,7 +119,7 @@ class Trainer:
         self.best_val = optim.EarlyStopping(0, 0.0)
         self.task_scorer = task_scores.build_task_scorer(cfg.tasks, tokenizer_folder(cfg.data, cfg.model), self.is_writer)
         self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
-                                      base_model=trained_state.base_model_identity(cfg.model))
+                                      base_model=trained_state.base_model_identity(cfg.model, model_record))
         self.save_schedule = SaveSchedule(
             tcfg.ckpt_every, tcfg.ckpt_every_min, is_coordinator=self.is_writer, agree=lambda flag: any_rank(world, flag)
         )

@@ -36,6 +36,7 @@ from hpcsweep.control import stop
 from hpcsweep.files import metrics_file
 from hpcsweep.files.attempt_file import read_attempt
 from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.model.record import record_from_dict
 from hpcsweep.train import fault, gpu_choices, parallel, worker_records
 from hpcsweep.train.checkpoint import trial_already_done
 from hpcsweep.train.distributed import (
@@ -110,8 +111,10 @@ def run_trial(trial_dir: Path, attempt_file: Path | None = None) -> int:
             *fault.fault_hooks(os.environ, trial_dir, rank),
             *worker_records.progress_hooks(records, rank=rank, local_rank=local_rank, node=node_name(os.environ)),
         ]
+        model = None if attempt.model_record is None else record_from_dict(attempt.model_record)
         trainer = Trainer(cfg, world, trial_dir, hooks=hooks, restarts=restarts,
-                          signal_delay_s=attempt.signal_delay_s, search_trial=attempt.search_trial)
+                          signal_delay_s=attempt.signal_delay_s, search_trial=attempt.search_trial,
+                          model_record=model)
         trainer.report.update({k: previous[k] for k in CARRIED if previous and k in previous})
         trainer.resume()
         code = trainer.fit()

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 def admit(attempt: TrialAttempt) -> Outcome | None:
     """None when the attempt may train; else the outcome it ends with before training (skipped or failed)."""
     fault.fault_from_env(attempt.env)
-    check_trial_config(attempt.trial, attempt.files, attempt.force_resume, attempt.records_for_the_trial)
+    check_trial_config(attempt.trial, attempt.files, attempt.force_resume, attempt.records_for_the_trial,
+                       attempt.model)
     previous = read_metrics(attempt.files)
     if trial_already_done(attempt.files.root, previous):
         log.info("trial %s is already %s: not training it again", attempt.files.root, previous["status"])

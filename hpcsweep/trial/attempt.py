@@ -5,7 +5,9 @@ Every phase of the runner (``hpcsweep.trial.runner``) takes the attempt instead 
 environment: the Slurm job is parsed from it once (``slurm_job_env``), the caps come from the launcher's
 config (``Caps.from_launcher``), and what the workers need is written to the node's attempt file
 (``hpcsweep.files.attempt_file``). Which node records, requeues and writes the trial's files is decided
-here only: ``records_for_the_trial``.
+here only: ``records_for_the_trial``. The model folder ``model.path`` names is read here too, once per
+attempt (``hpcsweep.model.record``): the resume guard, the environment record and the workers read
+that record, never the folder again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from hpcsweep.config import TrialConfig
 from hpcsweep.files.attempt_file import WorkerAttempt
 from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.model.record import ModelRecord, read_model_record
 from hpcsweep.slurm.env import SlurmJobEnv, slurm_job_env
 from hpcsweep.trial.rendezvous import Rendezvous, rendezvous_from_env
 
@@ -80,6 +83,8 @@ class TrialAttempt:
     env: Mapping[str, str]
     force_resume: bool = False
     search_trial: Path | None = None
+    model: ModelRecord | None = None
+    """The folder ``model.path`` names, as this node read it when the attempt began; None for the built-in model."""
 
     @property
     def records_for_the_trial(self) -> bool:
@@ -126,6 +131,7 @@ class TrialAttempt:
             worker_dir=self.worker_dir,
             signal_delay_s=self.caps.signal_delay_s if self.under_slurm else None,
             search_trial=self.search_trial,
+            model_record=None if self.model is None else self.model.to_dict(),
         )
 
 
@@ -140,11 +146,14 @@ def build_attempt(
 ) -> TrialAttempt:
     """The attempt of ``trial`` in ``trial_dir`` on this node, from the environment it started with.
 
-    Outside Slurm a free port is picked for the rendezvous unless ``MASTER_PORT`` is set.
+    Outside Slurm a free port is picked for the rendezvous unless ``MASTER_PORT`` is set. The model
+    folder is read and its weights fingerprinted here, once (``ValueError`` naming ``model.path`` when
+    it cannot be read).
     """
     env = dict(env)
     job = slurm_job_env(env)
     if job is None and not env.get("MASTER_PORT"):
         env["MASTER_PORT"] = str(free_port())
     rdzv = rendezvous_from_env(env, trial.trainer.nproc_per_node)
-    return TrialAttempt(trial, TrialFiles(trial_dir), job, rdzv, caps, env, force_resume, search_trial)
+    model = None if trial.model.path is None else read_model_record(trial.model.path)
+    return TrialAttempt(trial, TrialFiles(trial_dir), job, rdzv, caps, env, force_resume, search_trial, model)

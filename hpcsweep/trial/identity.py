@@ -10,7 +10,8 @@ A trial that loads a model folder (``model.path``) is also trained *from* that f
 (``hpcsweep.model.folder.model_identity``: config.json, weight names and sizes, a fingerprint of the
 safetensors headers and data) is recorded in each attempt's ``environment.json``, and resuming after the
 folder changed is refused the same way, naming what changed. The path itself may change: a folder
-moved whole is the same model.
+moved whole is the same model. On a node, the identity compared is that of the attempt's model record
+(``hpcsweep.model.record``), read once per attempt.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import yaml
 
 from hpcsweep.config import TrialConfig, config_defaults, trial_config_from_dict, trial_config_to_dict
 from hpcsweep.files.trial_files import CONFIG_FILE, TrialFiles
-from hpcsweep.model.folder import identity_changes, model_identity, read_model_folder
+from hpcsweep.model.folder import identity_changes
+from hpcsweep.model.record import read_model_record
 
 MODEL_RECORD_KEY = "model"
 """The key of ``environment.json`` that holds the identity of the model folder the attempt trained from."""
@@ -141,7 +143,7 @@ def mismatch_message(trial_dir: Path, differences: list[Difference | ModelChange
 def trial_model_identity(config: TrialConfig) -> dict[str, Any] | None:
     """The identity of the model folder ``model.path`` names now; None for the built-in model."""
     path = config.model.path
-    return None if path is None else model_identity(read_model_folder(path))
+    return None if path is None else read_model_record(path).identity
 
 
 def recorded_model_identity(trial_dir: Path) -> dict[str, Any] | None:
@@ -211,13 +213,19 @@ def resume_differences(
     return differences
 
 
-def check_resume(trial_dir: Path, config: TrialConfig, force: bool) -> list[Difference | ModelChange]:
+def check_resume(
+    trial_dir: Path,
+    config: TrialConfig,
+    force: bool,
+    identity_now: Callable[[TrialConfig], dict[str, Any] | None] = trial_model_identity,
+) -> list[Difference | ModelChange]:
     """Raise ``ConfigMismatch`` when ``config`` would resume ``trial_dir`` under another identity.
 
-    With ``force``, return the differences instead (for the caller to log and record).
+    With ``force``, return the differences instead (for the caller to log and record). ``identity_now``
+    gives the model folder's identity now (an attempt passes its model record's).
     """
     try:
-        differences = resume_differences(trial_dir, config)
+        differences = resume_differences(trial_dir, config, identity_now)
     except ConfigMismatch:
         if force:
             return []

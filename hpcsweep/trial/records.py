@@ -18,6 +18,7 @@ from hpcsweep.files.atomic import atomic_write_text
 from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
 from hpcsweep.files.sweep_record import now_iso
 from hpcsweep.files.trial_files import TrialFiles
+from hpcsweep.model.record import ModelRecord
 from hpcsweep.slurm.env import SlurmJobEnv
 from hpcsweep.trial.identity import MODEL_RECORD_KEY, check_resume, differences_text
 from hpcsweep.trial.rendezvous import Rendezvous
@@ -90,13 +91,16 @@ def write_trial_config(trial: TrialConfig, files: TrialFiles) -> None:
     atomic_write_text(files.config, text)
 
 
-def check_trial_config(trial: TrialConfig, files: TrialFiles, force: bool, keeps_records: bool) -> None:
-    """Refuse (``ConfigMismatch``) to resume the trial dir under another training config.
+def check_trial_config(
+    trial: TrialConfig, files: TrialFiles, force: bool, keeps_records: bool, model: ModelRecord | None = None
+) -> None:
+    """Refuse (``ConfigMismatch``) to resume the trial dir under another training config, or from a
+    model folder that changed (``model``: the attempt's record of ``model.path``'s folder).
 
     With ``force``, log the differences and keep the old ``config.yaml`` aside (the node that
     ``keeps_records``), so the trial dir still records every config it was trained with.
     """
-    differences = check_resume(files.root, trial, force)
+    differences = check_resume(files.root, trial, force, lambda _: None if model is None else model.identity)
     if not differences:
         return
     log.warning("resume.force=true: resuming %s with a different config: %s", files.root,

@@ -32,7 +32,6 @@ from hpcsweep.files.attempt_file import write_attempt
 from hpcsweep.trial import budget_watch, launch, settle
 from hpcsweep.trial.admit import admit
 from hpcsweep.trial.attempt import Caps, TrialAttempt, build_attempt
-from hpcsweep.trial.identity import trial_model_identity
 from hpcsweep.trial.process_env import environment_overlay
 from hpcsweep.trial.records import environment_record, write_trial_config
 
@@ -79,7 +78,7 @@ def run_attempt(attempt: TrialAttempt) -> Outcome:
     if attempt.records_for_the_trial:
         atomic_write_json(attempt.files.environment,
                           environment_record(rdzv, environment.nccl_preset, environment.nccl_vars, attempt.job,
-                                             trial_model_identity(attempt.trial)))
+                                             None if attempt.model is None else attempt.model.identity))
     log.info(
         "trial %s: node %d/%d, %d process(es) per node, rendezvous %s",
         attempt.files.root, rdzv.node_rank, rdzv.nnodes, rdzv.nproc_per_node, rdzv.endpoint,
