@@ -153,13 +153,12 @@ def test_an_adapter_names_its_base_as_typed_and_loads_over_a_copy_of_it_elsewher
     assert done.returncode == 0, done.stderr[-3000:]
     fresh = torch.load(tmp_path / "out.pt")
     assert (fresh["adapter"] - logits[0][0]).abs().max() < 1e-5
-    # Two warnings come from the libraries themselves, whatever the adapter holds: peft 0.21's check of
-    # rank_pattern/alpha_pattern keys looks at module targets only, not at the fused experts' parameter
-    # targets the keys name (the rank is applied: the logits above are equal); and peft calls a
-    # transformers method that transformers 5 deprecates. Any other warning fails.
-    library = ("keys did not match any targeted module and were ignored: ['.*\\\\.gate_up_proj']",
-               "`is_gradient_checkpointing` is deprecated")
+    # One warning comes from the libraries themselves, whatever the adapter holds: peft calls a transformers
+    # method that transformers 5 deprecates. Any other warning fails (no rank_pattern key matching nothing:
+    # expert LoRA adapts the fused experts at the adapter's own rank).
+    library = ("`is_gradient_checkpointing` is deprecated",)
     assert [w for w in fresh["warnings"] if not any(known in w for known in library)] == []
+    assert "rank_pattern" not in adapter_config or not adapter_config["rank_pattern"]
 
     # A bf16 base: full and merged models come back in bf16 with the logits of the trial's weights rounded
     # to bf16 (the router kept in fp32), computed in bf16, to a few bf16 ulps (2**-8 relative; the loaded
