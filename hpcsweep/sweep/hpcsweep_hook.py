@@ -117,7 +117,17 @@ class HpcsweepTrials(TrialHook):
         return CheckedTrial(trial_allocation(trial), (trial, resume))
 
     def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
-        """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``)."""
+        """No trial fine-tunes a model folder on synthetic tokens unless its command line says so
+        (``hpcsweep.sweep.fine_tune_data``); every trial dir that holds a checkpoint was trained with this
+        trial's config (or ``resume.force``)."""
+        from hpcsweep.sweep.fine_tune_data import refuse_synthetic_fine_tuning
+        from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
+
+        for t in trials:
+            try:
+                refuse_synthetic_fine_tuning(t.app_config[0], t.overrides)
+            except ValueError as err:
+                raise SweepConfigError(f"trial #{t.num} ({trial_label(t.overrides)}): {err}") from None
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
 
     def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
