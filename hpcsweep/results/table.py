@@ -33,6 +33,8 @@ from hpcsweep.results.budget import usage_of_local_trials, usage_of_states
 from hpcsweep.results.efficiency import TrialEfficiency, efficiency_of
 from hpcsweep.results.failure import summarize_error, trial_error_text
 from hpcsweep.results.gpu_hours import allocated_hours_by_trial
+from hpcsweep.results.never_started import NEVER_STARTED_STATUSES, never_started, never_started_line
+from hpcsweep.results.token_preparation import last_line
 from hpcsweep.results.overrides import override_values, trained_values
 from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.slurm.job_states import JobState, query_job_states
@@ -88,7 +90,7 @@ class TrialRow:
     world_size: int | None = None
     nodes: str = ""
     error: str = ""
-    """For a failed trial: why, in one line."""
+    """For a failed trial: why, in one line; for a cancelled one whose run never started, why, when known."""
     trial_dir: str = ""
     reason: str = ""
     """For a pending trial: why Slurm has not started it (``Priority``, ``PartitionConfig`` ...)."""
@@ -214,11 +216,13 @@ def build_row(
     on_slurm: bool,
     allocated_hours: float | None = None,
     trained_config: Mapping[str, Any] | None = None,
+    why_not_started: str = "",
 ) -> TrialRow:
     """One trial's row. Metrics missing from metrics.json come from the trial's scalars.
 
     ``allocated_hours``: the trial's part of its tasks' allocated GPU-hours (None: unknown);
-    ``trained_config``: its ``config.yaml``, which values its label (``trained_values``).
+    ``trained_config``: its ``config.yaml``, which values its label (``trained_values``);
+    ``why_not_started``: for a cancelled trial whose run never started, why (``hpcsweep.results.never_started``).
     """
     metrics = metrics or {}
     values: dict[str, Any] = {name: metrics.get(name) for name in SCALAR_FALLBACKS}
@@ -252,7 +256,7 @@ def build_row(
         own_gpu_hours=own_gpu_hours(metrics),
         world_size=metrics.get("world_size"),
         nodes=nodes,
-        error=summarize_error(error_text) if status == "failed" else "",
+        error=summarize_error(error_text) if status == "failed" else why_not_started,
         trial_dir=trial.trial_dir,
         reason=waiting.reason if waiting is not None else "",
         never_starts=waiting.never_starts if waiting is not None else "",
@@ -329,11 +333,16 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     on_slurm = record.launcher == "slurm"
     jobs: Mapping[str, JobState] = {}
     slurm_error = None
+    preparation = record.token_preparation
+    preparation_state: JobState | None = None
     if on_slurm:
         try:
-            jobs = query(record.job_ids())
+            # The token preparation job rides along in the one sacct call; it is no trial's and spends no GPU.
+            jobs = dict(query([*record.job_ids(), *([preparation.job_id] if preparation else [])]))
         except SlurmCommandError as err:
             slurm_error = str(err)
+        else:
+            preparation_state = jobs.pop(preparation.job_id, None) if preparation else None
     trial_dirs = [resolve_trial_dir(sweep_dir, trial) for trial in record.trials]
     if with_scalars:
         from hpcsweep.results.event_reader import read_runs  # numpy and protobuf: not for status
@@ -358,8 +367,15 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
             if provisional == "failed"
             else ""
         )
+        why_not = ""
+        if provisional in NEVER_STARTED_STATUSES and never_started(metrics):
+            why_not = never_started_line(
+                metrics, preparation.job_id if preparation else None,
+                preparation_state.state if preparation_state else None,
+                last_line(Path(preparation.log)) if preparation and preparation_state and preparation_state.failed else None,
+            )
         config = read_trained_config(trial_dir) if metrics and may_differ(record, trial, trial_dir) else None
-        rows.append(build_row(trial, metrics, job, scalars, error, on_slurm, allocated.get(trial.num), config))
+        rows.append(build_row(trial, metrics, job, scalars, error, on_slurm, allocated.get(trial.num), config, why_not))
         all_scalars[trial.num] = scalars
     if not on_slurm:
         usage: Usage | None = usage_of_local_trials(trial_dirs)

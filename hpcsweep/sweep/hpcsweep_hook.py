@@ -163,7 +163,7 @@ class HpcsweepTrials(TrialHook):
         self, trials: Sequence[SweepTrial], launcher: Mapping[str, Any], sweep_dir: Path
     ) -> TokenPreparationRecord | None:
         """The job that tokenizes a ``data=text`` corpus with no cache entry yet (``hpcsweep.sweep.text_preparation``)."""
-        return submit_preparation([t.app_config[0] for t in trials], launcher, sweep_dir)
+        return submit_preparation([t.app_config[0] for t in trials], launcher, sweep_dir, [t.trial_dir for t in trials])
 
     def stopped_line(self, what: str) -> str:
         """``what``, and the command that resumes the sweep."""

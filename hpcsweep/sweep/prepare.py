@@ -18,6 +18,7 @@ from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokeni
 from hpcsweep.files.token_cache import TokenCacheError, tokenizer_sha256
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
+from hpcsweep.sweep.corpus_checks import check_corpus_may_fit, check_tokenizer_has_eos
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.sweep.text_preparation import sweep_text_corpus
 from hpcsweep.trial.identity import (
@@ -154,6 +155,9 @@ def check_text_corpus(trial: TrialConfig, model_vocab_size: int, vocab_key: str 
     cache entry, once written, fits the model."""
     corpus = sweep_text_corpus(trial)
     if not corpus.is_cached():
+        # Estimated here, counted exactly by the preparation (hpcsweep.sweep.corpus_checks says how).
+        check_tokenizer_has_eos(corpus, "data.tokenizer" if trial.data.tokenizer else "model.path")
+        check_corpus_may_fit(trial.data, corpus)
         return
     try:
         header = read_token_header(corpus.token_path)

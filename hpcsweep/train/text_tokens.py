@@ -30,9 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from hpcsweep.config import DataConfig, check_corpus_fits
 from hpcsweep.files.atomic import atomic_write_text, fsync_dir
+from hpcsweep.files.metrics_file import NOT_STARTED, write_metrics
 from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, text_corpus
-from hpcsweep.files.token_file import header_path, header_text
+from hpcsweep.files.token_file import TokenHeader, header_path, header_text, read_token_header
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
@@ -151,15 +154,42 @@ def write_token_file_at(corpus: TextCorpus, out: Path, workers: int) -> None:
 
 
 def prepare_requested(request: dict[str, Any], workers: int) -> Path:
-    """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``);
-    ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with."""
+    """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``),
+    then check its token count against what its trials need (``check_needs``); ``TokenCacheError`` when its
+    corpus or tokenizer is no longer what the sweep was submitted with, or when it is too small for a trial."""
     corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer")
     if request.get("key") and corpus.key != request["key"]:
         raise TokenCacheError(
             f"the corpus or the tokenizer changed since the sweep was submitted (cache entry {corpus.key}, "
             f"not {request['key']}): submit the sweep again"
         )
-    return write_entry(corpus, workers)
+    token_path = write_entry(corpus, workers)
+    check_needs(read_token_header(token_path), request.get("needs") or [], f"the corpus tokenized into {corpus.entry}")
+    return token_path
+
+
+def check_needs(header: TokenHeader, needs: Sequence[dict[str, Any]], source: str) -> None:
+    """``TokenCacheError`` (the first refusal's line) when the counted tokens cannot fill one sample of a
+    trial's ``data.seq_len`` in each split (``hpcsweep.config.check_corpus_fits``); each trial it refuses
+    gets that line as its ``metrics.json`` error, with the status of a trial that never started."""
+    refusals = []
+    for need in needs:
+        data = DataConfig(seq_len=int(need["seq_len"]), val_fraction=float(need["val_fraction"]))
+        try:
+            check_corpus_fits(data, header.vocab_size, num_tokens=header.num_tokens,
+                              corpus_vocab_size=header.vocab_size, source=source)
+        except ValueError as err:
+            refusals.append(str(err))
+            for trial_dir in need.get("trial_dirs") or []:
+                record_never_started(Path(trial_dir), f"never started: token preparation: {err}")
+    if refusals:
+        raise TokenCacheError(refusals[0])
+
+
+def record_never_started(trial_dir: Path, error: str) -> None:
+    """The trial's ``metrics.json``: it never started, and ``error`` says why (one line)."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    write_metrics(TrialFiles(trial_dir).metrics, {"status": NOT_STARTED, "step": 0, "error": error})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
