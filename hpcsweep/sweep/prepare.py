@@ -31,6 +31,9 @@ from hpcsweep.trial.identity import (
 
 log = logging.getLogger(__name__)
 
+BYTE_LEVEL_TOKENIZER = "bytes"
+"""The tokenizer a byte-level token file's header names (``scripts/prepare-data`` without ``--tokenizer``/``--model``)."""
+
 
 @dataclass(frozen=True)
 class PreparedTrial:
@@ -135,9 +138,15 @@ def check_same_tokenizer(trial: TrialConfig, header: TokenHeader) -> None:
     """Refuse a token file whose header records another tokenizer's hash than the trial's tokenizer
     folder (``data.tokenizer``, else the model folder's); a file or a trial without one passes."""
     folder = tokenizer_folder(trial.data, trial.model)
+    key = "data.tokenizer" if trial.data.tokenizer else "model.path"
+    if folder is not None and header.tokenizer == BYTE_LEVEL_TOKENIZER:
+        raise ValueError(
+            f"data.path={trial.data.path!r} is not allowed: it holds byte-level tokens (scripts/prepare-data without "
+            f"--model), not those of {key}={folder!r}'s tokenizer; tokenize the text with it "
+            f"(scripts/prepare-data --model {folder} --out FILE.bin TEXT...), or use data=text"
+        )
     if folder is None or header.tokenizer_sha256 is None:
         return
-    key = "data.tokenizer" if trial.data.tokenizer else "model.path"
     try:
         digest = tokenizer_sha256(folder)
     except (TokenCacheError, OSError) as err:
