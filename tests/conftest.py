@@ -29,6 +29,7 @@ SLOW_MODULES = {
 """Unit test modules whose every test is slow (most share a module fixture that trains)."""
 SLOW_TESTS = {
     "test_corpus_checks.py": {"test_transformers_agrees_that_the_refused_tokenizer_has_no_eos"},  # imports transformers
+    "test_earlier_sweep.py": {"test_the_same_command_again_prints_the_line_that_resumes_the_stopped_sweep"},
     "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
     "test_interrupt_resume.py": {

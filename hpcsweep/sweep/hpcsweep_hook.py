@@ -155,7 +155,12 @@ class HpcsweepTrials(TrialHook):
     ) -> list[JobReturn]:
         """Say which trials resume, then run them; a stop signal (Ctrl-C) stops the running trials with a
         checkpoint and starts no further one, and the command says in one line how to resume."""
+        from hydra.core.hydra_config import HydraConfig
+
+        from hpcsweep.sweep.earlier_sweep import say_if_an_earlier_sweep_stopped
+
         log_resume_state(trials)
+        say_if_an_earlier_sweep_stopped(Path(str(HydraConfig.get().sweep.dir)), [t.overrides for t in trials])
         prepare_here([t.app_config[0] for t in trials])
         return super().run_locally(trials, run_trials)
 
