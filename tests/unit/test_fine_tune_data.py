@@ -49,3 +49,18 @@ def test_a_sweep_of_a_folder_without_data_is_refused_before_any_trial(model_fold
 ])
 def test_what_counts_as_asking_for_the_synthetic_corpus(overrides, asked):
     assert asks_for_synthetic(overrides) is asked
+
+
+def test_the_typo_hint_of_a_folder_command_offers_no_size_key_the_folder_refuses():
+    from hpcsweep.sweep.override_keys import check_override_keys
+
+    with pytest.raises(ValueError) as built_in:
+        check_override_keys(["-m", "model.hiden_size=512"])
+    assert str(built_in.value).startswith("model.hiden_size is not a config key; did you mean model.hidden_size?")
+    with pytest.raises(ValueError) as folder:
+        check_override_keys(["-m", "model=pretrained", "model.path=/m", "model.hiden_size=512"])
+    message = str(folder.value)
+    assert message.startswith("model.hiden_size is not a config key") and "did you mean model.hidden_size" not in message
+    listed = message.split("(keys of model: ", 1)[1]
+    assert "lr" in listed.split(", ") and "path" in listed.split(", ")
+    assert not {"hidden_size", "vocab_size", "num_layers", "arch"} & set(listed.rstrip(")").split(", "))
