@@ -334,15 +334,11 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     jobs: Mapping[str, JobState] = {}
     slurm_error = None
     preparation = record.token_preparation
-    preparation_state: JobState | None = None
     if on_slurm:
         try:
-            # The token preparation job rides along in the one sacct call; it is no trial's and spends no GPU.
-            jobs = dict(query([*record.job_ids(), *([preparation.job_id] if preparation else [])]))
+            jobs = query(record.job_ids())
         except SlurmCommandError as err:
             slurm_error = str(err)
-        else:
-            preparation_state = jobs.pop(preparation.job_id, None) if preparation else None
     trial_dirs = [resolve_trial_dir(sweep_dir, trial) for trial in record.trials]
     if with_scalars:
         from hpcsweep.results.event_reader import read_runs  # numpy and protobuf: not for status
@@ -359,6 +355,12 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
             job = packed_trial_job(job, (metrics or {}).get("status"))
         read.append((metrics, job))
     allocated = trial_allocated_hours(record, trial_dirs, [metrics for metrics, _ in read], jobs, slurm_error)
+    preparation_state = None
+    if preparation is not None and not slurm_error and any(
+            trial_status((m or {}).get("status"), job, on_slurm) in NEVER_STARTED_STATUSES and never_started(m)
+            for m, job in read):
+        # Asked only when a trial never started: then the preparation job may be why.
+        preparation_state = preparation_job_state(query, preparation.job_id)
     rows, all_scalars = [], {}
     for trial, trial_dir, scalars, (metrics, job) in zip(record.trials, trial_dirs, trial_scalars, read):
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
@@ -382,6 +384,14 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     else:
         usage = None if slurm_error else usage_of_states(jobs)
     return SweepData(record=record, rows=rows, scalars=all_scalars, slurm_error=slurm_error, usage=usage)
+
+
+def preparation_job_state(query: JobQuery, job_id: str) -> JobState | None:
+    """The token preparation job's state (None when accounting does not answer or know it)."""
+    try:
+        return query([job_id]).get(job_id)
+    except SlurmCommandError:
+        return None
 
 
 def trial_allocated_hours(

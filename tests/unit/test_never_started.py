@@ -36,7 +36,7 @@ def test_a_trial_cancelled_for_its_failed_token_preparation_says_why(tmp_path, c
     assert status.main([str(sweep_dir), "--follow", "--interval", "3600"]) == status.EXIT_CANCELLED
     out = capsys.readouterr().out
     assert out.count(f"why: {why}") == 2 and "no error recorded" not in out
-    assert "--jobs 41,40 " in fake_slurm.calls("sacct")[0]  # the preparation job rides in the one sacct call
+    assert "--jobs 41 " in fake_slurm.calls("sacct")[0] and "--jobs 40 " in fake_slurm.calls("sacct")[1]
     assert report.main([str(sweep_dir)]) == 0
     out = capsys.readouterr().out
     assert f"#0 cancelled: {why}" in out and f"#1 cancelled: {why}" in out and "no error recorded" not in out
