@@ -4,7 +4,9 @@ A ``data=text`` corpus becomes each document's ids followed by EOS (``hpcsweep.t
 so a tokenizer without one cannot prepare it. ``AutoTokenizer`` takes its EOS from
 ``tokenizer_config.json`` or ``special_tokens_map.json`` (``eos_token``, a string or an
 ``AddedToken`` mapping); a tokenizer class of its own (``LlamaTokenizer``) may bring a default one,
-so only the generic classes, which have none, are refused when no file names it.
+and so may the class ``AutoTokenizer`` picks for the folder's ``config.json`` ``model_type`` when
+``tokenizer_config.json`` names none. So only a generic class, which has none, is refused when no
+file names an EOS: named as such, or implied by a folder that names no class and no model type.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
-GENERIC_CLASSES = frozenset({None, "TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer"})
-"""``tokenizer_class`` values (None: not named) that bring no EOS of their own."""
+GENERIC_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast", "PreTrainedTokenizer"})
+"""``tokenizer_class`` values that bring no EOS of their own."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -43,6 +45,8 @@ def missing_eos(folder: str | Path) -> str | None:
     if named:
         return "its eos_token is empty (" + " and ".join(n for n, c in configs.items() if "eos_token" in c) + ")"
     tokenizer_class = configs["tokenizer_config.json"].get("tokenizer_class")
-    if tokenizer_class not in GENERIC_CLASSES:
+    if tokenizer_class is None and _read_json(root / "config.json").get("model_type"):
+        return None  # AutoTokenizer takes the model type's class, which may bring a default EOS
+    if tokenizer_class is not None and tokenizer_class not in GENERIC_CLASSES:
         return None  # the class may bring a default EOS; the preparation job checks it exactly
     return f"neither {' nor '.join(CONFIG_FILES)} names an eos_token"

@@ -71,6 +71,9 @@ def test_transformers_agrees_that_the_refused_tokenizer_has_no_eos(tokenizers):
     ({"tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast"}},
      "neither tokenizer_config.json nor special_tokens_map.json names an eos_token"),
     ({}, "neither tokenizer_config.json nor special_tokens_map.json names an eos_token"),
+    ({"config.json": {"model_type": "llama"}}, None),  # AutoTokenizer takes llama's class, "</s>" with it
+    ({"config.json": {}, "tokenizer_config.json": {"tokenizer_class": "TokenizersBackend"}},
+     "neither tokenizer_config.json nor special_tokens_map.json names an eos_token"),
 ])
 def test_where_an_eos_token_is_found(tmp_path, files, missing):
     for name, content in files.items():
