@@ -76,14 +76,18 @@ def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
 
 def prepare_here(trials: Sequence[TrialConfig]) -> None:
     """Write every missing cache entry of ``trials`` now, on this machine's CPUs (a local sweep, a
-    single run); a corpus that cannot be tokenized ends the command with one line, no trial run."""
+    single run); a corpus that cannot be tokenized, or whose exact count is too small for a trial's
+    ``data.seq_len`` (as the Slurm preparation job checks it), ends the command with one line, no trial run."""
+    from hpcsweep.files.token_file import read_token_header
     from hpcsweep.train.text_documents import CorpusError
-    from hpcsweep.train.text_tokens import available_cpus, write_entry
+    from hpcsweep.train.text_tokens import available_cpus, check_needs, write_entry
 
     for corpus in missing_corpora(trials):
         log.info("tokenizing %d files with %s into %s", len(corpus.files), corpus.tokenizer_folder, corpus.entry)
         try:
-            write_entry(corpus, available_cpus())
+            token_path = write_entry(corpus, available_cpus())
+            check_needs(read_token_header(token_path), sample_needs(trials, (), corpus),
+                        f"the corpus tokenized into {corpus.entry}")
         except (TokenCacheError, CorpusError) as err:
             exit_with_config_error(err, "no trial ran")
 

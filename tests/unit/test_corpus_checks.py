@@ -153,3 +153,16 @@ def test_a_byte_level_token_file_is_refused_for_a_trial_with_a_tokenizer_folder(
         f"data.path={str(tmp_path / 'docs.bin')!r} is not allowed: it holds byte-level tokens (scripts/prepare-data "
         f"without --model), not those of data.tokenizer={str(with_eos)!r}'s tokenizer; tokenize the text with it "
         f"(scripts/prepare-data --model {with_eos} --out FILE.bin TEXT...), or use data=text")
+
+
+def test_a_local_preparation_counts_exactly_and_ends_the_command_with_one_line(tmp_path, tokenizers, caplog):
+    from hpcsweep.sweep.text_preparation import prepare_here
+
+    with_eos, _ = tokenizers
+    corpus = write_text_corpus(tmp_path / "corpus", corpus_documents(count=4, words_per_document=60), jsonl=False)
+    trial = validate_composed(text_trial(with_eos, f"{corpus}/*", tmp_path / "cache", seq_len=40))
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_here([trial])
+    assert exit_info.value.code == 2
+    assert caplog.messages[-1].startswith("data.seq_len=40 is not allowed: at most ")
+    assert caplog.messages[-1].endswith("; no trial ran") and "the corpus tokenized into" in caplog.messages[-1]
