@@ -32,7 +32,7 @@ import numpy as np
 
 from hpcsweep.config import DataConfig, check_corpus_fits
 from hpcsweep.files.atomic import atomic_write_text, fsync_dir
-from hpcsweep.files.metrics_file import NOT_STARTED, write_metrics
+from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics, write_metrics
 from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, text_corpus
 from hpcsweep.files.token_file import TokenHeader, header_path, header_text, read_token_header
 from hpcsweep.files.trial_files import TrialFiles
@@ -187,9 +187,13 @@ def check_needs(header: TokenHeader, needs: Sequence[dict[str, Any]], source: st
 
 
 def record_never_started(trial_dir: Path, error: str) -> None:
-    """The trial's ``metrics.json``: it never started, and ``error`` says why (one line)."""
+    """The trial's ``metrics.json``: it never started, and ``error`` says why (one line). A trial that has
+    run before (a retried one) keeps the record of its run."""
+    path = TrialFiles(trial_dir).metrics
+    if (read_metrics(path) or {}).get("status", NOT_STARTED) != NOT_STARTED:
+        return
     trial_dir.mkdir(parents=True, exist_ok=True)
-    write_metrics(TrialFiles(trial_dir).metrics, {"status": NOT_STARTED, "step": 0, "error": error})
+    write_metrics(path, {"status": NOT_STARTED, "step": 0, "error": error})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -132,6 +132,10 @@ def test_the_preparation_job_counts_exactly_and_records_why_each_trial_never_sta
     assert read_metrics(dirs[0] / "metrics.json")["error"] == f"never started: token preparation: {refusal}"
     assert read_metrics(dirs[0] / "metrics.json")["status"] == "not_started"
     assert not (dirs[1] / "metrics.json").exists()  # its seq_len fits: it is cancelled only because the job failed
+    ran_before = {"status": "stopped", "step": 3, "error": None}
+    (dirs[0] / "metrics.json").write_text(json.dumps(ran_before))
+    text_tokens.record_never_started(dirs[0], "never started: again")
+    assert read_metrics(dirs[0] / "metrics.json") == ran_before  # a trial that ran keeps the record of its run
     assert entry.is_cached()  # the tokens are right, only too few for one trial: the next sweep reuses them
     with pytest.raises(ValueError, match=rf"^data.seq_len=40 is not allowed: at most {split - 2}: data.files="):
         validate_composed(text_trial(with_eos, f"{corpus}/*", cache, seq_len=40))  # exact, once the cache exists
