@@ -34,6 +34,7 @@ from hpcsweep.files.sweep_record import missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
 from hpcsweep.results.efficiency_table import efficiency_cells, hours_word, sweep_outliers
+from hpcsweep.results.failure import unexplained_failure
 from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, higher_is_better, load_sweep, memory_text, sort_keys, sort_rows, swept_keys
 from hpcsweep.results.wandb_sync import sync_line
@@ -102,8 +103,12 @@ def table_cells(
 
 
 def failure_lines(rows: Sequence[TrialRow]) -> list[str]:
-    """``#3 failed: ValueError: ...`` for each failed trial."""
-    return [f"#{row.num} failed: {row.error or 'no error recorded'}" for row in rows if row.status == "failed"]
+    """``#3 failed: ValueError: ...`` for each failed trial, and ``#4 cancelled: never started: ...`` for each
+    cancelled one whose reason is known."""
+    return [
+        f"#{row.num} {row.status}: {row.error or unexplained_failure(row.slurm_state)}"
+        for row in rows if row.status == "failed" or (row.status != "completed" and row.error)
+    ]
 
 
 def total_line(usage: Usage | None, rows: Sequence[TrialRow], hours: str = "GPU") -> str:

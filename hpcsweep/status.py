@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcsweep.files.metrics_file import NOT_STARTED
 from hpcsweep.files.sweep_record import missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import BudgetView
-from hpcsweep.results.failure import submitit_logs, tail
+from hpcsweep.results.failure import submitit_logs, tail, unexplained_failure
 from hpcsweep.results.table import (
     FINAL_STATUSES,
     TrialRow,
@@ -45,14 +46,27 @@ EXIT_FAILED = 1
 """Exit status when a trial failed (and none is stuck)."""
 EXIT_NEVER_STARTS = 3
 """Exit status when a pending trial can never start: its Slurm reason never clears."""
+EXIT_CANCELLED = 4
+"""Exit status when a trial was cancelled or never started (and none failed or is stuck)."""
+EXIT_STOPPED = 5
+"""Exit status when a trial stopped with a checkpoint and nothing runs it again (and none ended worse):
+run the same command again to resume it."""
+EXIT_INTERRUPTED = 130
+"""Exit status of a Ctrl-C (the shell's 128 + SIGINT); ``--follow`` then ends without a traceback."""
+NOT_ENDED_WELL = {"cancelled": EXIT_CANCELLED, NOT_STARTED: EXIT_CANCELLED, "stopped": EXIT_STOPPED,
+                  "skipped_budget": EXIT_STOPPED}
+"""Final statuses other than a finished trial's, and the exit status each gives."""
 EPILOG = f"""\
-exit status:
-  0  no trial failed and none is stuck (cancelled and stopped trials are not failures)
-  {EXIT_FAILED}  a trial failed
-  2  SWEEP_DIR is neither a sweep nor a trial dir
+exit status (the first that applies):
   {EXIT_NEVER_STARTS}  a pending trial can never start: Slurm's reason for it never clears
      (PartitionConfig, PartitionTimeLimit, QOSMaxWallDurationPerJobLimit, InvalidAccount,
-     ReqNodeNotAvail on DOWN or DRAINED nodes, ...); --follow then stops instead of waiting for ever"""
+     ReqNodeNotAvail on DOWN or DRAINED nodes, ...); --follow then stops instead of waiting for ever
+  {EXIT_FAILED}  a trial failed
+  {EXIT_CANCELLED}  a trial was cancelled, or never started (its token preparation failed ...)
+  {EXIT_STOPPED}  a trial stopped with a checkpoint (or the budget skipped it) and nothing runs it again
+  0  every trial completed (or stopped early, or was pruned); without --follow: nothing above, so far
+  2  SWEEP_DIR is neither a sweep nor a trial dir
+  {EXIT_INTERRUPTED}  interrupted by Ctrl-C"""
 
 
 def progress_bar(step: int | None, max_steps: int | None, width: int = BAR_WIDTH) -> str:
@@ -134,7 +148,9 @@ def status_line(row: TrialRow, params: str, eta: float | None, color: bool = Fal
     if row.last_stop_reason == "budget" and row.status == "stopped":
         line += "  (stopped by the budget)"
     if row.status == "failed":
-        line += f"\n     error: {row.error or 'no error recorded'}"
+        line += f"\n     error: {row.error or unexplained_failure(row.slurm_state)}"
+    elif row.error:
+        line += f"\n     why: {row.error}"
     if row.profile_dir:
         line += f"\n     profile: {Path(row.trial_dir) / row.profile_dir}/ (Perfetto traces, one per rank)"
     if row.status == "pending" and row.never_starts:
@@ -244,13 +260,17 @@ def never_starting(rows: Sequence[TrialRow]) -> bool:
 
 
 def exit_status(rows: Sequence[TrialRow]) -> int:
-    """``EXIT_NEVER_STARTS`` when a trial is stuck, else ``EXIT_FAILED`` when one failed, else 0.
+    """``EXIT_NEVER_STARTS`` when a trial is stuck, else ``EXIT_FAILED`` when one failed, else
+    ``EXIT_CANCELLED`` when one was cancelled or never started, else ``EXIT_STOPPED`` when one stopped
+    and nothing runs it again, else 0.
 
     Stuck comes first: it says "not everything has ended" to a script that ran ``--follow``.
     """
     if never_starting(rows):
         return EXIT_NEVER_STARTS
-    return EXIT_FAILED if any(row.status == "failed" for row in rows) else 0
+    if any(row.status == "failed" for row in rows):
+        return EXIT_FAILED
+    return min((NOT_ENDED_WELL[row.status] for row in rows if row.status in NOT_ENDED_WELL), default=0)
 
 
 def use_color(choice: str, isatty: bool) -> bool:
@@ -288,6 +308,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 2
+    try:
+        return show(args)
+    except KeyboardInterrupt:
+        # Ctrl-C is how a user leaves --follow: a quiet end, not a traceback.
+        sys.stdout.write("\n")
+        return EXIT_INTERRUPTED
+
+
+def show(args: argparse.Namespace) -> int:
+    """Print the status once, or (``--follow``) until every trial has ended or one can never start."""
     color = use_color(args.color, sys.stdout.isatty())
     parsed_configs: dict[str, Mapping[str, Any]] = {}
     while True:

@@ -40,6 +40,9 @@ SLOW_TESTS = {
         "test_a_stalling_task_score_stops_the_trial_offline_and_training_is_unchanged_by_the_tasks",
         "test_two_ranks_wait_for_rank_0s_scores_and_stop_early_together",  # torchrun of two ranks
     },
+    "test_corpus_checks.py": {"test_transformers_agrees_that_the_refused_tokenizer_has_no_eos"},  # imports transformers
+    "test_earlier_sweep.py": {"test_the_same_command_again_prints_the_line_that_resumes_the_stopped_sweep"},
+    "test_quiet_success.py": {"test_node_0_hosts_the_store_and_waits_for_the_other_nodes_to_be_done"},  # torch's import
     "test_budget_local.py": {"test_local_sweep_stops_and_skips_once_the_budget_is_spent"},
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
     "test_example_model.py": {"test_it_writes_the_readmes_model_folder_and_corpus_as_the_tests_make_them"},

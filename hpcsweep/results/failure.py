@@ -19,6 +19,9 @@ TAIL_BYTES = 64 * 1024
 _EXCEPTION_LINE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failed|Failure))(?::\s.*|$)")
 # slurmstepd: "*** JOB 12 ON node1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***"
 _SLURM_LINE = re.compile(r"\*\*\* (?:JOB|STEP) .* \*\*\*|slurmstepd: error: .*")
+# A config refused where the trial runs ("data.seq_len=64 is not allowed: ...; the trial did not run"),
+# as ``hpcsweep.sweep.sweep_trials.exit_with_config_error`` logs it.
+_REFUSAL_LINE = re.compile(r"\S+=\S* is not allowed: .*")
 
 
 def summarize_error(text: str) -> str:
@@ -32,12 +35,19 @@ def summarize_error(text: str) -> str:
         return ""
     if any(marker in text for marker in OOM_MARKERS):
         return OOM_ADVICE
-    for pattern in (_EXCEPTION_LINE, _SLURM_LINE):
+    for pattern in (_EXCEPTION_LINE, _REFUSAL_LINE, _SLURM_LINE):
         for line in reversed(lines):
             match = pattern.search(line)
             if match:
                 return match.group(0)
     return lines[-1]
+
+
+def unexplained_failure(slurm_state: str | None) -> str:
+    """What ``report`` and ``status`` say of a failure no log line explains: Slurm's end state, when it has one."""
+    if slurm_state:
+        return f"no log line says why; Slurm ended its task {slurm_state}"
+    return "no error recorded"
 
 
 def error_text(error: str | Sequence[str] | None) -> str:
@@ -75,6 +85,6 @@ def trial_error_text(
     candidates = [TrialFiles(trial_dir).train_log, trial_dir / "hpcsweep.log", *reversed(submitit_logs(sweep_dir, job_id, ".err"))]
     for path in candidates:
         text = tail(path)
-        if _EXCEPTION_LINE.search(text) or _SLURM_LINE.search(text) or any(m in text for m in OOM_MARKERS):
+        if any(p.search(text) for p in (_EXCEPTION_LINE, _REFUSAL_LINE, _SLURM_LINE)) or any(m in text for m in OOM_MARKERS):
             return text
     return ""

@@ -34,6 +34,8 @@ from hpcsweep.results.budget import usage_of_local_trials, usage_of_states
 from hpcsweep.results.efficiency import TrialEfficiency, efficiency_of
 from hpcsweep.results.failure import summarize_error, trial_error_text
 from hpcsweep.results.gpu_hours import allocated_hours_by_trial
+from hpcsweep.results.never_started import NEVER_STARTED_STATUSES, never_started, never_started_line
+from hpcsweep.results.token_preparation import last_line
 from hpcsweep.results.overrides import override_values, trained_values
 from hpcsweep.slurm.commands import SlurmCommandError
 from hpcsweep.slurm.job_states import JobState, query_job_states
@@ -96,7 +98,7 @@ class TrialRow:
     world_size: int | None = None
     nodes: str = ""
     error: str = ""
-    """For a failed trial: why, in one line."""
+    """For a failed trial: why, in one line; for a cancelled one whose run never started, why, when known."""
     trial_dir: str = ""
     reason: str = ""
     """For a pending trial: why Slurm has not started it (``Priority``, ``PartitionConfig`` ...)."""
@@ -222,11 +224,13 @@ def build_row(
     on_slurm: bool,
     allocated_hours: float | None = None,
     trained_config: Mapping[str, Any] | None = None,
+    why_not_started: str = "",
 ) -> TrialRow:
     """One trial's row. Metrics missing from metrics.json come from the trial's scalars.
 
     ``allocated_hours``: the trial's part of its tasks' allocated GPU-hours (None: unknown);
-    ``trained_config``: its ``config.yaml``, which values its label (``trained_values``).
+    ``trained_config``: its ``config.yaml``, which values its label (``trained_values``);
+    ``why_not_started``: for a cancelled trial whose run never started, why (``hpcsweep.results.never_started``).
     """
     metrics = metrics or {}
     values: dict[str, Any] = {name: metrics.get(name) for name in SCALAR_FALLBACKS}
@@ -260,7 +264,7 @@ def build_row(
         own_gpu_hours=own_gpu_hours(metrics),
         world_size=metrics.get("world_size"),
         nodes=nodes,
-        error=summarize_error(error_text) if status == "failed" else "",
+        error=summarize_error(error_text) if status == "failed" else why_not_started,
         trial_dir=trial.trial_dir,
         reason=waiting.reason if waiting is not None else "",
         never_starts=waiting.never_starts if waiting is not None else "",
@@ -373,6 +377,7 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
     on_slurm = record.launcher == "slurm"
     jobs: Mapping[str, JobState] = {}
     slurm_error = None
+    preparation = record.token_preparation
     if on_slurm:
         try:
             jobs = query(record.job_ids())
@@ -394,6 +399,12 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
             job = packed_trial_job(job, (metrics or {}).get("status"))
         read.append((metrics, job))
     allocated = trial_allocated_hours(record, trial_dirs, [metrics for metrics, _ in read], jobs, slurm_error)
+    preparation_state = None
+    if preparation is not None and not slurm_error and any(
+            trial_status((m or {}).get("status"), job, on_slurm) in NEVER_STARTED_STATUSES and never_started(m)
+            for m, job in read):
+        # Asked only when a trial never started: then the preparation job may be why.
+        preparation_state = preparation_job_state(query, preparation.job_id)
     rows, all_scalars = [], {}
     for trial, trial_dir, scalars, (metrics, job) in zip(record.trials, trial_dirs, trial_scalars, read):
         provisional = trial_status((metrics or {}).get("status"), job, on_slurm)
@@ -402,14 +413,29 @@ def load_sweep(sweep_dir: str | Path, query: JobQuery = query_job_states, with_s
             if provisional == "failed"
             else ""
         )
+        why_not = ""
+        if provisional in NEVER_STARTED_STATUSES and never_started(metrics):
+            why_not = never_started_line(
+                metrics, preparation.job_id if preparation else None,
+                preparation_state.state if preparation_state else None,
+                last_line(Path(preparation.log)) if preparation and preparation_state and preparation_state.failed else None,
+            )
         config = read_trained_config(trial_dir) if metrics and may_differ(record, trial, trial_dir) else None
-        rows.append(build_row(trial, metrics, job, scalars, error, on_slurm, allocated.get(trial.num), config))
+        rows.append(build_row(trial, metrics, job, scalars, error, on_slurm, allocated.get(trial.num), config, why_not))
         all_scalars[trial.num] = scalars
     if not on_slurm:
         usage: Usage | None = usage_of_local_trials(trial_dirs)
     else:
         usage = None if slurm_error else usage_of_states(jobs)
     return SweepData(record=record, rows=rows, scalars=all_scalars, slurm_error=slurm_error, usage=usage)
+
+
+def preparation_job_state(query: JobQuery, job_id: str) -> JobState | None:
+    """The token preparation job's state (None when accounting does not answer or know it)."""
+    try:
+        return query([job_id]).get(job_id)
+    except SlurmCommandError:
+        return None
 
 
 def trial_allocated_hours(

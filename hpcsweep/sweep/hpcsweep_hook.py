@@ -119,8 +119,17 @@ class HpcsweepTrials(TrialHook):
         return CheckedTrial(trial_allocation(trial), (trial, resume))
 
     def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
-        """Every trial dir that holds a checkpoint was trained with this trial's config (or ``resume.force``);
-        the sweep's default MLflow store exists before its trials start."""
+        """No trial fine-tunes a model folder on synthetic tokens unless its command line says so
+        (``hpcsweep.sweep.fine_tune_data``); every trial dir that holds a checkpoint was trained with this
+        trial's config (or ``resume.force``); the sweep's default MLflow store exists before its trials start."""
+        from hpcsweep.sweep.fine_tune_data import refuse_synthetic_fine_tuning
+        from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
+
+        for t in trials:
+            try:
+                refuse_synthetic_fine_tuning(t.app_config[0], t.overrides)
+            except ValueError as err:
+                raise SweepConfigError(f"trial #{t.num} ({trial_label(t.overrides)}): {err}") from None
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
         create_default_mlflow_stores((t.app_config[0].logging, Path(t.trial_dir)) for t in trials)
 
@@ -158,7 +167,12 @@ class HpcsweepTrials(TrialHook):
     ) -> list[JobReturn]:
         """Say which trials resume, then run them; a stop signal (Ctrl-C) stops the running trials with a
         checkpoint and starts no further one, and the command says in one line how to resume."""
+        from hydra.core.hydra_config import HydraConfig
+
+        from hpcsweep.sweep.earlier_sweep import say_if_an_earlier_sweep_stopped
+
         log_resume_state(trials)
+        say_if_an_earlier_sweep_stopped(Path(str(HydraConfig.get().sweep.dir)), [t.overrides for t in trials])
         prepare_here([t.app_config[0] for t in trials])
         return super().run_locally(trials, run_trials)
 
@@ -166,7 +180,7 @@ class HpcsweepTrials(TrialHook):
         self, trials: Sequence[SweepTrial], launcher: Mapping[str, Any], sweep_dir: Path
     ) -> TokenPreparationRecord | None:
         """The job that tokenizes a ``data=text`` corpus with no cache entry yet (``hpcsweep.sweep.text_preparation``)."""
-        return submit_preparation([t.app_config[0] for t in trials], launcher, sweep_dir)
+        return submit_preparation([t.app_config[0] for t in trials], launcher, sweep_dir, [t.trial_dir for t in trials])
 
     def stopped_line(self, what: str) -> str:
         """``what``, and the command that resumes the sweep."""

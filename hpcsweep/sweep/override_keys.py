@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 
-from hpcsweep.config import unknown_key_message
+from hpcsweep.config import FOLDER_ARCHITECTURE_KEYS, config_keys, unknown_key_message
 
 LAUNCHER_PREFIX = "hydra.launcher."
 LAUNCHER_GROUP = "hydra/launcher"
@@ -40,6 +40,21 @@ def unknown_launcher_key_message(key: str, option: str, keys: Sequence[str]) -> 
     launcher = launcher_name(option)
     shown = ", ".join(sorted(k for k in keys if not k.startswith("_")))  # _target_ names the class
     return f"{key} is not a key of {launcher}{hint} (keys of {launcher}: {shown})"
+
+
+def names_a_folder(overrides: Sequence[str]) -> bool:
+    """Whether the command trains a model folder (``model=pretrained``, or a non-empty ``model.path=``)."""
+    return any(line == "model=pretrained" or (line.startswith("model.path=") and line not in ("model.path=",
+               "model.path=null")) for line in overrides)
+
+
+def trial_keys(overrides: Sequence[str]) -> dict[str, list[str]]:
+    """Every trial key a command may set: with a model folder, not the built-in model's size keys, which
+    the folder's ``config.json`` sets (setting one is refused), so no typo hint offers one."""
+    keys = config_keys()
+    if names_a_folder(overrides):
+        keys["model"] = [k for k in keys["model"] if k not in FOLDER_ARCHITECTURE_KEYS]
+    return keys
 
 
 def check_override_keys(args: Sequence[str], launcher_keys: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -74,8 +89,9 @@ def check_override_keys(args: Sequence[str], launcher_keys: Mapping[str, Sequenc
         if override.is_add() or override.is_force_add() or override.is_delete() or override.package is not None:
             continue
         checked.append(override.key_or_group)
+    keys = trial_keys(parsed_args.overrides or [])
     for key in checked:
-        message = unknown_key_message(key)
+        message = unknown_key_message(key, keys)
         if message is None and key.startswith(LAUNCHER_PREFIX) and launcher_keys and launcher in launcher_keys:
             message = unknown_launcher_key_message(key, launcher, launcher_keys[launcher])
         if message:

@@ -18,6 +18,7 @@ from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokeni
 from hpcsweep.files.token_cache import TokenCacheError, has_chat_template, tokenizer_sha256
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
+from hpcsweep.sweep.corpus_checks import check_corpus_may_fit, check_tokenizer_has_eos
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.sweep.text_preparation import checked_samples, sweep_text_corpus
 from hpcsweep.train.task_files import check_tasks
@@ -30,6 +31,9 @@ from hpcsweep.trial.identity import (
 )
 
 log = logging.getLogger(__name__)
+
+BYTE_LEVEL_TOKENIZER = "bytes"
+"""The tokenizer a byte-level token file's header names (``scripts/prepare-data`` without ``--tokenizer``/``--model``)."""
 
 
 @dataclass(frozen=True)
@@ -139,9 +143,15 @@ def check_same_tokenizer(trial: TrialConfig, header: TokenHeader) -> None:
     """Refuse a token file whose header records another tokenizer's hash than the trial's tokenizer
     folder (``data.tokenizer``, else the model folder's); a file or a trial without one passes."""
     folder = tokenizer_folder(trial.data, trial.model)
+    key = "data.tokenizer" if trial.data.tokenizer else "model.path"
+    if folder is not None and header.tokenizer == BYTE_LEVEL_TOKENIZER:
+        raise ValueError(
+            f"data.path={trial.data.path!r} is not allowed: it holds byte-level tokens (scripts/prepare-data without "
+            f"--model), not those of {key}={folder!r}'s tokenizer; tokenize the text with it "
+            f"(scripts/prepare-data --model {folder} --out FILE.bin TEXT...), or use data=text"
+        )
     if folder is None or header.tokenizer_sha256 is None:
         return
-    key = "data.tokenizer" if trial.data.tokenizer else "model.path"
     try:
         digest = tokenizer_sha256(folder)
     except (TokenCacheError, OSError) as err:
@@ -159,6 +169,9 @@ def check_text_corpus(trial: TrialConfig, model_vocab_size: int, vocab_key: str 
     cache entry, once written, fits the model."""
     corpus = sweep_text_corpus(trial)
     if not corpus.is_cached():
+        # Estimated here, counted exactly by the preparation (hpcsweep.sweep.corpus_checks says how).
+        check_tokenizer_has_eos(corpus, "data.tokenizer" if trial.data.tokenizer else "model.path")
+        check_corpus_may_fit(trial.data, corpus)
         return
     try:
         header = read_token_header(corpus.token_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict
+from hpcsweep.sweep.fine_tune_data import refuse_synthetic_fine_tuning
 from hpcsweep.sweep.hydra_private import parse_command_line
 from hpcsweep.sweep.prepare import validate_composed
 
@@ -51,4 +52,6 @@ def check_single_run(args: Sequence[str]) -> tuple[TrialConfig, ResumeConfig] | 
         return None
     if config.hydra.mode == RunMode.MULTIRUN:
         return None
-    return validate_composed(config), resume_config_from_dict(config)
+    trial = validate_composed(config)
+    refuse_synthetic_fine_tuning(trial, overrides)
+    return trial, resume_config_from_dict(config)

@@ -74,25 +74,33 @@ def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
 
 
 def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
-    """The distinct ``data=text``/``chat`` corpora of ``trials`` with no cache entry yet, in trial order."""
-    found: dict[str, TextCorpus] = {}
+    """The distinct ``data=text``/``chat`` corpora of ``trials`` that have no cache entry yet, in trial order;
+    each one that has is said to be reused, once."""
+    found: dict[str, tuple[TextCorpus, Any]] = {}
     for trial in trials:
         if trial.data.kind in TOKENIZED_KINDS:
             corpus = sweep_text_corpus(trial)
-            found.setdefault(corpus.key, corpus)
-    return [corpus for corpus in found.values() if not corpus.is_cached()]
+            found.setdefault(corpus.key, (corpus, trial.data.files))
+    for corpus, files in found.values():
+        if corpus.is_cached():
+            log.info("data.files=%r: reusing its tokens, cache entry %s (not tokenized again)", files, corpus.entry)
+    return [corpus for corpus, _ in found.values() if not corpus.is_cached()]
 
 
 def prepare_here(trials: Sequence[TrialConfig]) -> None:
     """Write every missing cache entry of ``trials`` now, on this machine's CPUs (a local sweep, a
-    single run); a corpus that cannot be tokenized ends the command with one line, no trial run."""
+    single run); a corpus that cannot be tokenized, or whose exact count is too small for a trial's
+    ``data.seq_len`` (as the Slurm preparation job checks it), ends the command with one line, no trial run."""
+    from hpcsweep.files.token_file import read_token_header
     from hpcsweep.train.text_documents import CorpusError
-    from hpcsweep.train.text_tokens import available_cpus, write_entry
+    from hpcsweep.train.text_tokens import available_cpus, check_needs, write_entry
 
     for corpus in missing_corpora(trials):
         log.info("tokenizing %d files with %s into %s", len(corpus.files), corpus.tokenizer_folder, corpus.entry)
         try:
-            write_entry(corpus, available_cpus())
+            token_path = write_entry(corpus, available_cpus())
+            check_needs(read_token_header(token_path), sample_needs(trials, (), corpus),
+                        f"the corpus tokenized into {corpus.entry}")
         except (TokenCacheError, CorpusError) as err:
             exit_with_config_error(err, "no trial ran")
     summaries = []
@@ -130,14 +138,30 @@ def sample_checks(corpus: TextCorpus, trials: Sequence[TrialConfig]) -> list[dic
     return [{"seq_len": s, "overlong": o, "max_samples": m} for s, o, m in checks]
 
 
-def preparation_request(corpora: Sequence[TextCorpus], trials: Sequence[TrialConfig] = ()) -> str:
-    """The job's request file: for each corpus, its files as found at submit, its tokenizer, and the
-    cache entry it must write (a corpus changed since is refused); for a chat corpus also its template,
-    ``train_on`` and the sample selections of ``trials`` to check once it is written."""
+def sample_needs(trials: Sequence[TrialConfig], trial_dirs: Sequence[Path], corpus: TextCorpus) -> list[dict[str, Any]]:
+    """What the ``data=text`` trials that read ``corpus`` need of its token count, one entry per distinct
+    (``data.seq_len``, ``data.val_fraction``) with the dirs of the trials that need it (``trial_dirs``: in
+    the order of ``trials``, or empty when unknown). A chat corpus's samples are checked by ``sample_checks``."""
+    needs: dict[tuple[int, float], list[str]] = {}
+    for num, trial in enumerate(trials):
+        if trial.data.kind == "text" and sweep_text_corpus(trial).key == corpus.key:
+            dirs = needs.setdefault((trial.data.seq_len, trial.data.val_fraction), [])
+            if num < len(trial_dirs):
+                dirs.append(str(trial_dirs[num]))
+    return [{"seq_len": s, "val_fraction": v, "trial_dirs": dirs} for (s, v), dirs in needs.items()]
+
+
+def preparation_request(
+    corpora: Sequence[TextCorpus], trials: Sequence[TrialConfig] = (), trial_dirs: Sequence[Path] = ()
+) -> str:
+    """The job's request file: for each corpus, its files as found at submit, its tokenizer, the cache
+    entry it must write (a corpus changed since is refused), and what its trials need of its token count
+    (``sample_needs``), which the job checks exactly once it has counted them; for a chat corpus also its
+    template, ``train_on`` and the sample selections of ``trials`` to check once it is written."""
     requests = []
     for c in corpora:
         request: dict[str, Any] = {"files": [f.path for f in c.files], "tokenizer": c.tokenizer_folder,
-                                   "cache_dir": c.cache_dir, "key": c.key}
+                                   "cache_dir": c.cache_dir, "key": c.key, "needs": sample_needs(trials, trial_dirs, c)}
         if c.chat is not None:
             request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on,
                                "checks": sample_checks(c, trials)}
@@ -166,11 +190,12 @@ def log_name(job_id: str) -> str:
 
 
 def submit_preparation(
-    trials: Sequence[TrialConfig], params: Mapping[str, Any], sweep_dir: Path
+    trials: Sequence[TrialConfig], params: Mapping[str, Any], sweep_dir: Path, trial_dirs: Sequence[Path] = ()
 ) -> TokenPreparationRecord | None:
     """Submit the one job that writes every missing cache entry of ``trials``; None when none is missing.
 
-    The job prepares the corpora one after another, each over all its CPUs.
+    The job prepares the corpora one after another, each over all its CPUs. ``trial_dirs`` (in the order
+    of ``trials``) are where it records why a trial can never start, when its corpus is too small for it.
     """
     corpora = missing_corpora(trials)
     if not corpora:
@@ -178,7 +203,7 @@ def submit_preparation(
     folder = sweep_dir / PREPARATION_DIR
     script, request = folder / "prepare.sh", folder / "request.json"
     atomic_write_text(script, SCRIPT)
-    atomic_write_text(request, preparation_request(corpora, trials))
+    atomic_write_text(request, preparation_request(corpora, trials, trial_dirs))
     # Each job logs to its own file (sbatch fills in %j): a retry's preparation keeps the failed one's log.
     options = sbatch_options(params, folder / log_name("%j"))
     job_id = commands.sbatch(options, str(script), [sys.executable, "--request", str(request)])

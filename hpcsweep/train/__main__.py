@@ -1,10 +1,13 @@
 """``python -m hpcsweep.train TRIAL_DIR``: the torchrun worker entry (see ``hpcsweep.train.worker``)."""
 
+import os
 import sys
 
 from hpcsweep.model.offline import stay_offline
+from hpcsweep.train.rank_logging import quiet_cpp_warnings_off_rank_0
 
 stay_offline()  # before the worker imports transformers (hpcsweep.model.offline says why)
+quiet_cpp_warnings_off_rank_0(os.environ)  # before the worker imports torch (hpcsweep.train.rank_logging says why)
 
 from hpcsweep.train.worker import main  # noqa: E402
 

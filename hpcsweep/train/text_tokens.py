@@ -30,13 +30,15 @@ from typing import Any
 
 import numpy as np
 
+from hpcsweep.config import DataConfig, check_corpus_fits
 from hpcsweep.files.atomic import atomic_write_text, fsync_dir
-from hpcsweep.config import DataConfig
 from hpcsweep.files.chat_samples import check_samples
+from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics, write_metrics
 from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, chat_rendering, text_corpus
-from hpcsweep.files.token_file import header_path, header_text
+from hpcsweep.files.token_file import TokenHeader, header_path, header_text, read_token_header
+from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train.chat_tokens import write_chat_entry
-from hpcsweep.train.text_documents import Piece, corpus_pieces, read_documents
+from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +159,10 @@ def write_token_file_at(corpus: TextCorpus, out: Path, workers: int) -> None:
 
 
 def prepare_requested(request: dict[str, Any], workers: int) -> Path:
-    """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``);
-    ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with."""
+    """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``),
+    then check it against what its trials need (``check_needs``; a chat corpus's sample selections);
+    ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with, or
+    when it is too small for a trial."""
     chat = request.get("chat")
     rendering = chat_rendering(chat["template"], chat["train_on"]) if chat else None
     corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer", rendering)
@@ -167,12 +171,41 @@ def prepare_requested(request: dict[str, Any], workers: int) -> Path:
             f"the corpus or the tokenizer changed since the sweep was submitted (cache entry {corpus.key}, "
             f"not {request['key']}): submit the sweep again"
         )
-    path = write_entry(corpus, workers)
+    token_path = write_entry(corpus, workers)
+    check_needs(read_token_header(token_path), request.get("needs") or [], f"the corpus tokenized into {corpus.entry}")
     for check in chat["checks"] if chat else ():
         # An overlong sample under data.overlong=refuse fails the job, so no trial of the sweep starts.
         data = DataConfig(kind="chat", files=request["files"], **check)
         log.info("data.seq_len=%d: %s", data.seq_len, check_samples(corpus, data).summary(data))
-    return path
+    return token_path
+
+
+def check_needs(header: TokenHeader, needs: Sequence[dict[str, Any]], source: str) -> None:
+    """``TokenCacheError`` (the first refusal's line) when the counted tokens cannot fill one sample of a
+    trial's ``data.seq_len`` in each split (``hpcsweep.config.check_corpus_fits``); each trial it refuses
+    gets that line as its ``metrics.json`` error, with the status of a trial that never started."""
+    refusals = []
+    for need in needs:
+        data = DataConfig(seq_len=int(need["seq_len"]), val_fraction=float(need["val_fraction"]))
+        try:
+            check_corpus_fits(data, header.vocab_size, num_tokens=header.num_tokens,
+                              corpus_vocab_size=header.vocab_size, source=source)
+        except ValueError as err:
+            refusals.append(str(err))
+            for trial_dir in need.get("trial_dirs") or []:
+                record_never_started(Path(trial_dir), f"never started: token preparation: {err}")
+    if refusals:
+        raise TokenCacheError(refusals[0])
+
+
+def record_never_started(trial_dir: Path, error: str) -> None:
+    """The trial's ``metrics.json``: it never started, and ``error`` says why (one line). A trial that has
+    run before (a retried one) keeps the record of its run."""
+    path = TrialFiles(trial_dir).metrics
+    if (read_metrics(path) or {}).get("status", NOT_STARTED) != NOT_STARTED:
+        return
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    write_metrics(path, {"status": NOT_STARTED, "step": 0, "error": error})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

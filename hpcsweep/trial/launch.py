@@ -26,6 +26,7 @@ from hpcsweep.trial.failure_class import Failure
 from hpcsweep.trial.nccl import list_gpu_models, list_ib_devices, nccl_env, resolve_preset
 from hpcsweep.trial.process_env import environment_overlay
 from hpcsweep.trial.rendezvous import Rendezvous
+from hpcsweep.trial.rendezvous_store import agents_store
 from hpcsweep.trial.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
@@ -139,9 +140,10 @@ def run_elastic_agent(attempt: TrialAttempt, rdzv: Rendezvous, threads: int | No
         run_id=rdzv.rdzv_id,
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv.endpoint,
-        # Decide the store host by node rank, not by matching hostnames: several "nodes" of one
-        # host (or aliased names) would otherwise all try to host it.
-        rdzv_configs={"is_host": rdzv.node_rank == 0, "join_timeout": RDZV_JOIN_TIMEOUT_S},
+        # A multi-node trial's store is node 0's runner's (hpcsweep.trial.rendezvous_store: it outlives every
+        # agent's close); a single node's agent hosts its own. By node rank, not by matching hostnames:
+        # several "nodes" of one host (or aliased names) would otherwise all try to host it.
+        rdzv_configs={"is_host": rdzv.nnodes == 1, "join_timeout": RDZV_JOIN_TIMEOUT_S},
         max_restarts=0,
         monitor_interval=0.5,
         logs_specs=DefaultLogsSpecs(log_dir=str(attempt.files.torchrun_logs)),
@@ -166,9 +168,11 @@ def run_elastic_agent(attempt: TrialAttempt, rdzv: Rendezvous, threads: int | No
                 outcome.append(err)
 
     thread = threading.Thread(target=agent, name="torchrun-agent")
-    with environment_overlay({} if threads is None else {"OMP_NUM_THREADS": str(threads)}):
-        thread.start()
-        thread.join()
+    with agents_store(rdzv, RDZV_JOIN_TIMEOUT_S) as finish:
+        with environment_overlay({} if threads is None else {"OMP_NUM_THREADS": str(threads)}):
+            thread.start()
+            thread.join()
+        finish(isinstance(outcome[0], ProcessesResult) and not any(outcome[0].exit_codes))
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]

@@ -66,7 +66,8 @@ def test_a_sweep_resubmitted_after_its_model_folder_changed_is_refused_naming_th
                                                                                          model_folder):
     folder = shutil.copytree(model_folder, tmp_path / "model")
     sweep_dir = tmp_path / "sweep"
-    command = ["-m", "model=pretrained", f"model.path={folder}", "model.lr=1e-4", *SMALL_TRIAL, "topology.mode=off",
+    command = ["-m", "model=pretrained", f"model.path={folder}", "data=synthetic", "model.lr=1e-4", *SMALL_TRIAL,
+               "topology.mode=off",
                f"hydra.sweep.dir={sweep_dir}"]
     result = run_hpcsweep(command, tmp_path, slurm_env, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -71,7 +71,7 @@ def test_local_trial_dir_asks_no_slurm(tmp_path, capsys, fake_slurm):
 def test_cancelled_sbatch_trial_in_status_and_report(tmp_path, capsys, fake_slurm):
     trial_dir = make_trial_dir(tmp_path / "sbatch-1234", metrics("running", step=4), SBATCH_ENVIRONMENT)
     fake_slurm.answer("sacct", "1234|CANCELLED by 1000|600|cpu=128,gres/gpu=16,node=2|node[1-2]\n")
-    assert status.main([str(trial_dir)]) == 0
+    assert status.main([str(trial_dir)]) == status.EXIT_CANCELLED  # not a failure, but not a completed trial
     assert "1 trial, 1 cancelled" in capsys.readouterr().out
     assert report.main([str(trial_dir)]) == 0
     out = capsys.readouterr().out

@@ -114,20 +114,23 @@ def test_req_node_not_avail_asks_node_states_once(tmp_path, capsys, fake_slurm):
     assert "(ReqNodeNotAvail, UnavailableNodes:node3)" in out and "never starts" not in out
 
 
-def test_cancelled_and_stopped_trials_are_not_failures(tmp_path, capsys, fake_slurm):
-    slurm_dir, local_dir = tmp_path / "slurm", tmp_path / "local"
+def test_cancelled_and_stopped_trials_are_not_failures_but_exit_non_zero(tmp_path, capsys, fake_slurm):
+    slurm_dir, local_dir, stopped_dir = tmp_path / "slurm", tmp_path / "local", tmp_path / "stopped"
     pending_sweep(slurm_dir)
     fake_slurm.answer("sacct", "41_0|CANCELLED by 0|60|cpu=64,node=1|node1\n41_1|CANCELLED by 1000|0||None assigned\n")
-    assert status.main([str(slurm_dir), "--follow", "--interval", "3600"]) == 0  # all ended: no second poll
+    # all ended: no second poll (--interval 3600 would hang the test)
+    assert status.main([str(slurm_dir), "--follow", "--interval", "3600"]) == status.EXIT_CANCELLED == 4
     out = capsys.readouterr().out
     assert "2 trials, 2 cancelled" in out and "failed" not in out and "error" not in out
     assert fake_slurm.calls("squeue") == []
 
     stopped = metrics("stopped", step=3, last_stop_reason="interrupted")
     make_sweep(local_dir, [(["model.lr=1e-4"], metrics("cancelled")), (["model.lr=1e-3"], stopped)])
-    assert status.main([str(local_dir)]) == 0
+    assert status.main([str(local_dir)]) == status.EXIT_CANCELLED  # cancelled outranks stopped
     out = capsys.readouterr().out
     assert "2 trials, 1 cancelled, 1 stopped" in out and "error" not in out
+    make_sweep(stopped_dir, [(["model.lr=1e-4"], metrics("completed")), (["model.lr=1e-3"], stopped)])
+    assert status.main([str(stopped_dir)]) == status.EXIT_STOPPED == 5
 
 
 def test_a_config_is_parsed_once_per_text_across_polls(tmp_path):
@@ -167,17 +170,17 @@ def test_budget_line_counts_every_attempt_and_flags_80_and_100_percent(tmp_path,
     fake_slurm.answer("sacct", "41_0|COMPLETED|3600|cpu=64,gres/gpu=4,node=1|node1\n"
                                "41_1|COMPLETED|1800|cpu=64,gres/gpu=4,node=1|node2\n"
                                "52_0|COMPLETED|3600|cpu=64,gres/gpu=8,node=1|node3\n")
-    assert status.main([str(sweep_dir), "--color=always"]) == 0
+    assert status.main([str(sweep_dir), "--color=always"]) == status.EXIT_STOPPED  # trial 1 stopped by the budget
     assert f"{status.RED}budget: 14 / 10 GPU-hours spent (140%)  BUDGET SPENT{status.RESET}" in capsys.readouterr().out
 
 
-def test_budget_stopped_and_skipped_trials_are_not_failures(tmp_path, capsys, fake_slurm):
+def test_budget_stopped_and_skipped_trials_are_not_failures_and_exit_5(tmp_path, capsys, fake_slurm):
     sweep_dir = tmp_path / "sweep"
     make_sweep(sweep_dir, [(["model.lr=1e-4"], metrics("stopped", step=3, last_stop_reason="budget")),
                            (["model.lr=1e-3"], metrics("skipped_budget", step=0))], launcher="slurm")
     fake_slurm.answer("sacct", "41_0|COMPLETED|60|cpu=64,gres/gpu=8,node=1|node1\n"
                                "41_1|COMPLETED|1|cpu=64,gres/gpu=8,node=1|node2\n")
-    assert status.main([str(sweep_dir)]) == 0
+    assert status.main([str(sweep_dir)]) == status.EXIT_STOPPED  # not failures, and not completed either
     out = capsys.readouterr().out
     assert "2 trials, 1 stopped, 1 skipped_budget" in out and "(stopped by the budget)" in out
     trial_lines = [line for line in out.splitlines() if line.startswith("#")]

@@ -242,7 +242,7 @@ def test_the_request_names_the_files_found_at_submit_and_the_entry_to_write(tmp_
     entry = text_corpus(globs(corpus), str(model), str(tmp_path), "data.tokenizer")
     (request,) = json.loads(preparation_request([entry]))
     assert request == {"files": [f.path for f in entry.files], "tokenizer": str(model), "cache_dir": str(tmp_path),
-                       "key": entry.key}
+                       "key": entry.key, "needs": []}
 
 
 def test_status_says_why_the_trials_were_cancelled_when_the_preparation_failed(tmp_path):
