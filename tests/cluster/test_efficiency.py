@@ -61,7 +61,7 @@ def test_report_efficiency_flags_the_moe_trial_whose_routing_collapsed(tmp_path,
     healthy = make_model_folder(tmp_path / "healthy", n_routed_experts=8)
     pinned = make_collapsed_moe_folder(tmp_path / "pinned", n_routed_experts=8)
     record, lines, rows = swept_efficiency_report(
-        tmp_path, slurm_env, ["model=pretrained", f"model.path={healthy},{pinned}", *SMALL_TRIAL], trials=2)
+        tmp_path, slurm_env, ["model=pretrained", f"model.path={healthy},{pinned}", "data=synthetic", *SMALL_TRIAL], trials=2)
     collapsed, = [t["num"] for t in record["trials"] if f"model.path={pinned}" in t["overrides"]]
     loads = {num: float(row["load(max/mean)"]) for num, row in rows.items()}
     assert loads[collapsed] == 4.0 and all(load < 4.0 for num, load in loads.items() if num != collapsed), loads

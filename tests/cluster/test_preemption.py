@@ -123,7 +123,7 @@ def test_usr2_to_a_moe_folder_trial_with_router_balance_on_resumes_bit_identical
 
     # Both balances on: DeepSeek-V3's bias update (the default rate) and its sequence-wise aux loss.
     folder = make_model_folder(tmp_path / "moe", n_routed_experts=8)
-    moe = ["model=pretrained", f"model.path={folder}", "model.lr=1e-3", "model.moe.aux_loss_coef=0.01"]
+    moe = ["model=pretrained", f"model.path={folder}", "data=synthetic", "model.lr=1e-3", "model.moe.aux_loss_coef=0.01"]
     env = {**slurm_env, "OMP_NUM_THREADS": "1"}
     job_id, trial_dir = submit(tmp_path, env, *moe)
     expected = reference(1, *moe, env=env)
