@@ -16,8 +16,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcsweep.files.atomic import fsync_dir
 from hpcsweep.files.token_cache import MASK_NAME, OFFSETS_NAME, SOURCES_NAME, TOKENS_NAME, ChatRendering, TextCorpus
 from hpcsweep.files.token_file import header_path, header_text
 from hpcsweep.train.chat_render import load_chat_tokenizer, render_sample, renderer, samples_in, special_ids
@@ -135,25 +132,3 @@ def write_chat_files(corpus: TextCorpus, staging: Path, workers: int, piece_byte
              samples, len(corpus.files), corpus.tokenizer_folder, count,
              int(np.fromfile(staging / MASK_NAME, dtype=np.uint8).sum()), workers)
     return samples
-
-
-def write_chat_entry(corpus: TextCorpus, workers: int, piece_bytes: int | None = None) -> Path:
-    """Render ``corpus`` into its cache entry unless it is there; return its token file."""
-    if corpus.is_cached():
-        return corpus.token_path
-    Path(corpus.cache_dir).mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=corpus.cache_dir, prefix=f".{corpus.key}.", suffix=".tmp"))
-    try:
-        write_chat_files(corpus, staging, workers, piece_bytes)
-        try:
-            os.rename(staging, corpus.entry)
-        except OSError:
-            if not corpus.is_cached():
-                raise
-            log.info("another preparer wrote %s first: keeping its entry", corpus.entry)
-        else:
-            fsync_dir(corpus.cache_dir)
-            log.info("token cache entry %s written", corpus.entry)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return corpus.token_path

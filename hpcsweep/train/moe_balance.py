@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from hpcsweep.config import ModelConfig
 from hpcsweep.train import router_stats

@@ -37,8 +37,9 @@ from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics, write_metrics
 from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, chat_rendering, text_corpus
 from hpcsweep.files.token_file import TokenHeader, header_path, header_text, read_token_header
 from hpcsweep.files.trial_files import TrialFiles
-from hpcsweep.train.chat_tokens import write_chat_entry
-from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, read_documents
+from hpcsweep.train.cache_entry import publish_entry
+from hpcsweep.train.chat_tokens import write_chat_files
+from hpcsweep.train.text_documents import Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
 
@@ -122,26 +123,8 @@ def write_entry(corpus: TextCorpus, workers: int, piece_bytes: int | None = None
     """Tokenize ``corpus`` into its cache entry unless it is there; return its token file. A chat corpus
     is rendered by ``hpcsweep.train.chat_tokens``."""
     if corpus.chat is not None:
-        return write_chat_entry(corpus, workers, piece_bytes)
-    if corpus.is_cached():
-        return corpus.token_path
-    Path(corpus.cache_dir).mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=corpus.cache_dir, prefix=f".{corpus.key}.", suffix=".tmp"))
-    try:
-        write_tokens(corpus, staging / TOKENS_NAME, workers, piece_bytes)
-        try:
-            os.rename(staging, corpus.entry)
-        except OSError:
-            if not corpus.is_cached():
-                raise
-            log.info("another preparer wrote %s first: keeping its entry", corpus.entry)
-        else:
-            fsync_dir(corpus.cache_dir)
-            log.info("token cache entry %s written", corpus.entry)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return corpus.token_path
-
+        return publish_entry(corpus, lambda staging: write_chat_files(corpus, staging, workers, piece_bytes))
+    return publish_entry(corpus, lambda staging: write_tokens(corpus, staging / TOKENS_NAME, workers, piece_bytes))
 
 def write_token_file_at(corpus: TextCorpus, out: Path, workers: int) -> None:
     """Tokenize ``corpus`` into the token file ``out`` (and its header), replacing both atomically."""

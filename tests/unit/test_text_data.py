@@ -160,7 +160,7 @@ def test_two_preparers_of_one_entry_leave_one_whole_entry(tmp_path, folders, mon
         return count
 
     monkeypatch.setattr(text_tokens, "write_tokens", racing)
-    caplog.set_level("INFO", logger="hpcsweep.train.text_tokens")
+    caplog.set_level("INFO", logger="hpcsweep.train.cache_entry")
     assert write_entry(entry, workers=1) == other["path"] == entry.token_path
     assert caplog.messages[-1] == f"another preparer wrote {entry.entry} first: keeping its entry"
     assert entry.token_path.read_bytes() == other["bytes"] and read_token_header(entry.token_path).num_tokens > 0
