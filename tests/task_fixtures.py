@@ -128,14 +128,15 @@ def write_fact_chat_corpus(folder: Path, repeats: int = 24, files: int = 2) -> P
 
 
 def make_fact_chat_model(folder: Path, vocab_size: int = 320, seed: int = 0, **overrides) -> Path:
-    """A tiny DeepseekV3 folder whose tokenizer has ``CHAT_TEMPLATE`` as its own chat template (in
-    its saved config, as a real model's has), Llama 3's turn markers as special tokens, and a
-    vocabulary trained on the facts as that template renders them (random weights: it knows none)."""
+    """A tiny DeepseekV3 folder whose tokenizer has ``CHAT_TEMPLATE`` as its own chat template (saved
+    as ``chat_template.jinja``, where transformers 5 writes a model's), Llama 3's turn markers as
+    special tokens, and a vocabulary trained on the facts as that template renders them (random
+    weights: it knows none)."""
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     first = _chat_tokenizer(fact_documents(4), vocab_size)
-    rendered = [first.apply_chat_template(sample_messages(s, 'facts'), tokenize=False) for s in fact_chat_samples(2)]
+    rendered = [first.apply_chat_template(sample_messages(s, "facts"), tokenize=False) for s in fact_chat_samples(2)]
     # Trained again on the samples as rendered, so the template's words ("user", "assistant") are tokens too.
     tokenizer = _chat_tokenizer(fact_documents(4) + rendered, vocab_size)
     config = DeepseekV3Config(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
