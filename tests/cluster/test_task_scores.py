@@ -1,16 +1,21 @@
-"""Task scores drive a search (issue 32), on the real local cluster: a text corpus of facts and a local
-lm-eval multiple-choice task over the same facts; a search of 4 LoRA trials optimises the task's
-accuracy as one array, its pruner sees the scores taken every ``tasks.every`` steps, the best trial
-beats chance where the untrained base does not, and ``report`` and ``export --best --by`` follow it."""
+"""Task scores drive a search (issue 32), on the real local cluster: a chat corpus of facts
+(``data=chat``, rendered by the model's own chat template, Llama 3's) and a local lm-eval
+multiple-choice task over the same facts, asked as that template renders a user turn; a search of 4
+LoRA trials optimises the task's accuracy as one array, its pruner sees the scores taken every
+``tasks.every`` steps, the best trial beats chance where the untrained base does not, and ``report``
+and ``export --best --by`` follow it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.task_fixtures import TASK, make_fact_model, write_fact_corpus, write_fact_task
+from hpcsweep.train.chat_render import sample_messages
+from tests.task_fixtures import (TASK, fact_chat_samples, make_fact_chat_model, write_fact_chat_corpus,
+                                 write_fact_chat_task)
 
 from .conftest import read_json, run_hpcsweep, wait_for
 from .test_search import array_ended, load_study, only_sweep_dir
@@ -24,8 +29,27 @@ CHANCE = 0.25
 def fact_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("facts")
     # Larger initial weights than Hugging Face's 0.02: adapters over a random base can move its outputs.
-    model = make_fact_model(root / "model", initializer_range=0.2)
-    return model, write_fact_corpus(root / "corpus"), write_fact_task(root / "tasks")
+    model = make_fact_chat_model(root / "model", initializer_range=0.2)
+    return model, write_fact_chat_corpus(root / "chat"), write_fact_chat_task(root / "tasks", model)
+
+
+def test_the_task_asks_each_fact_as_the_chat_template_renders_its_training_samples(fact_files):
+    """What transfers: each question of the task with its right choice is, token for token, the
+    start of every training sample of that fact up to the answer's end."""
+    from transformers import AutoTokenizer
+
+    model, _, tasks = fact_files
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    asked = {}
+    for line in (tasks / f"{TASK}.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        asked[row["question"]] = row["question"] + row["choices"][row["label"]]
+    assert len(asked) == 16
+    for sample in fact_chat_samples():
+        rendered = tokenizer.apply_chat_template(sample_messages(sample, "a fact"), tokenize=False)
+        (question,) = [q for q in asked if rendered.startswith(q)]
+        answered = tokenizer(asked[question], add_special_tokens=False)["input_ids"]
+        assert tokenizer(rendered, add_special_tokens=False)["input_ids"][: len(answered)] == answered
 
 
 def base_score(model, tasks) -> float:
@@ -47,9 +71,10 @@ def test_a_lora_search_on_a_local_task_score_optimises_it_and_exports_its_best(t
         "-m", "hydra/sweeper=search", "hydra.sweeper.seed=0", "hydra.sweeper.n_trials=4",
         f"hydra.sweeper.objective={OBJECTIVE}", "hydra.sweeper.direction=maximize",
         "hydra.sweeper.pruner=median", "hydra.sweeper.n_startup_trials=2",
-        "model.lr=tag(log, interval(3e-3, 1.5e-2))",
+        # From too low to learn the facts in 100 steps (1e-4) to learning them all by step 50.
+        "model.lr=tag(log, interval(1e-4, 1.5e-2))",
         "model=pretrained", f"model.path={model}", "model.peft=lora",
-        "data=text", f"data.files={corpus}/*.txt", "data.seq_len=32", "data.batch_size=8",
+        "data=chat", f"data.files={corpus}/*.jsonl", "data.seq_len=100", "data.packing=true", "data.batch_size=8",
         "trainer.max_steps=100", "trainer.warmup_steps=2", "trainer.eval_every=25", "trainer.eval_batches=1",
         "trainer.log_every=25", "trainer.ckpt_every=0", "topology.mode=off",
         f"tasks.names=[{TASK}]", f"tasks.include_path={tasks}", "tasks.every=25",
@@ -60,6 +85,11 @@ def test_a_lora_search_on_a_local_task_score_optimises_it_and_exports_its_best(t
     assert array["trials"] == [0, 1, 2, 3]
     wait_for(lambda: array_ended(slurm_env, array["array_job_id"], 4), timeout=900, what="the 4 search trials")
 
+    # The trials trained on the samples as the template rendered them, the loss on the answers.
+    (entry,) = (tmp_path / "multirun" / "token-cache").iterdir()
+    header = read_json(entry / "tokens.json")
+    assert (header["kind"], header["samples"], header["train_on"]) == ("chat", 384, "assistant"), header
+
     study = load_study(sweep_dir)
     assert study.direction.name == "MAXIMIZE" and len(study.trials) == 4
     scores = {}
@@ -67,6 +97,7 @@ def test_a_lora_search_on_a_local_task_score_optimises_it_and_exports_its_best(t
         num = trial.user_attrs["hpcsweep_num"]
         metrics = read_json(sweep_dir / str(num) / "metrics.json")
         assert metrics["status"] == {"COMPLETE": "completed", "PRUNED": "pruned"}[trial.state.name], metrics
+        assert metrics["fill_rate"] > 0.5, metrics  # packed chat rows (a padded one is a quarter full)
         scores[num] = metrics["tasks"][TASK]["acc"]
         # The pruner saw every score taken, at its step; the last is the one metrics.json holds.
         assert sorted(trial.intermediate_values) == list(range(25, metrics["step"] + 1, 25))
@@ -75,6 +106,7 @@ def test_a_lora_search_on_a_local_task_score_optimises_it_and_exports_its_best(t
             assert trial.value == scores[num]
     best_num = study.best_trial.user_attrs["hpcsweep_num"]
     assert study.best_value == scores[best_num] == max(scores.values())
+    assert min(scores.values()) < study.best_value, scores  # trials that differ: report and export pick one
     base = base_score(model, tasks)
     assert abs(base - CHANCE) <= 0.15, base  # the untrained base: near chance
     assert study.best_value >= 0.5 and study.best_value >= base + 0.25, (study.best_value, base)
