@@ -3,8 +3,8 @@
 ``deepseek_v3_tokenizer`` unpacks DeepSeek-V3's real tokenizer files, chat template included
 (``tests/data/README.md`` says where they come from). ``chat_tokenizer_folder`` is a small tokenizer
 trained on the test's own text (``tests.model_folders``) for models with a vocabulary of hundreds; it
-has no template of its own, and ``CHATML_TEMPLATE`` is the one a user would name with
-``data.chat_template``.
+has no template of its own, and ``NAMED_TEMPLATE`` (Qwen 3's real one) is what a user would name with
+``data.chat_template``. No template here is hand-written.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from typing import Any
 from tests.model_folders import WORDS, corpus_documents, train_tokenizer
 
 DATA = Path(__file__).resolve().parent / "data"
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-"""The ChatML layout (Qwen, many others), for a tokenizer without a template of its own."""
 REAL_TEMPLATES = {"qwen3": DATA / "qwen3_chat_template.jinja", "llama3": DATA / "llama3_chat_template.jinja"}
 """Chat templates of real model families, verbatim from their tokenizer_config.json (tests/data/README.md)."""
+NAMED_TEMPLATE = REAL_TEMPLATES["qwen3"].read_text()
+"""Qwen 3's chat template (ChatML turns), named by ``data.chat_template`` for a tokenizer without one."""
 
 
 def deepseek_v3_tokenizer(folder: Path) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.chat_fixtures import CHATML_TEMPLATE, random_conversations, write_chat_corpus
+from tests.chat_fixtures import NAMED_TEMPLATE, random_conversations, write_chat_corpus
 from tests.model_folders import make_model_folder
 
 from .conftest import SMALL_TRIAL, read_json, run_hpcsweep, sacct_states, wait_for, wait_until_ended
@@ -14,8 +14,8 @@ from .conftest import SMALL_TRIAL, read_json, run_hpcsweep, sacct_states, wait_f
 
 def test_a_lora_chat_sweep_prepares_its_samples_in_a_job_and_trains_on_packed_rows(tmp_path, slurm_env):
     folder = make_model_folder(tmp_path / "small-deepseek")
-    template = tmp_path / "chatml.jinja"
-    template.write_text(CHATML_TEMPLATE)
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(NAMED_TEMPLATE)
     write_chat_corpus(tmp_path / "sft" / "a.jsonl", random_conversations(48, words=(2, 10)))
     chat = [o for o in SMALL_TRIAL if not o.startswith("data.seq_len")] + [
         "model=pretrained", f"model.path={folder}", "model.peft=lora", "model.lora.r=4",

@@ -22,7 +22,7 @@ from hpcsweep.train.chat_data import load_chat_corpus
 from hpcsweep.train.text_documents import CorpusError
 from hpcsweep.train.text_tokens import prepare_requested, write_entry
 from tests.chat_fixtures import (
-    CHATML_TEMPLATE,
+    NAMED_TEMPLATE,
     REAL_TEMPLATES,
     chat_tokenizer_folder,
     deepseek_v3_tokenizer,
@@ -43,8 +43,8 @@ CONVERSATION = [
 def tokenizers(tmp_path_factory):
     """DeepSeek-V3's real tokenizer, and a small one without a template with a ChatML template file."""
     root = tmp_path_factory.mktemp("chat")
-    template = root / "chatml.jinja"
-    template.write_text(CHATML_TEMPLATE)
+    template = root / "qwen3.jinja"
+    template.write_text(NAMED_TEMPLATE)
     return deepseek_v3_tokenizer(root / "deepseek-v3"), chat_tokenizer_folder(root / "small"), template
 
 
@@ -101,10 +101,11 @@ def test_a_template_file_renders_a_tokenizer_without_one_and_train_on_all_masks_
     for corpus in (assistant, everything):
         write_entry(corpus, workers=1)
     (ids,), (mask,) = entry_samples(assistant)
-    rendered = tokenizer.apply_chat_template(CONVERSATION[1:3], chat_template=CHATML_TEMPLATE, tokenize=True)
+    rendered = tokenizer.apply_chat_template(CONVERSATION[1:3], chat_template=NAMED_TEMPLATE, tokenize=True)
     assert ids.tolist() == rendered["input_ids"]
-    # ChatML's end of turn is "<|im_end|>"; the newline after it is the template's, not the model's.
-    assert tokenizer.decode(ids[mask == 1]) == "Trials, each one a training run.<|im_end|>"
+    # Qwen 3 writes the last answer after an empty thinking block, which the model generates too; its end
+    # of turn is "<|im_end|>", and the newline after it is the template's, not the model's.
+    assert tokenizer.decode(ids[mask == 1]) == "<think>\n\n</think>\n\nTrials, each one a training run.<|im_end|>"
     (all_ids,), (all_mask,) = entry_samples(everything)
     assert all_ids.tolist() == ids.tolist() and all_mask.all()
 
@@ -137,7 +138,7 @@ def test_real_templates_of_other_families_mask_each_answer_and_its_end_of_turn_t
 def test_an_assistant_turn_the_template_changes_beyond_recognition_is_refused_with_its_file_and_line(tmp_path, tokenizers):
     _, small, _ = tokenizers
     shouting = tmp_path / "shouting.jinja"
-    shouting.write_text(CHATML_TEMPLATE.replace("{{ message['content'] }}", "{{ message['content'] | upper }}"))
+    shouting.write_text(NAMED_TEMPLATE.replace("+ content.lstrip('\\n') }}", "+ content.lstrip('\\n') | upper }}"))
     path = write_chat_corpus(tmp_path / "data" / "a.jsonl", [{"prompt": "HI", "completion": "ALREADY LOUD"},
                                                              {"prompt": "hi", "completion": "quiet"}])
     with pytest.raises(CorpusError, match=rf"^{path}:2: the text of assistant turn 1 cannot be located"):
@@ -227,7 +228,7 @@ def test_data_chat_is_checked_before_submit(tmp_path, tokenizers):
     from transformers import AutoTokenizer
 
     saved = AutoTokenizer.from_pretrained(small, local_files_only=True)
-    saved.chat_template = CHATML_TEMPLATE
+    saved.chat_template = NAMED_TEMPLATE
     saved.save_pretrained(tmp_path / "saved")
     validate_composed(composed(**chat, tokenizer=str(tmp_path / "saved")))
 

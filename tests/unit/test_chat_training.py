@@ -10,7 +10,7 @@ import torch
 from hpcsweep.files.token_cache import chat_rendering, text_corpus
 from hpcsweep.train import worker as train
 from hpcsweep.train.text_tokens import write_entry
-from tests.chat_fixtures import CHATML_TEMPLATE, chat_tokenizer_folder, random_conversations, write_chat_corpus
+from tests.chat_fixtures import NAMED_TEMPLATE, chat_tokenizer_folder, random_conversations, write_chat_corpus
 
 from .test_trainer_ddp import losses, torchrun
 from .trial_dirs import make_trial_dir, read_metrics
@@ -22,8 +22,8 @@ torch.set_num_threads(1)
 def chat_settings(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat-training")
     tokenizer = chat_tokenizer_folder(root / "tokenizer")
-    template = root / "chatml.jinja"
-    template.write_text(CHATML_TEMPLATE)
+    template = root / "qwen3.jinja"
+    template.write_text(NAMED_TEMPLATE)
     write_chat_corpus(root / "sft" / "a.jsonl", random_conversations(80, words=(2, 12)))
     files, cache = str(root / "sft" / "*.jsonl"), str(root / "cache")
     write_entry(text_corpus(files, str(tokenizer), cache, "data.tokenizer",
