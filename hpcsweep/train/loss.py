@@ -5,7 +5,7 @@ logits in the compute dtype, their fp32 copy, the fp32 log-softmax (saved for ba
 backward its fp32 gradient beside them: at DeepSeek's 129k vocabulary and 8 x 4096 tokens, 17 GB of
 fp32 per tensor. :func:`chunked_cross_entropy` computes the same loss ``chunk_tokens`` rows at a time:
 each chunk is upcast to fp32, log-softmax'd, reduced to its summed loss and freed. Backward recomputes
-each chunk's softmax from the saved logits and writes the chunk's gradient (cast to the logits' dtype,
+each chunk's cross-entropy from the saved logits with PyTorch's own kernels and writes the chunk's gradient (cast to the logits' dtype,
 as autograd's cast back would) into the gradient of the logits. With ``overwrite_logits`` that
 gradient is written over the logits themselves, chunk by chunk (each chunk read before it is
 written), as Liger's cross-entropy does, so the loss adds no tensor of the logits' size at all.
@@ -13,8 +13,8 @@ written), as Liger's cross-entropy does, so the loss adds no tensor of the logit
 What the loss holds, for the memory plan (``hpcsweep.memory_plan``): with ``overwrite_logits`` (the
 trainer), ``e`` bytes per token per vocabulary entry (the logits in the compute dtype, ``e`` = 2 under
 bf16/fp16 autocast, 4 in fp32; their gradient takes their place), plus, while a chunk is worked on,
-about ``2 x 4 x chunk_tokens x V`` bytes of fp32 work (the upcast chunk and its log-softmax or softmax;
-in fp32 the upcast is the chunk itself, so one ``4 x chunk_tokens x V``). Without it, backward adds
+about ``3 x 4 x chunk_tokens x V`` bytes of fp32 work (the upcast chunk, its log-softmax and its
+gradient; in fp32 the upcast is the chunk itself, so two ``4 x chunk_tokens x V``). Without it, backward adds
 one more ``e x V`` per token for the gradient. Outside the loss: DDP with ``find_unused_parameters``
 (on when deterministic) clones every output at the end of its forward, so a second ``e x V`` per token
 lives for a moment there. Measured: benchmarks/README.md, "loss".
@@ -58,7 +58,7 @@ def chunked_cross_entropy(
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Forward sums each chunk's loss; backward recomputes each chunk's softmax (nothing fp32 is saved)."""
+    """Forward sums each chunk's loss; backward recomputes each chunk's cross-entropy (nothing fp32 is saved)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int, overwrite: bool) -> torch.Tensor:
@@ -81,12 +81,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         per_token = grad_loss.float() / count
         for start, end in ctx.bounds:
             chunk_targets = targets[start:end]
-            taken = chunk_targets != IGNORE_INDEX
-            # d(mean loss)/d logits = (softmax - one_hot(target)) / count, zero on ignored rows. Every row
-            # takes its -1 (an ignored one at word 0, zeroed next): a boolean mask would wait on the GPU.
-            work = torch.softmax(logits[start:end], dim=-1, dtype=torch.float32)
-            work[torch.arange(end - start, device=work.device), chunk_targets.clamp(min=0)] -= 1.0
-            work *= torch.where(taken, per_token, torch.zeros_like(per_token))[:, None]
+            # The chunk's own cross-entropy backward, recomputed: PyTorch's kernels, so the gradients are
+            # F.cross_entropy's bit for bit (a hand-written softmax - one_hot differed in the last bits,
+            # enough for an FSDP and a DDP trial of the same config to end with other weights).
+            with torch.enable_grad():
+                chunk = logits[start:end].detach().requires_grad_()
+                summed = F.cross_entropy(chunk.float(), chunk_targets, reduction="sum", ignore_index=IGNORE_INDEX)
+                (work,) = torch.autograd.grad(summed, chunk, grad_outputs=per_token)
             grad[start:end] = work
-            del work  # before the next chunk's softmax: one chunk of fp32 work at a time
+            del work  # before the next chunk's: one chunk of fp32 work at a time
         return grad, None, None, None
