@@ -211,15 +211,15 @@ def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     """What the loss holds at its peak.
 
     Chunked (``hpcsweep.train.loss``, ``trainer.loss_chunk_tokens``): the logits of every token in the
-    compute dtype (their gradient is written over them), plus one chunk's fp32 work (its upcast and
-    its softmax: 8 B, or 4 B in fp32 where the upcast is the chunk itself). Unchunked: lm_head's
+    compute dtype (their gradient is written over them), plus one chunk's fp32 work (its upcast, its
+    log-softmax and its gradient: 12 B, or 8 B in fp32 where the upcast is the chunk itself). Unchunked: lm_head's
     logits, their fp32 copy, log-softmax's fp32 output, and in backward its fp32 gradient beside them
     (12 B a vocabulary entry a token)."""
     tokens, vocab = setup.batch_size * setup.seq_len, shape.vocab_size
     if setup.loss_chunk_tokens is None:
         return 12 * tokens * vocab
     chunk = setup.loss_chunk_tokens if 0 < setup.loss_chunk_tokens < tokens else tokens
-    work = 4 if setup.precision == "fp32" else 8
+    work = 8 if setup.precision == "fp32" else 12
     return compute_bytes(setup) * tokens * vocab + work * chunk * vocab
 
 
