@@ -29,6 +29,7 @@ from hpcsweep.files.trial_files import METRICS_FILE, TrialFiles
 from hpcsweep.files.wait import wait_for
 from hpcsweep.slurm.env import SlurmJobEnv
 from hpcsweep.trial.failure_class import (
+    COMMUNICATION,
     Failure,
     classify_exit_code,
     classify_slurm_state,
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 # How long a failed node waits for the other nodes' reports before choosing the root cause, and
 # how long the nodes that did not claim the decision wait for it to be carried out.
 REPORT_WAIT_S = 5.0
+SYMPTOM_WAIT_S = 30.0
+"""How long, in all, a node that saw only broken collectives waits for the other nodes: a communication
+failure is what the other ranks see when one of them died, and the node whose worker died reports
+later (its agent first stops its other workers)."""
 DECISION_WAIT_S = 30.0
 TRACEBACK_LINES = 60
 
@@ -210,7 +215,12 @@ def settle_failure(
         files.worker_dir(node_rank) / "failure.json",
         [dataclasses.asdict(f) for f in failures],
     )
-    wait_for(lambda: len(list(workers_dir.glob("node*/failure.json"))) >= nnodes or None, REPORT_WAIT_S)
+    def everyone_reported() -> bool | None:
+        return len(list(workers_dir.glob("node*/failure.json"))) >= nnodes or None
+
+    wait_for(everyone_reported, REPORT_WAIT_S)
+    if root_cause(read_reports(workers_dir) or failures).kind == COMMUNICATION:
+        wait_for(everyone_reported, SYMPTOM_WAIT_S - REPORT_WAIT_S)
     reports = read_reports(workers_dir)
     cause = root_cause(reports or failures)
     decided = workers_dir / f"decision-{attempt}.json"

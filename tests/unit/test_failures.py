@@ -3,9 +3,12 @@ the retry for the edge to carry out."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 
 from hpcsweep.control import exit_codes
+from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.metrics_file import read_metrics
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.slurm.env import slurm_job_env
@@ -66,3 +69,23 @@ def test_the_crashed_rank_is_recorded_once_and_its_retry_left_to_the_edge(tmp_pa
     # A node that follows a failed decision leaves non-zero, ending whatever still runs.
     follower = settle(tmp_path, 0, [broken], restarts=1)
     assert follower.kind == "failed" and exit_codes.exit_code(follower) == exit_codes.EXIT_FAILED
+
+
+def test_a_node_that_saw_only_broken_collectives_waits_for_the_node_whose_worker_died(tmp_path, monkeypatch):
+    """The crashed rank's node reports after the first wait (its agent stops its other workers first):
+    the node that saw only "connection closed" waits on, and the signal is the root cause it records."""
+    monkeypatch.setattr(failures, "REPORT_WAIT_S", 0.2)
+    monkeypatch.setattr(failures, "SYMPTOM_WAIT_S", 20.0)
+    for rank in (0, 1):
+        TrialFiles(tmp_path).worker_dir(rank).mkdir(parents=True)
+    crash = Failure(SIGNAL, "node2", 3, -11, "Fatal Python error: Segmentation fault", 10.0)
+    broken = Failure(COMMUNICATION, "node1", 0, 1, "RuntimeError: Connection closed by peer", 9.0)
+    late = threading.Timer(1.0, lambda: atomic_write_json(TrialFiles(tmp_path).worker_dir(1) / "failure.json",
+                                                          [dataclasses.asdict(crash)]))
+    late.start()
+    try:
+        first = settle(tmp_path, 0, [broken])
+    finally:
+        late.join()
+    assert first.kind == "retry" and "signal failure of rank 3 on node2" in first.message
+    assert first.exclude_nodes == ("node2",)
