@@ -39,9 +39,10 @@ def test_a_retry_partition_applies_to_that_retry_only(tmp_path, slurm_env):
     urgent = retry(sweep_dir, ["--trials", "0", "hydra.launcher.partition=urgent", "hydra.launcher.budget_gpu_hours=60"],
                    tmp_path, slurm_env)
     assert urgent.returncode == 0, urgent.stdout
-    assert urgent.stdout.splitlines()[0] == (
+    # Among the first lines, beside the retry's memory plan line.
+    assert (
         "this retry runs in partition urgent, where the sweep ran in the cluster's default partition: "
-        "hydra.launcher.partition=urgent applies to this retry only")
+        "hydra.launcher.partition=urgent applies to this retry only") in urgent.stdout.splitlines()[:3]
     assert "retrying 1 trial(s) 0 in " in urgent.stdout and "(attempt 2)" in urgent.stdout
     record = read_json(sweep_dir / "sweep.json")
     assert record["budget_gpu_hours"] == 60  # the budget is the whole sweep's
