@@ -1,7 +1,7 @@
 """The peak memory of one training step: the chunked loss against the unchunked fp32 one, on CPU.
 
     python benchmarks/loss_memory.py [--vocab 129280] [--seq-len 2048] [--batch 1] [--rounds 3]
-                                     [--chunk-tokens 1024] [--precision fp32|bf16] [--json FILE]
+                                     [--chunk-tokens 256] [--precision fp32|bf16] [--json FILE]
 
 A Llama of DeepSeek-V3's 129,280-word vocabulary and almost nothing else (hidden 32, one layer, so the
 logits dominate) takes AdamW steps at ``batch x seq-len`` tokens, alternating between the trainer's loss
@@ -27,6 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable from a checkout
 
+from hpcsweep.config import TrainerConfig  # noqa: E402
 from tests.loss_memory import alternate_step_peaks, tiny_lm  # noqa: E402
 
 GB = 1e9
@@ -38,7 +39,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--chunk-tokens", type=int, default=1024)
+    parser.add_argument("--chunk-tokens", type=int, default=TrainerConfig().loss_chunk_tokens,
+                        help="default: trainer.loss_chunk_tokens's")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args()

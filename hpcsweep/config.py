@@ -468,10 +468,10 @@ class TrainerConfig:
     ``auto``: true on CPU, false on CUDA. metrics.json records what a trial ran with."""
     grad_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
-    loss_chunk_tokens: int = 1024
+    loss_chunk_tokens: int = 256
     """The cross-entropy works on this many tokens' logits at a time (hpcsweep.train.loss): each
     chunk is upcast to fp32, used and freed, and its gradient is written over the logits, so the fp32
-    logits of the whole batch never exist. Smaller saves memory (fp32 work: about 8 B x chunk x
+    logits of the whole batch never exist. Smaller saves memory (fp32 work: about 12 B x chunk x
     vocabulary), larger saves kernel launches; 0 (or a value >= the batch's tokens): one chunk."""
     seed: int = 0
     """Seed of model initialisation and dropout."""

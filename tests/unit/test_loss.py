@@ -114,7 +114,7 @@ def test_shapes_that_disagree_are_refused():
 
 
 def test_the_chunk_key_is_validated_on_the_login_node():
-    assert TrainerConfig().loss_chunk_tokens == 1024
+    assert TrainerConfig().loss_chunk_tokens == 256
     assert TrainerConfig(loss_chunk_tokens=0).loss_chunk_tokens == 0
     with pytest.raises(ValueError, match=r"trainer\.loss_chunk_tokens.*an integer >= 0"):
         TrainerConfig(loss_chunk_tokens=-5)
