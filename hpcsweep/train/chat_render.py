@@ -18,7 +18,6 @@ token takes the loss when it starts inside a turn's span, or is its end-of-turn 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 from jinja2 import TemplateError
 
-from hpcsweep.train.text_documents import CorpusError
+from hpcsweep.train.text_documents import CorpusError, jsonl_records
 
 ROLES = ("system", "user", "assistant")
 """The roles a sample's messages may have."""
@@ -60,16 +59,8 @@ def sample_messages(record: Any, where: str) -> list[dict[str, str]]:
 
 def samples_in(text: str, path: str, first_line: int = 1) -> list[tuple[int, list[dict[str, str]]]]:
     """``(line, messages)`` of every non-blank line of ``text`` (lines numbered from ``first_line``)."""
-    samples = []
-    for number, line in enumerate(text.splitlines(), start=first_line):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"{path}:{number} is not a JSON object ({err.msg})") from None
-        samples.append((number, sample_messages(record, f"{path}:{number}")))
-    return samples
+    return [(number, sample_messages(record, f"{path}:{number}"))
+            for number, record in jsonl_records(text, path, first_line)]
 
 
 def load_chat_tokenizer(folder: str, template_path: str | None) -> tuple[Any, str | None]:

@@ -148,22 +148,22 @@ def any_rank(world: WorldInfo, flag: bool) -> bool:
     return bool(tensor.item())
 
 
-def max_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
-    """Each of ``values``' maxima over all ranks, in one collective: several decisions agreed at once."""
+def _reduce_ints(world: WorldInfo, values: Sequence[int], op: Any) -> list[int]:
     if not world.is_distributed:
         return list(values)
     tensor = torch.tensor(list(values), dtype=torch.int64, device=world.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=op)
     return tensor.tolist()
+
+
+def max_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
+    """Each of ``values``' maxima over all ranks, in one collective: several decisions agreed at once."""
+    return _reduce_ints(world, values, dist.ReduceOp.MAX)
 
 
 def sum_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
     """Each of ``values``' sums over all ranks, in one collective."""
-    if not world.is_distributed:
-        return list(values)
-    tensor = torch.tensor(list(values), dtype=torch.int64, device=world.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor.tolist()
+    return _reduce_ints(world, values, dist.ReduceOp.SUM)
 
 
 def mean_over_ranks(world: WorldInfo, value: torch.Tensor) -> torch.Tensor:

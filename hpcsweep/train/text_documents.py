@@ -10,6 +10,7 @@ corpus, whatever worker reads which.
 from __future__ import annotations
 
 import json
+from typing import Any
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,16 +73,24 @@ def line_number(path: str, offset: int) -> int:
         return handle.read(offset).count(b"\n") + 1
 
 
-def jsonl_documents(text: str, path: str, first_line: int = 1) -> list[str]:
-    """The ``text`` field of every non-blank line of ``text`` (lines numbered from ``first_line``)."""
-    documents = []
+def jsonl_records(text: str, path: str, first_line: int = 1) -> list[tuple[int, Any]]:
+    """``(line, record)`` of every non-blank line of ``text`` (lines numbered from ``first_line``);
+    ``CorpusError`` naming the file and line of one that is not JSON."""
+    records = []
     for number, line in enumerate(text.splitlines(), start=first_line):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            records.append((number, json.loads(line)))
         except json.JSONDecodeError as err:
             raise CorpusError(f"{path}:{number} is not a JSON object ({err.msg})") from None
+    return records
+
+
+def jsonl_documents(text: str, path: str, first_line: int = 1) -> list[str]:
+    """The ``text`` field of every non-blank line of ``text`` (lines numbered from ``first_line``)."""
+    documents = []
+    for number, record in jsonl_records(text, path, first_line):
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise CorpusError(f"{path}:{number} has no string field 'text'")
         documents.append(record["text"])
