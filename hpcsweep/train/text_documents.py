@@ -10,10 +10,10 @@ corpus, whatever worker reads which.
 from __future__ import annotations
 
 import json
-from typing import Any
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 JSONL_SUFFIXES = (".jsonl",)
 """Files read as JSON lines; any other file is one plain-text document."""
