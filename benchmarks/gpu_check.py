@@ -75,9 +75,15 @@ from hpcsweep.train.fault import STOP_REASON  # noqa: E402
 from hpcsweep.train.step_timer import PHASES as STEP_PHASES  # noqa: E402
 from hpcsweep.train.worker import EXIT_OK, EXIT_STOPPED, run_trial  # noqa: E402
 from tests.model_folders import TINY_DEEPSEEK, make_model_folder  # noqa: E402
+from benchmarks.gpu_check_loss import loss_check, loss_line  # noqa: E402
 
 BUDGET_S = 600
 """The whole check, on one GPU: 10 minutes."""
+
+
+LOSS_SIZES = {"tokens": 8192, "hidden": 2048, "vocab": 129_280, "chunk_tokens": 256}
+"""The loss check on a GPU: DeepSeek-V3's vocabulary, one 8k-token micro-batch (4.2 GB of fp32 logits)."""
+SMOKE_LOSS_SIZES = {"tokens": 96, "hidden": 16, "vocab": 500, "chunk_tokens": 32}
 
 
 class CheckFailed(RuntimeError):
@@ -575,7 +581,12 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
     lora = run_lora_check(plan, workdir)
     step_time = step_time_check(plan, workdir, fast_metrics)
     profile = profile_check(plan, workdir)
+    release_gpu_memory(plan)
+    loss = loss_check(torch.device(plan.device), **(LOSS_SIZES if plan.device == "cuda" else SMOKE_LOSS_SIZES))
+    if loss["failed"]:
+        raise CheckFailed(loss_line(loss))
     return {
+        "loss": loss,
         "device": fast_metrics.get("device_name") or "cpu",
         "sizes": rows,
         # Every run's plan against its peak: DDP small and large, FSDP, and LoRA over a saved folder.
@@ -628,6 +639,7 @@ def report(result: dict[str, Any], elapsed_s: float) -> None:
     print("\n".join(step_time_lines(result["step_time"])))
     print("\n".join(telemetry_lines(result["telemetry"])))
     print(profile_line(result["profile"]))
+    print(loss_line(result["loss"]))
     print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
 
 

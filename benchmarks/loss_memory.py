@@ -1,17 +1,20 @@
-"""The peak memory of one training step: the chunked loss against the unchunked fp32 one, on CPU.
+"""The peak memory of one training step: the loss at the head and the chunked logits against the unchunked fp32 loss, on CPU.
 
     python benchmarks/loss_memory.py [--vocab 129280] [--seq-len 2048] [--batch 1] [--rounds 3]
                                      [--chunk-tokens 256] [--precision fp32|bf16] [--json FILE]
 
 A Llama of DeepSeek-V3's 129,280-word vocabulary and almost nothing else (hidden 32, one layer, so the
 logits dominate) takes AdamW steps at ``batch x seq-len`` tokens, alternating between the trainer's loss
-(``hpcsweep.train.loss.chunked_cross_entropy``, ``trainer.loss_chunk_tokens``) and the loss it replaced
-(``F.cross_entropy(logits.float().flatten(0, 1), targets)``), one thread, in one process; ``--precision
+(``head``: ``hpcsweep.train.head_loss``, a chunk's logits at a time from the hidden states), the chunked
+loss on the logits (``chunked``: ``hpcsweep.train.loss``, for models that change their logits after the
+head) and the loss both replaced (``unchunked``: ``F.cross_entropy(logits.float().flatten(0, 1), targets)``),
+chunks of ``trainer.loss_chunk_tokens``, one thread, in one process; ``--precision
 bf16`` runs the model under CPU autocast, so the logits are bf16 as on a GPU. Each step's peak
 is the rise of the process's resident-set high-water mark over its level before the step, reset per step
 (``tests/loss_memory.py``); a first step of each, unmeasured, makes the optimizer state. Ends with
 
     peak drop X.XX GB = X.XX fp32 logits tensors (B x T x V x 4 = X.XX GB)
+    peak drop at the head X.XX GB = X.XX fp32 logits tensors
 """
 
 from __future__ import annotations
@@ -60,9 +63,12 @@ def main() -> None:
     drop = peak["unchunked"] - peak["chunked"]
     print(f"peak drop {drop / GB:.2f} GB = {drop / logits_bytes:.2f} fp32 logits tensors "
           f"(B x T x V x 4 = {logits_bytes / GB:.2f} GB)")
+    head_drop = peak["unchunked"] - peak["head"]
+    print(f"peak drop at the head {head_drop / GB:.2f} GB = {head_drop / logits_bytes:.2f} fp32 logits tensors")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
-                                         "logits_bytes": logits_bytes, "drop_bytes": drop}, indent=1))
+                                         "logits_bytes": logits_bytes, "drop_bytes": drop,
+                                         "head_drop_bytes": head_drop}, indent=1))
 
 
 if __name__ == "__main__":

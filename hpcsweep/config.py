@@ -469,10 +469,16 @@ class TrainerConfig:
     grad_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     loss_chunk_tokens: int = 256
-    """The cross-entropy works on this many tokens' logits at a time (hpcsweep.train.loss): each
-    chunk is upcast to fp32, used and freed, and its gradient is written over the logits, so the fp32
-    logits of the whole batch never exist. Smaller saves memory (fp32 work: about 12 B x chunk x
-    vocabulary), larger saves kernel launches; 0 (or a value >= the batch's tokens): one chunk."""
+    """The cross-entropy works on this many tokens' logits at a time: the LM head computes each
+    chunk's logits from the hidden states, upcasts, uses and frees them (hpcsweep.train.head_loss),
+    so no logits tensor of the whole batch exists; for a model that changes its logits after the head,
+    the logits are chunked instead (hpcsweep.train.loss). Smaller saves memory (about 12-16 B x chunk
+    x vocabulary), larger saves kernel launches; 0 (or a value >= the batch's tokens): one chunk."""
+    loss_kernel: Literal["auto", "torch", "liger", "cut_cross_entropy"] = "auto"
+    """What computes the training loss at the head: ``torch``, the chunks above; ``liger`` or
+    ``cut_cross_entropy``, a fused linear cross-entropy kernel (CUDA, and the ``liger-kernel`` or
+    ``cut-cross-entropy`` package installed); ``auto``: a fused kernel on CUDA when one is installed
+    (Liger first), else ``torch``."""
     seed: int = 0
     """Seed of model initialisation and dropout."""
     ckpt_every: int = 50
@@ -558,6 +564,8 @@ class TrainerConfig:
         _require(self.grad_accum >= 1, "trainer.grad_accum", self.grad_accum, "an integer >= 1")
         _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", self.loss_chunk_tokens,
                  "an integer >= 0 (tokens per chunk of the loss; 0: one chunk)")
+        _require(self.loss_kernel in ("auto", "torch", "liger", "cut_cross_entropy"), "trainer.loss_kernel",
+                 self.loss_kernel, "one of auto, torch, liger, cut_cross_entropy")
         _require(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(
             0.0 <= self.min_lr_ratio <= 1.0, "trainer.min_lr_ratio", self.min_lr_ratio, "0..1"

@@ -18,6 +18,7 @@ UNIT_TESTS = TESTS / "unit"
 
 SLOW_MODULES = {
     "test_fsdp_lora.py",  # a local sweep of two 2-rank trials, and two exports
+    "test_ddp_buckets.py",  # three 4-rank torchrun trials
     "test_foreign_app.py",  # a venv with the foreign app installed, then local sweeps of it
     "test_export.py",  # a LoRA and a full trial, exported, loaded in a fresh process
     "test_finetune_benchmark.py",  # benchmarks/finetune.py's three contenders, tiny, in this process

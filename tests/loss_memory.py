@@ -24,19 +24,45 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hpcsweep.train.head_loss import HeadLoss
 from hpcsweep.train.loss import chunked_cross_entropy
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, str], torch.Tensor]
+"""A contender: the loss of ``model`` on ``inputs`` against ``targets``, under ``precision``."""
 
 
-def unchunked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _logits(model: torch.nn.Module, inputs: torch.Tensor, precision: str) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        return model(input_ids=inputs).logits
+
+
+def fp32_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The loss as the trainer computed it before the chunked one: fp32 logits of every token at once."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def unchunked_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, precision: str) -> torch.Tensor:
+    """The contender of ``fp32_cross_entropy`` on the model's logits."""
+    return fp32_cross_entropy(_logits(model, inputs, precision), targets)
+
+
 def chunked_loss(chunk_tokens: int) -> LossFn:
-    """The trainer's loss (``trainer.loss_chunk_tokens``, the gradient written over the logits)."""
-    return lambda logits, targets: chunked_cross_entropy(logits, targets, chunk_tokens, overwrite_logits=True)
+    """The loss on the model's logits in chunks (``hpcsweep.train.loss``, the gradient written over the logits)."""
+    return lambda model, inputs, targets, precision: chunked_cross_entropy(
+        _logits(model, inputs, precision), targets, chunk_tokens, overwrite_logits=True)
+
+
+def head_loss(chunk_tokens: int) -> LossFn:
+    """The trainer's loss: taken at the head, a chunk of logits at a time (``hpcsweep.train.head_loss``)."""
+    heads: dict[int, HeadLoss] = {}
+
+    def loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, precision: str) -> torch.Tensor:
+        head = heads.setdefault(id(model), HeadLoss(model.lm_head, "torch", chunk_tokens))
+        with head.taking(targets) as taken:
+            _logits(model, inputs, precision)
+        return taken.loss
+
+    return loss
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -88,10 +114,7 @@ def tiny_lm(vocab_size: int, hidden_size: int = 32, layers: int = 1, seed: int =
 def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
                   targets: torch.Tensor, loss_fn: LossFn, precision: str = "fp32") -> float:
     """One optimizer step as the trainer takes it (``bf16``: under CPU autocast, bf16 logits); returns the loss."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-        logits = model(input_ids=inputs).logits
-    loss = loss_fn(logits, targets)
-    del logits
+    loss = loss_fn(model, inputs, targets, precision)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -100,12 +123,13 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inpu
 
 def alternate_step_peaks(model: torch.nn.Module, *, batch: int, seq_len: int, rounds: int,
                          chunk_tokens: int = 1024, precision: str = "fp32") -> dict[str, dict[str, list[float]]]:
-    """Per contender (``unchunked``, ``chunked``): each round's step peak (bytes), CPU seconds and loss.
+    """Per contender (``unchunked``, ``chunked`` logits, ``head``): each round's step peak (bytes), CPU
+    seconds and loss.
 
     The contenders take turns on one model and optimizer; a first step of each, unmeasured, makes
     the optimizer's state and warms the allocator.
     """
-    contenders = {"unchunked": unchunked_loss, "chunked": chunked_loss(chunk_tokens)}
+    contenders = {"unchunked": unchunked_loss, "chunked": chunked_loss(chunk_tokens), "head": head_loss(chunk_tokens)}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq_len + 1), generator=generator)

@@ -35,6 +35,7 @@ from hpcsweep.memory_plan.model_shape import (
     total_parameters,
 )
 from hpcsweep.model import lora_targets
+from hpcsweep.model.head import logits_are_the_heads
 
 GPU_OVERHEAD_BYTES = 2 * GIB
 """CUDA context with lazy module loading (~0.5 GB on A100/H100 with CUDA 12), cuBLAS workspaces
@@ -207,18 +208,31 @@ def activation_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     return int(tokens * (inside + per["head"]) + mask)
 
 
+def head_takes_loss(shape: ModelShape, setup: TrainingSetup) -> bool:
+    """Whether the trainer takes the loss at the LM head (``hpcsweep.train.head_loss``): the model's
+    logits are its head's output, and no LoRA adapter wraps the head."""
+    adapted_head = setup.peft == "lora" and "lm_head" in (setup.lora_targets or ())
+    return logits_are_the_heads(shape.model_type) and not adapted_head
+
+
 def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     """What the loss holds at its peak.
 
-    Chunked (``hpcsweep.train.loss``, ``trainer.loss_chunk_tokens``): the logits of every token in the
-    compute dtype (their gradient is written over them), plus one chunk's fp32 work (its upcast, its
-    log-softmax and its gradient: 12 B, or 8 B in fp32 where the upcast is the chunk itself). Unchunked: lm_head's
-    logits, their fp32 copy, log-softmax's fp32 output, and in backward its fp32 gradient beside them
-    (12 B a vocabulary entry a token)."""
+    At the head (``hpcsweep.train.head_loss``, ``trainer.loss_chunk_tokens``): one chunk's logits at a
+    time, in backward made again beside their fp32 upcast, log-softmax and gradient and the gradient
+    cast back (16 B a vocabulary entry a token of the chunk; 12 B in fp32, where the upcast is the
+    chunk itself); nothing of the whole batch. The fused CUDA kernels (Liger, cut-cross-entropy) are
+    planned alike: they hold chunks of their own size. Chunked logits (``hpcsweep.train.loss``, a model
+    that changes its logits after the head): the logits of every token in the compute dtype (their
+    gradient is written over them), plus one chunk's fp32 work (its upcast, its log-softmax and its
+    gradient: 12 B, or 8 B in fp32). Unchunked: lm_head's logits, their fp32 copy, log-softmax's fp32
+    output, and in backward its fp32 gradient beside them (12 B a vocabulary entry a token)."""
     tokens, vocab = setup.batch_size * setup.seq_len, shape.vocab_size
     if setup.loss_chunk_tokens is None:
         return 12 * tokens * vocab
     chunk = setup.loss_chunk_tokens if 0 < setup.loss_chunk_tokens < tokens else tokens
+    if head_takes_loss(shape, setup):
+        return (12 if setup.precision == "fp32" else 16) * chunk * vocab
     work = 8 if setup.precision == "fp32" else 12
     return compute_bytes(setup) * tokens * vocab + work * chunk * vocab
 

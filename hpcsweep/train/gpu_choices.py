@@ -134,21 +134,14 @@ def choose(trainer: TrainerConfig, model: ModelConfig, facts: DeviceFacts, *, fl
 _PER_EXPERT_MODULE = re.compile(r"\.experts\.\d+\.")
 
 
-def find_unused_parameters(deterministic: bool, parameter_names: Iterable[str]) -> bool:
-    """DDP's ``find_unused_parameters``: only where exact resume or the model needs it.
+def find_unused_parameters(parameter_names: Iterable[str]) -> bool:
+    """DDP's ``find_unused_parameters``: only where a parameter can go without a gradient in a step.
 
-    Exact resume needs the same gradient buckets before and after a restart. Without the search,
-    DDP regroups its buckets by the gradients' arrival order after the first step of every process,
-    so a resumed run's first step all-reduces a differently laid out buffer than the uninterrupted
-    run did at that step; from 3 ranks up the ring sums each element in another order and the
-    weights drift in the last bits. With it, the initial buckets (reverse parameter order) stay for
-    good, at the cost of one autograd graph walk per step.
-
-    The model needs it when a parameter can go without a gradient in a step: experts held as one
-    module each (``mlp.experts.3.up_proj``, transformers 4.x) get none when no token chose them.
-    transformers 5 holds all experts of a layer in one tensor, which always gets a gradient.
+    Experts held as one module each (``mlp.experts.3.up_proj``, transformers 4.x) get none when no
+    token chose them. transformers 5 holds all experts of a layer in one tensor, which always gets a
+    gradient. (Exact resume needs fixed gradient buckets, not the search: ``parallel.fix_buckets``.)
     """
-    return deterministic or any(_PER_EXPERT_MODULE.search(name) for name in parameter_names)
+    return any(_PER_EXPERT_MODULE.search(name) for name in parameter_names)
 
 
 def cuda_env(deterministic: bool, device_type: str, env: Mapping[str, str]) -> dict[str, str]:

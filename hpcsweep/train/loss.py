@@ -16,8 +16,9 @@ bf16/fp16 autocast, 4 in fp32; their gradient takes their place), plus, while a 
 about ``3 x 4 x chunk_tokens x V`` bytes of fp32 work (the upcast chunk, its log-softmax and its
 gradient; in fp32 the upcast is the chunk itself, so two ``4 x chunk_tokens x V``). Without it, backward adds
 one more ``e x V`` per token for the gradient. Outside the loss: DDP with ``find_unused_parameters``
-(on when deterministic) clones every output at the end of its forward, so a second ``e x V`` per token
-lives for a moment there. Measured: benchmarks/README.md, "loss".
+(a model with one module per expert) clones every output at the end of its forward, so a second
+``e x V`` per token lives for a moment there. The trainer uses this loss only where the LM head cannot
+take it (``hpcsweep.train.head_loss``); evaluation uses it on the logits. Measured: benchmarks/README.md, "loss".
 
 Targets equal to :data:`IGNORE_INDEX` (-100) take no loss: the loss is the mean over the tokens that
 do, as ``F.cross_entropy``'s ``ignore_index`` has it (NaN when none does, as there).

@@ -71,7 +71,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def wrap_model(
     model: torch.nn.Module, world: WorldInfo, mode: ParallelMode, trainer: TrainerConfig, *,
-    facts: DeviceFacts, precision: str, find_unused_parameters: bool,
+    facts: DeviceFacts, precision: str, find_unused_parameters: bool, fixed_buckets: bool = False,
 ) -> torch.nn.Module:
     """The module to run forward and backward through: DDP's wrapper, or ``model`` itself, sharded
     in place by FSDP. A single process without a process group runs ``model`` as it is; FSDP with
@@ -93,7 +93,26 @@ def wrap_model(
     # Buffers (rotary tables, the routing bias) never change: no sync before each forward. They are
     # equal on every rank from the start, so the sync at construction changes nothing; the older
     # spelling, broadcast_buffers=False, filled every worker's log with a deprecation warning.
-    return DistributedDataParallel(model, forward_sync_buffers=False, find_unused_parameters=find_unused_parameters)
+    ddp = DistributedDataParallel(model, forward_sync_buffers=False, find_unused_parameters=find_unused_parameters)
+    if fixed_buckets:
+        fix_buckets(ddp)
+    return ddp
+
+
+def fix_buckets(ddp: DistributedDataParallel) -> None:
+    """Lay out DDP's gradient buckets once, in parameter order, at the first forward, for good.
+
+    Exact resume needs the same buckets at every step of every process: the ring all-reduce sums
+    each element in an order that depends on where it lies in the bucket, and from 3 ranks up another
+    layout changes the last bits. By default DDP starts with one layout and, after the first step of
+    each process, rebuilds the buckets in the order gradients arrived: a resumed process's first step
+    would all-reduce the first layout where the uninterrupted run used the rebuilt one. Handing the
+    reducer every parameter as "arrived" (what DDP's own ``Join`` does) makes the rebuild at the first
+    forward use parameter order, the same in every process, and none follows. Unlike
+    ``find_unused_parameters``, it costs no autograd-graph walk per step; the buckets no longer follow
+    the backward's order, so their all-reduce overlaps less with it (deterministic trials only).
+    """
+    ddp.reducer._push_all_rebuilt_params()
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
-from hpcsweep.train import moe_balance, router_stats, step_timer, task_scores, trackers
+from hpcsweep.train import head_loss, moe_balance, router_stats, step_timer, task_scores, trackers
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
@@ -88,13 +88,13 @@ class Trainer:
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation, weights_dtype).to(world.device)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
         self.balance = moe_balance.attach(self.model, cfg.model)
+        self.head_loss = head_loss.attach(self.model, tcfg.loss_kernel, tcfg.loss_chunk_tokens, world.device.type)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         # PowerSGD's state is kept per gradient bucket: the buckets must not be rebuilt after a resume.
         find_unused = tcfg.grad_comm == "powersgd" or gpu_choices.find_unused_parameters(
-            self.choices.deterministic, lora.trainable_parameter_names(self.model)
-        )
+            lora.trainable_parameter_names(self.model))
         self.peak_memory = memory_record.PeakMemory(world.device)
         self.step_timer = step_timer.build_step_timer(world.device.type, self.peak_memory,
                                                       enabled=tcfg.step_timing and self.is_writer)
@@ -106,7 +106,7 @@ class Trainer:
                              "fit a GPU with DDP): task scores run on rank 0's whole model")
         self.net = parallel.wrap_model(
             self.model, world, self.parallel, tcfg, facts=self.device_facts, precision=self.choices.precision,
-            find_unused_parameters=find_unused,
+            find_unused_parameters=find_unused, fixed_buckets=self.choices.deterministic and not find_unused,
         )
         self.grad_comm = grad_comm.register_grad_comm(self.net, tcfg)
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
@@ -227,6 +227,10 @@ class Trainer:
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module,
               position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.head_loss is not None:  # the head takes the loss, a chunk of logits at a time
+            with self.head_loss.taking(targets) as taken:
+                self._logits(net, inputs, position_ids)
+            return taken.loss
         logits = self._logits(net, inputs, position_ids)
         # The logits are this step's alone: their gradient may take their place (hpcsweep.train.loss).
         return chunked_cross_entropy(logits, targets, self.cfg.trainer.loss_chunk_tokens, overwrite_logits=True)

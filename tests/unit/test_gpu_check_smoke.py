@@ -32,7 +32,10 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "step time, slow data (data.read_delay_ms=100): SKIPPED on CPU: it proves the CUDA events" in printed.out
     assert "telemetry of the large trial: source cpu (the trial trains on CPU: no GPU to read)" in printed.out
     assert "NVML samples during a matmul loop: skipped: no GPU (--smoke)" in printed.out
+    assert ("loss at the head (cpu, 96 tokens, vocabulary 500, chunk 32; trainer.loss_kernel=auto picks torch"
+            in printed.out), printed.out
     result = json.loads(out.read_text())
+    assert set(result["loss"]["rows"]) == {"logits", "torch"} and not result["loss"]["failed"]
     assert "profile of steps 2-3 (trainer.profile_steps, profile_memory): trace " in printed.out
     # On CPU: a trace of the two steps, no CUDA kernels in it and no CUDA memory snapshot.
     assert ({k: result["profile"][k] for k in ("steps", "kernels", "memory_snapshot_mb")}

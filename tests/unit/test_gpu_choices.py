@@ -136,12 +136,10 @@ def test_mfu_peak_follows_the_resolved_precision_and_tf32():
 def test_ddp_searches_for_unused_parameters_only_where_needed():
     names = [name for name, _ in build_model(ModelConfig(), seed=0).named_parameters()]
     # transformers 5 holds a layer's experts in one tensor: every parameter gets a gradient.
-    assert gpu_choices.find_unused_parameters(False, names) is False
-    # Exact resume keeps DDP's initial buckets, which the search does.
-    assert gpu_choices.find_unused_parameters(True, names) is True
+    assert gpu_choices.find_unused_parameters(names) is False
     # One module per expert (transformers 4): an expert no token chose has no gradient.
     per_expert = ["model.layers.1.mlp.experts.3.up_proj.weight", "model.layers.1.mlp.gate.weight"]
-    assert gpu_choices.find_unused_parameters(False, per_expert) is True
+    assert gpu_choices.find_unused_parameters(per_expert) is True
 
 
 @pytest.mark.parametrize(

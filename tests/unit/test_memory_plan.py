@@ -390,14 +390,18 @@ def test_fsdp_without_resharding_after_forward_holds_every_layer_gathered():
     assert setup_of_trial(trial, world_size=8, device="cuda").reshard_after_forward is False
 
 
-def test_the_chunked_loss_holds_the_logits_in_the_compute_dtype_and_one_chunk_in_fp32():
+def test_the_loss_at_the_head_holds_one_chunk_and_the_chunked_logits_the_whole_batchs_in_the_compute_dtype():
     shape = shape_from_hf_config(V3)
     setup = TrainingSetup(precision="bf16", batch_size=8, seq_len=4096)
     tokens, vocab = 8 * 4096, 129280
     assert plan_memory(shape, setup).loss == 12 * tokens * vocab  # logits, fp32 copy, log-softmax, gradient
-    chunked = plan_memory(shape, replace(setup, loss_chunk_tokens=1024))
-    assert chunked.loss == 2 * tokens * vocab + 12 * 1024 * vocab  # the chunk upcast, its log-softmax and its gradient
-    assert plan_memory(shape, replace(setup, loss_chunk_tokens=0)).loss == 14 * tokens * vocab  # one chunk
+    at_the_head = plan_memory(shape, replace(setup, loss_chunk_tokens=1024))
+    assert at_the_head.loss == 16 * 1024 * vocab  # one chunk's logits twice, its upcast, log-softmax, gradient
+    assert plan_memory(shape, replace(setup, loss_chunk_tokens=1024, precision="fp32")).loss == 12 * 1024 * vocab
+    # A LoRA adapter on lm_head: the head is no longer a plain linear layer, the loss takes the logits.
+    on_logits = replace(setup, loss_chunk_tokens=1024, peft="lora", lora_targets=("q_proj", "lm_head"))
+    assert plan_memory(shape, on_logits).loss == 2 * tokens * vocab + 12 * 1024 * vocab
+    assert plan_memory(shape, replace(on_logits, loss_chunk_tokens=0)).loss == 14 * tokens * vocab  # one chunk
 
 
 def test_a_remote_code_deepseek_moe_folder_is_planned_not_skipped(tmp_path, caplog):

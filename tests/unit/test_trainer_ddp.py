@@ -42,13 +42,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(trial: Path, attempt_file: Path | None = None, **env: str) -> int:
-    """``torchrun --nproc-per-node=2 -m hpcsweep.train TRIAL [ATTEMPT_FILE]``, as production launches it.
+def torchrun(trial: Path, attempt_file: Path | None = None, nproc: int = 2, **env: str) -> int:
+    """``torchrun --nproc-per-node=NPROC -m hpcsweep.train TRIAL [ATTEMPT_FILE]``, as production launches it.
 
     torchrun exits 1 when a worker exits non-zero, EXIT_STOPPED included; metrics.json tells.
     """
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "hpcsweep.train", str(trial),
         *([] if attempt_file is None else [str(attempt_file)]),
     ]
