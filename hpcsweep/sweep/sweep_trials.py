@@ -38,6 +38,7 @@ def check_trials(
     Raises ``SweepConfigError`` naming the trial on the first trial that does not compose or that
     ``hook.check_trial`` refuses, or the error of ``hook.check_sweep``.
     """
+    hook.begin_sweep(launcher)
     composer = SweepComposer(launcher.hydra_context.config_loader, launcher.config)
     compose = composer.compose_values if hook.plain_values else composer.compose_app
     trials = []
