@@ -104,3 +104,18 @@ def test_python_m_hpcsweep_plan_reads_the_folder_once_for_every_trial(model_fold
     with opens_in(folder) as opened:
         plan_preview.plan_preview(arguments)
     assert dict(opened) == ONE_READ  # a second command in this process reads the folder again
+
+
+def test_the_same_launcher_checking_more_trials_is_the_same_sweep(model_folders, tmp_path):
+    # A search checks its space, then each batch; a retry checks its trials one by one: one launcher, one read.
+    folder = shutil.copytree(model_folders["single"], tmp_path / "model")
+    app = launcher("pkg://hpcsweep.configs", [f"hydra.sweep.dir={tmp_path / 'sweep'}"], **{**SLURM, "gpus_per_node": 1})
+    hook = hook_of(hpcsweep.app.hydra_main)
+    first, second, third = trial_overrides(folder)
+    with opens_in(folder) as opened:
+        check_trials(app, [first], 0, hook)
+        later = check_trials(app, [second, third], 1, hook)
+        hook.check_cluster(later, app.params, GRES)
+        facts = hook.sweep_facts(later)
+    assert dict(opened) == ONE_READ
+    assert [t.num for t in later] == [1, 2] and list(facts["models"]) == [str(folder)]
