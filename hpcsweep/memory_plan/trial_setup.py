@@ -1,33 +1,40 @@
 """A trial's shape and training setup, read from its config (so that fields other branches add are
-optional): what the plan is computed from, on the login node and on each worker alike."""
+optional): what the plan is computed from, on the login node and on each worker alike.
+
+A pretrained folder's sizes come from its record (``hpcsweep.model.record.ModelRecord``), read once for a
+whole sweep on the login node and once per attempt on a node; a caller without one has the folder read here.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from hpcsweep.memory_plan.model_shape import ModelShape, shape_from_hf_config, shape_from_model_config
 from hpcsweep.memory_plan.plan import TrainingSetup
 from hpcsweep.model.folder import read_model_folder
+from hpcsweep.model.record import ModelRecord
 
 
-def shape_of_trial(model: Any) -> ModelShape:
+def shape_of_trial(model: Any, record: ModelRecord | None = None) -> ModelShape:
     """The shape of a trial's ``model`` group: its pretrained folder's ``config.json`` when
-    ``model.path`` is set, else the config's own sizes."""
-    path = model.path
-    if path:
-        return shape_from_hf_config(read_model_folder(Path(path)).config)
-    return shape_from_model_config(model)
+    ``model.path`` is set (as ``record`` holds it; without one, read now), else the config's own sizes."""
+    if not model.path:
+        return shape_from_model_config(model)
+    config = read_model_folder(model.path).config if record is None else record.config
+    return shape_from_hf_config(config)
 
 
-def setup_of_trial(trial: Any, *, world_size: int, device: str, bf16: bool = True) -> TrainingSetup:
+def setup_of_trial(
+    trial: Any, *, world_size: int, device: str, bf16: bool = True, record: ModelRecord | None = None
+) -> TrainingSetup:
     """The ``TrainingSetup`` of a ``TrialConfig`` on ``world_size`` workers of ``device``.
 
     ``precision=auto`` is bf16 on a GPU with bf16 tensor cores, else fp32 (as
     ``hpcsweep.train.gpu_choices`` resolves it); ``model.attn_implementation=auto`` is fused on
     CUDA, eager on CPU. ``model.lora.target_modules=null`` counts adapters on the architecture's
     targets (``hpcsweep.model.lora_targets``), and the routed experts' unless ``model.lora.experts=false``.
-    ``trainer.loss_chunk_tokens`` absent: the loss over the whole batch's fp32 logits.
+    ``trainer.loss_chunk_tokens`` absent: the loss over the whole batch's fp32 logits. ``record``: the
+    pretrained folder as read once (``mapped_weights_bytes``).
     """
     model, trainer, data = trial.model, trial.trainer, trial.data
     precision = trainer.precision
@@ -46,14 +53,16 @@ def setup_of_trial(trial: Any, *, world_size: int, device: str, bf16: bool = Tru
         from_scratch=not model.path or bool(getattr(model, "random_init", False)),
         loss_chunk_tokens=getattr(trainer, "loss_chunk_tokens", None),
         reshard_after_forward=getattr(trainer, "fsdp_reshard_after_forward", True),
-        mapped_weights_bytes=mapped_weights_bytes(model) if device == "cpu" else 0,
+        mapped_weights_bytes=mapped_weights_bytes(model, record) if device == "cpu" else 0,
     )
 
 
-def mapped_weights_bytes(model: Any) -> int:
+def mapped_weights_bytes(model: Any, record: ModelRecord | None = None) -> int:
     """The bytes of the safetensors files a trial of ``model`` loads (0: built from its config, or
-    ``model.random_init``)."""
+    ``model.random_init``), as ``record`` holds them; without one, read now."""
     if not model.path or getattr(model, "random_init", False):
         return 0
-    folder = read_model_folder(Path(model.path))
+    if record is not None:
+        return record.weights_bytes
+    folder = read_model_folder(model.path)
     return sum((folder.path / name).stat().st_size for name in folder.weight_files)

@@ -107,6 +107,11 @@ class TrialHook:
     once for all its trials (``hpcsweep.sweep.fork_server``); never the app's own modules, which
     each trial imports from the sweep's ``sys.path``."""
 
+    def begin_sweep(self, sweep: object) -> None:
+        """Called before the trials of ``sweep`` (the launcher that runs them) are checked, so that an app
+        that reads something once for all the trials of a sweep starts afresh for a new one. The same
+        launcher again (a search's next batch, a retry's next trial) is the same sweep."""
+
     def check_trial(self, config: DictConfig, launcher: Mapping[str, Any]) -> CheckedTrial:
         """Validate one composed trial config (the app part, no ``hydra`` node) and size its allocation.
 

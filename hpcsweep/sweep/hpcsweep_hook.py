@@ -18,6 +18,7 @@ from hydra.core.utils import JobReturn
 from hpcsweep.config import ResumeConfig, TrialConfig, resume_config_from_dict
 from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.sweep.hooks import Allocation, CheckedTrial, Placement, SweepStopped, SweepTrial, TrialHook
+from hpcsweep.sweep.model_records import SweepModelRecords
 from hpcsweep.sweep.prepare import PreparedTrial, check_resumes, validate_composed
 from hpcsweep.sweep.tracker_check import check_trackers, create_default_mlflow_stores
 from hpcsweep.sweep.text_preparation import prepare_here, submit_preparation
@@ -89,7 +90,11 @@ def log_resume_state(trials: Sequence[SweepTrial]) -> None:
 
 
 class HpcsweepTrials(TrialHook):
-    """hpcsweep's trial checks, sizes, local stop handling and array-task signal handling."""
+    """hpcsweep's trial checks, sizes, local stop handling and array-task signal handling.
+
+    The model folders the trials load are read once per sweep (``begin_sweep``), into records every
+    check of that sweep reads (``hpcsweep.sweep.model_records``).
+    """
 
     plain_values = True
     preload = (
@@ -106,13 +111,26 @@ class HpcsweepTrials(TrialHook):
         "transformers.models.deepseek_v3.modeling_deepseek_v3",
     )
 
+    def __init__(self) -> None:
+        self._sweep: object | None = None
+        self._records = SweepModelRecords()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        # A task unpickles a new hook: the login node's launcher and the folders it read stay there.
+        return type(self), ()
+
+    def begin_sweep(self, sweep: object) -> None:
+        """A new ``sweep`` (launcher) reads its model folders afresh: they may have changed since the last."""
+        if sweep is not self._sweep:
+            self._sweep, self._records = sweep, SweepModelRecords()
+
     def check_trial(self, config: Mapping[str, Any], launcher: Mapping[str, Any]) -> CheckedTrial:
         """The trial schema (``hpcsweep.config``), then the allocation its config asks for.
 
         The app config, kept for ``check_sweep`` and handed to the trial's task (``running_checked``), is the
         pair ``(TrialConfig, ResumeConfig)``.
         """
-        trial = validate_composed(config)
+        trial = validate_composed(config, self._records)
         check_trackers(trial.logging)
         resume = resume_config_from_dict(config)
         refuse_launcher_size(launcher)
@@ -130,15 +148,12 @@ class HpcsweepTrials(TrialHook):
                 refuse_synthetic_fine_tuning(t.app_config[0], t.overrides)
             except ValueError as err:
                 raise SweepConfigError(f"trial #{t.num} ({trial_label(t.overrides)}): {err}") from None
-        check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials])
+        check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials], self._records)
         create_default_mlflow_stores((t.app_config[0].logging, Path(t.trial_dir)) for t in trials)
 
     def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
         """``models``: the identity of each model folder the trials load, by ``model.path``, as submitted."""
-        from hpcsweep.sweep.prepare import identity_per_folder
-
-        identity_now = identity_per_folder()
-        models = {t.app_config[0].model.path: identity_now(t.app_config[0]) for t in trials}
+        models = {t.app_config[0].model.path: self._records.identity(t.app_config[0]) for t in trials}
         models.pop(None, None)
         return {"models": models} if models else {}
 
@@ -146,7 +161,7 @@ class HpcsweepTrials(TrialHook):
         """Every trial's memory plan fits the GPUs it will get (``hpcsweep.sweep.memory_check``)."""
         from hpcsweep.sweep.memory_check import check_memory_plans
 
-        check_memory_plans(trials, launcher, partition_gres)
+        check_memory_plans(trials, launcher, partition_gres, self._records)
 
     def check_objective(self, trial: CheckedTrial, objective: str) -> None:
         """A task score objective (``tasks.NAME.METRIC``) names a task of the trial's ``tasks.names``."""

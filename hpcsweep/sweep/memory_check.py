@@ -30,6 +30,7 @@ from hpcsweep.memory_plan import (
 from hpcsweep.memory_plan.model_shape import ModelShape
 from hpcsweep.sweep.allocation import gpus_asked
 from hpcsweep.sweep.hooks import SweepTrial
+from hpcsweep.sweep.model_records import SweepModelRecords
 
 log = logging.getLogger(__name__)
 
@@ -63,29 +64,30 @@ def grouped_plan_lines(planned: Sequence[tuple[int, str]]) -> list[str]:
 
 
 def trial_plan(
-    trial: SweepTrial, params: Mapping[str, Any], gpu: GpuMemory | None
+    trial: SweepTrial, params: Mapping[str, Any], gpu: GpuMemory | None, records: SweepModelRecords
 ) -> tuple[ModelShape, TrainingSetup, MemoryPlan] | None:
     """The shape, setup (``trainer.parallel=auto`` resolved against ``gpu``) and plan of one trial on the
-    GPUs it asks for; None for a trial that asks for no GPU, or (with a warning) whose model the plan
-    does not know."""
+    GPUs it asks for, its model folder as ``records`` holds it; None for a trial that asks for no GPU,
+    or (with a warning) whose model the plan does not know."""
     config = trial.app_config[0]
     per_node = gpus_asked(trial.allocation, params)
     if per_node == 0:
         return None
+    record = records.record(config.model)
     try:
-        shape = shape_of_trial(config.model)
+        shape = shape_of_trial(config.model, record)
     except ValueError as err:  # a pretrained folder of an architecture the plan does not know
         log.warning("trial #%d: memory plan not checked: %s", trial.num, err)
         return None
     setup = setup_of_trial(config, world_size=trial.allocation.nodes * per_node, device="cuda",
-                           bf16=True if gpu is None else gpu.bf16)
+                           bf16=True if gpu is None else gpu.bf16, record=record)
     if setup.parallel == "auto":
         setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))
     return shape, setup, plan_memory(shape, setup)
 
 
 def memory_refusals(
-    trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory
+    trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory, records: SweepModelRecords
 ) -> tuple[list[str], list[str]]:
     """The refusal line of each trial that does not fit ``gpu``, and one plan line per distinct plan.
 
@@ -95,7 +97,7 @@ def memory_refusals(
     refused: list[str] = []
     planned: list[tuple[int, str]] = []
     for trial in trials:
-        found = trial_plan(trial, params, gpu)
+        found = trial_plan(trial, params, gpu, records)
         if found is None:
             continue
         shape, setup, plan = found
@@ -105,11 +107,15 @@ def memory_refusals(
     return refused, grouped_plan_lines(planned)
 
 
-def check_memory_plans(trials: Sequence[SweepTrial], params: Mapping[str, Any], partition_gres: Sequence[str]) -> None:
+def check_memory_plans(
+    trials: Sequence[SweepTrial], params: Mapping[str, Any], partition_gres: Sequence[str],
+    records: SweepModelRecords | None = None,
+) -> None:
     """Raise ``ValueError`` with the first refusal line (and how many more) when a trial cannot fit.
 
     Logs each distinct plan in one line when all fit; warns, and checks nothing, when the GPUs'
-    memory is unknown.
+    memory is unknown. Model folders are planned as ``records`` holds them (the sweep's, read once
+    when its trials were checked), else read here once for all the trials.
     """
     if not memory_check_enabled(params):
         return
@@ -118,7 +124,7 @@ def check_memory_plans(trials: Sequence[SweepTrial], params: Mapping[str, Any], 
         if any(gpus_asked(t.allocation, params) for t in trials):
             log.warning("memory plans not checked: %s; set hydra.launcher.gpu_mem_gb to the GB of one GPU", gpu)
         return
-    refused, lines = memory_refusals(trials, params, gpu)
+    refused, lines = memory_refusals(trials, params, gpu, SweepModelRecords() if records is None else records)
     if refused:
         more = f" ({len(refused) - 1} more of the {len(trials)} trials do not fit either)" if len(refused) > 1 else ""
         raise ValueError(refused[0] + more)

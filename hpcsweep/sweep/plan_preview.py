@@ -21,6 +21,7 @@ from hpcsweep.slurm.partition_limits import SINFO_FORMAT, chosen_partition, pars
 from hpcsweep.sweep.hooks import SweepTrial
 from hpcsweep.sweep.hydra_private import basic_sweeper_class
 from hpcsweep.sweep.memory_check import trial_numbers, trial_plan
+from hpcsweep.sweep.model_records import SweepModelRecords
 from hpcsweep.sweep.single_run import CONFIG_MODULE, CONFIG_NAME
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -39,9 +40,12 @@ def expand_overrides(overrides: Sequence[str]) -> list[list[str]]:
     return [list(trial) for batch in basic_sweeper_class().split_arguments(parsed, None) for trial in batch]
 
 
-def compose_trials(overrides: Sequence[str]) -> tuple[list[SweepTrial], dict[str, Any]]:
-    """Each trial of ``overrides`` composed and validated as the sweep would, and the launcher's
-    parameters (``hydra.launcher``); ``ValueError`` naming the trial whose config is refused.
+def compose_trials(
+    overrides: Sequence[str], records: SweepModelRecords
+) -> tuple[list[SweepTrial], dict[str, Any]]:
+    """Each trial of ``overrides`` composed and validated as the sweep would, its model folder as
+    ``records`` holds it, and the launcher's parameters (``hydra.launcher``); ``ValueError`` naming the
+    trial whose config is refused.
 
     The launchers' configs must be in Hydra's ConfigStore (``hydra_plugins.hpcsweep_plugins.config``
     imported) first."""
@@ -57,7 +61,7 @@ def compose_trials(overrides: Sequence[str]) -> tuple[list[SweepTrial], dict[str
             config = compose(config_name=CONFIG_NAME, overrides=trial_overrides, return_hydra_config=True)
             params = OmegaConf.to_container(config.hydra.launcher, resolve=False)
             try:
-                trial = validate_composed(config)
+                trial = validate_composed(config, records)
             except ValueError as err:
                 raise ValueError(f"trial #{num} ({' '.join(trial_overrides) or '(defaults)'}): {err}") from None
             trials.append(SweepTrial(num, trial_overrides, Path("."), trial_allocation(trial), (trial, None)))
@@ -74,11 +78,13 @@ def partition_gres(params: Mapping[str, Any]) -> list[str] | str:
         return f"Slurm did not say which GPUs the partition has ({last})"
 
 
-def preview_lines(trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory | None) -> list[str]:
+def preview_lines(
+    trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory | None, records: SweepModelRecords
+) -> list[str]:
     """For each distinct plan: the trials that have it and what it assumed, then its breakdown."""
     groups: dict[tuple[str, ...], list[int]] = {}
     for trial in trials:
-        found = trial_plan(trial, params, gpu)
+        found = trial_plan(trial, params, gpu, records)
         if found is None:
             groups.setdefault(("no GPU asked (hydra.launcher.gpus_per_node=0): nothing to plan",), []).append(trial.num)
             continue
@@ -93,14 +99,16 @@ def preview_lines(trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: 
 
 
 def plan_preview(overrides: Sequence[str]) -> list[str]:
-    """The lines ``python -m hpcsweep.plan OVERRIDES`` prints."""
+    """The lines ``python -m hpcsweep.plan OVERRIDES`` prints; each model folder is read once for all
+    the trials (``hpcsweep.sweep.model_records``)."""
     arguments = [arg for arg in overrides if arg not in MULTIRUN_FLAGS]
-    trials, params = compose_trials(arguments)
+    records = SweepModelRecords()
+    trials, params = compose_trials(arguments, records)
     gres = partition_gres(params)
     gpu = gpu_memory(params, [] if isinstance(gres, str) else gres)
     if isinstance(gpu, str) and isinstance(gres, str):
         gpu = gres
-    lines = preview_lines(trials, params, gpu if isinstance(gpu, GpuMemory) else None)
+    lines = preview_lines(trials, params, gpu if isinstance(gpu, GpuMemory) else None, records)
     if not isinstance(gpu, GpuMemory):
         lines.append(f"not compared with a GPU: {gpu}; set hydra.launcher.gpu_mem_gb to the GB of one GPU")
     return lines

@@ -7,7 +7,7 @@ A trial whose dir already holds a checkpoint is checked against the config it wa
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from hpcsweep.files.token_cache import TokenCacheError, has_chat_template, token
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.corpus_checks import check_corpus_may_fit, check_tokenizer_has_eos
+from hpcsweep.sweep.model_records import SweepModelRecords
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.sweep.text_preparation import checked_samples, sweep_text_corpus
 from hpcsweep.train.task_files import check_tasks
@@ -27,7 +28,6 @@ from hpcsweep.trial.identity import (
     differences_text,
     mismatch_message,
     resume_differences,
-    trial_model_identity,
 )
 
 log = logging.getLogger(__name__)
@@ -47,38 +47,50 @@ class PreparedTrial:
     resume: ResumeConfig = field(default_factory=ResumeConfig)
 
 
-def validate_composed(config: DictConfig | Mapping[str, Any]) -> TrialConfig:
+def validate_composed(
+    config: DictConfig | Mapping[str, Any], records: SweepModelRecords | None = None
+) -> TrialConfig:
     """Validate one composed Hydra config (the ``hydra`` node, resolved only at run time, is skipped),
-    its model folder and token file included."""
+    its model folder and token file included. ``records``: the sweep's model folders as read once
+    (``hpcsweep.sweep.model_records``); without it, the trial's folder is read here."""
     values: dict[str, Any] = {
         key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
         for key, value in config.items()
         if key != "hydra"
     }
     trial = trial_config_from_dict(values)
-    check_model_and_data(trial)
+    check_model_and_data(trial, records)
     check_tasks(trial)
     return trial
 
 
-def check_model_and_data(trial: TrialConfig) -> None:
+def check_model_and_data(trial: TrialConfig, records: SweepModelRecords | None = None) -> None:
     """Raise ``ValueError`` naming the key when the trial's model folder (``model.path``), or its
-    token file or text, cannot be used; the vocabulary that counts is the folder's, when it has one."""
-    folder = check_pretrained_model(trial)
+    token file or text, cannot be used; the vocabulary that counts is the folder's, when it has one.
+
+    The folder comes from ``records`` (the sweep's, read once for all its trials); without it (a single
+    run, or a task checking again what may have changed since submit), its files are read here."""
+    if trial.model.path is None:
+        folder = None
+    elif records is None:  # the folder's files only: nothing here needs its weights' fingerprint
+        folder = read_model_folder(trial.model.path)
+    else:
+        folder = records.record(trial.model).folder
+    check_pretrained_model(trial, folder)
     if folder is None:
         check_token_file(trial, trial.model.vocab_size)
     else:
         check_token_file(trial, folder.vocab_size, vocab_key=f"{folder.key}: vocab_size")
 
 
-def check_pretrained_model(trial: TrialConfig) -> ModelFolder | None:
-    """The folder ``model.path`` names, checked (``hpcsweep.model.folder``) and against the data: its
-    ``max_position_embeddings`` bounds ``data.seq_len``, and its vocabulary is what the synthetic corpus
-    is drawn from. None for the built-in model, which ``TrialConfig`` checks itself."""
+def check_pretrained_model(trial: TrialConfig, folder: ModelFolder | None) -> None:
+    """Refuse the ``folder`` ``model.path`` names, as read (``ModelRecord.folder``), when it cannot train
+    (``hpcsweep.model.folder.check_model_folder``) or does not fit the data: its ``max_position_embeddings``
+    bounds ``data.seq_len``, and its vocabulary is what the synthetic corpus is drawn from. Nothing to
+    check for the built-in model (``folder`` None), which ``TrialConfig`` checks itself."""
     model, data = trial.model, trial.data
-    if model.path is None:
-        return None
-    folder = read_model_folder(model.path)
+    if folder is None:
+        return
     check_model_folder(folder, trust_remote_code=model.trust_remote_code, random_init=model.random_init)
     if folder.vocab_size is None:
         raise ValueError(f"{folder.key} is not allowed: its config.json has no integer vocab_size")
@@ -93,7 +105,6 @@ def check_pretrained_model(trial: TrialConfig) -> ModelFolder | None:
             source=f"the synthetic corpus (data.synthetic_tokens={data.synthetic_tokens})",
             vocab_key=f"{folder.key}: vocab_size",
         )
-    return folder
 
 
 def check_token_file(trial: TrialConfig, model_vocab_size: int, vocab_key: str = "model.vocab_size") -> None:
@@ -125,18 +136,6 @@ def check_token_file(trial: TrialConfig, model_vocab_size: int, vocab_key: str =
         source=data.path,
         vocab_key=vocab_key,
     )
-
-
-def identity_per_folder() -> Callable[[TrialConfig], dict[str, Any] | None]:
-    """``trial_model_identity`` that reads each model folder once: a sweep's trials mostly share one."""
-    identities: dict[str | None, dict[str, Any] | None] = {}
-
-    def identity_now(config: TrialConfig) -> dict[str, Any] | None:
-        if config.model.path not in identities:
-            identities[config.model.path] = trial_model_identity(config)
-        return identities[config.model.path]
-
-    return identity_now
 
 
 def check_same_tokenizer(trial: TrialConfig, header: TokenHeader) -> None:
@@ -201,17 +200,18 @@ def check_chat_corpus(trial: TrialConfig) -> None:
         checked_samples(trial)
 
 
-def check_resumes(trials: Sequence[PreparedTrial]) -> None:
+def check_resumes(trials: Sequence[PreparedTrial], records: SweepModelRecords | None = None) -> None:
     """Refuse the sweep if any trial dir was trained with another config (``resume.force`` allows it).
 
-    Every trial is checked, so the error says how many differ, not only the first.
+    Every trial is checked, so the error says how many differ, not only the first. A model folder is
+    compared as ``records`` holds it (the sweep's, read once), else as read here once for all the trials.
     """
     refused: list[str] = []
-    identity_now = identity_per_folder()
+    records = SweepModelRecords() if records is None else records
     for trial in trials:
         label = f"trial #{trial.num} ({trial_label(trial.overrides)})"
         try:
-            differences = resume_differences(trial.trial_dir, trial.config, identity_now)
+            differences = resume_differences(trial.trial_dir, trial.config, records.identity)
         except ConfigMismatch as err:
             if not trial.resume.force:
                 refused.append(f"{label}: {err}")

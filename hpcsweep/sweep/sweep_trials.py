@@ -33,11 +33,13 @@ def exit_with_config_error(err: ValueError, what: str) -> NoReturn:
 def check_trials(
     launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, hook: TrialHook
 ) -> list[SweepTrial]:
-    """Compose every trial from the launcher's master config and check it with ``hook``, then the sweep.
+    """Compose every trial from the launcher's master config and check it with ``hook``, then the sweep
+    (``hook.begin_sweep(launcher)`` first: a launcher it has not seen starts a new sweep).
 
     Raises ``SweepConfigError`` naming the trial on the first trial that does not compose or that
     ``hook.check_trial`` refuses, or the error of ``hook.check_sweep``.
     """
+    hook.begin_sweep(launcher)
     composer = SweepComposer(launcher.hydra_context.config_loader, launcher.config)
     compose = composer.compose_values if hook.plain_values else composer.compose_app
     trials = []

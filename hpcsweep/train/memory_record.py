@@ -21,7 +21,6 @@ import torch
 
 from hpcsweep.memory_plan.gpu_memory import GpuMemory
 from hpcsweep.memory_plan import plan_memory, plan_record, resolve_parallel, setup_of_trial, shape_of_trial
-from hpcsweep.memory_plan.model_shape import shape_from_hf_config
 from hpcsweep.model.record import ModelRecord
 
 
@@ -40,11 +39,11 @@ def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precisio
     ``config.json`` as ``model_record`` holds it (the runner's record), else as read now."""
     gpu = device_memory(device)
     try:
-        shape = shape_of_trial(cfg.model) if model_record is None else shape_from_hf_config(model_record.config)
+        shape = shape_of_trial(cfg.model, model_record)
     except ValueError as err:  # a pretrained folder of an architecture the plan does not know
         return {"verdict": "not planned", "error": str(err)}
     setup = replace(
-        setup_of_trial(cfg, world_size=world_size, device=device.type),
+        setup_of_trial(cfg, world_size=world_size, device=device.type, record=model_record),
         precision=precision, fused_attention=attention != "eager",
     )
     if setup.parallel == "auto":

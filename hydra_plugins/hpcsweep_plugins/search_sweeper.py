@@ -194,6 +194,7 @@ def check_space(sweeper: SearchSweeper, settings: Any, space: Any) -> list[tuple
     assert sweeper.hydra_context is not None and sweeper.config is not None
     composer = SweepComposer(sweeper.hydra_context.config_loader, sweeper.config)
     hook = hook_of(launcher.task_function)
+    hook.begin_sweep(launcher)
     launcher_params = getattr(launcher, "params", {})
     steps = []
     for trial in check_trials(space):

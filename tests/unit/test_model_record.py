@@ -67,10 +67,10 @@ def test_a_local_trial_reads_and_fingerprints_its_folder_once_per_attempt(model_
         first = runner.run_trial_on_this_node(small_trial(folder), trial_dir, env={})
     assert (first.kind, first.step) == ("stopped", 1), first
     # One fingerprint (the safetensors header, then its data samples: two opens; transformers maps the
-    # weights natively, unseen) and three config.json reads: the record's, from_pretrained's, and the
-    # memory plan's setup_of_trial (mapped_weights_bytes), which still reads the folder itself. Before the
-    # record: 2 fingerprints and 5 reads in a first attempt, 3 and 6 in a resumed one.
-    reads = (2, 3)
+    # weights natively, unseen) and two config.json reads: the record's and from_pretrained's (the memory
+    # plan's shape and mapped weights come from the record). Before the record: 2 fingerprints and 5 reads
+    # in a first attempt, 3 and 6 in a resumed one.
+    reads = (2, 2)
     assert (opened["model.safetensors"], opened["config.json"]) == reads, opened
 
     record = read_model_record(str(folder))
