@@ -72,11 +72,12 @@ def breakdown_lines(plan: MemoryPlan, setup: TrainingSetup, gpu: GpuMemory | Non
 def cheapest_fixes(shape: ModelShape, setup: TrainingSetup, gpu: GpuMemory, gpus_per_node: int) -> list[str]:
     """The changes that would make a trial fit, cheapest first, each with its estimate.
 
-    Tried: LoRA; FSDP at the smallest world size that fits (in whole nodes of ``gpus_per_node``);
-    gradient checkpointing; the largest ``data.batch_size`` that fits. Empty when nothing fits.
+    Tried: LoRA (for a fine-tuning: adapters over random weights train nothing worth having); FSDP at
+    the smallest world size that fits (in whole nodes of ``gpus_per_node``); gradient checkpointing;
+    the largest ``data.batch_size`` that fits. Empty when nothing fits.
     """
     fixes = []
-    if setup.peft != "lora":
+    if setup.peft != "lora" and not setup.from_scratch:
         lora = plan_memory(shape, replace(setup, peft="lora"))
         if fits(lora, gpu):
             fixes.append(f"use model.peft=lora ({gb_text(lora.total)})")

@@ -229,6 +229,14 @@ def test_refusal_of_activations_offers_checkpointing_and_a_smaller_batch():
     assert fixes[-1] == "data.batch_size=8 (raise trainer.grad_accum to keep the tokens per step)"
 
 
+def test_a_trial_from_scratch_is_never_offered_lora():
+    shape = shape_from_hf_config(LLAMA_7B)
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=2048)
+    assert cheapest_fixes(shape, setup, A100, 8)[0].startswith("use model.peft=lora (~")
+    from_scratch = cheapest_fixes(shape, replace(setup, from_scratch=True), A100, 8)
+    assert from_scratch and not any("lora" in fix for fix in from_scratch)
+
+
 def test_refusal_when_nothing_fits():
     shape = shape_from_hf_config(LLAMA_7B)
     tiny_gpu = GpuMemory(GIB, "GPU", "hydra.launcher.gpu_mem_gb")
