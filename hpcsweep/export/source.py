@@ -156,13 +156,15 @@ def running_note(source: ExportSource, statuses: Mapping[int, str]) -> str | Non
 
 def best_trial(candidates: Sequence[tuple[TrialChoice, dict[str, Any]]], by: str) -> TrialChoice:
     """The candidate whose metrics.json is best by dotted key ``by``: the largest for accuracies and
-    task scores (``tasks.NAME.acc``), else the smallest; the lowest number among equals. ``ExportRefused``
-    when no candidate has a finite number there."""
-    valued = [(trial, value) for trial, metrics in candidates if (value := finite_metric(metrics, by)) is not None]
+    task scores (``tasks.NAME.acc``), else the smallest; a failed trial only when no other has a number,
+    and the lowest number among equals, as ``report`` ranks its rows (``results.table.sort_rows``).
+    ``ExportRefused`` when no candidate has a finite number there."""
+    valued = [(trial, value, metrics.get("status") == "failed")
+              for trial, metrics in candidates if (value := finite_metric(metrics, by)) is not None]
     if not valued:
         raise ExportRefused(f"--by {by}: no trial with a checkpoint has a number {by} in its metrics.json")
     sign = -1.0 if higher_is_better(by) else 1.0
-    return min(valued, key=lambda tv: (sign * tv[1], tv[0].num))[0]
+    return min(valued, key=lambda tvf: (tvf[2], sign * tvf[1], tvf[0].num))[0]
 
 
 def out_dir_refusal(out: Path) -> str | None:

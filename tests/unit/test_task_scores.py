@@ -220,6 +220,12 @@ def test_export_best_by_a_task_score_takes_the_highest_and_by_a_loss_the_lowest(
     ]
     assert best_trial(candidates, f"tasks.{TASK}.acc").num == 1  # the lower number among equals
     assert best_trial(candidates, "best_val_loss").num == 0      # NaN ranks nowhere
+    # A failed trial ranks after every other, as in report's table, whatever its number.
+    failed = [(trials[0], metrics("failed", best=1.0)), (trials[1], metrics("completed", best=2.5))]
+    assert best_trial(failed, "best_val_loss").num == 1
+    make_sweep(tmp_path / "sweep", [(["model.lr=1e-4"], failed[0][1]), (["model.lr=3e-4"], failed[1][1])])
+    assert sort_rows(load_sweep(tmp_path / "sweep").rows, "best_val_loss")[0].num == 1
+    assert best_trial(failed[:1], "best_val_loss").num == 0  # the only one with a number
     from hpcsweep.export.source import ExportRefused
 
     with pytest.raises(ExportRefused, match="--by tasks.other.acc: no trial with a checkpoint has a number"):
