@@ -3,7 +3,7 @@
 A trial may start hours after submission, and a requeued one days later; by then the working tree
 has moved on. The snapshot, SWEEP_DIR/.code, holds hpcsweep's own packages (as imported here, their
 configs included) and the launcher plugins in one zip archive, ``.code/hpcsweep.zip``
-(``hpcsweep.sweep.snapshot_archive`` says why one file beats a few hundred on a shared file system),
+(``hpcsweep.sweep.snapshot_archive`` says why one file beats hundreds on a shared file system),
 and the code of the user's working tree (the current directory, when it is a git checkout or holds
 Python files) as loose files beside it. Every array task puts the archive and the folder first on
 ``PYTHONPATH``, so the first run and every requeue import the submitted code.
