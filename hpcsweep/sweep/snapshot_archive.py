@@ -17,6 +17,7 @@ The archive is deterministic: the same files give the same bytes (fixed timestam
 
 from __future__ import annotations
 
+import stat
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,10 +45,10 @@ def write_archive(path: Path, members: Mapping[str, bytes]) -> None:
     with zipfile.ZipFile(path, "w") as archive:
         for folder in folders_of(list(members)):
             info = zipfile.ZipInfo(folder, ENTRY_TIME)
-            info.external_attr = (0o40000 | DIR_MODE) << 16 | DOS_DIRECTORY
+            info.external_attr = (stat.S_IFDIR | DIR_MODE) << 16 | DOS_DIRECTORY
             archive.writestr(info, b"")
         for name in sorted(members):
             info = zipfile.ZipInfo(name, ENTRY_TIME)
             info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = (0o100000 | FILE_MODE) << 16
+            info.external_attr = (stat.S_IFREG | FILE_MODE) << 16
             archive.writestr(info, members[name])
