@@ -7,10 +7,10 @@ is a round trip to the metadata server. From a zip on ``PYTHONPATH`` (Python's z
 opens one file and reads its table of contents once. It is also smaller: the sources deflate from about
 1.2 MB to under 0.5 MB.
 
-The archive holds sources only, no ``.pyc``: zipimport cannot write bytecode, so each process
-compiles what it imports, which costs about 70 ms of CPU for what a worker imports (the figures are
-in ``docs/user/sweep.md``); compiled files would triple the archive, and a ``.pyc`` only serves the
-one Python version that wrote it.
+The archive holds sources only, no ``.pyc``: zipimport cannot write bytecode, so each process compiles
+what it imports, about 60 ms of CPU a process (``benchmarks/snapshot_import.py``, figures in
+``benchmarks/README.md``); compiled files would triple the archive, and a ``.pyc`` only serves the one
+Python version that wrote it.
 
 The archive is deterministic: the same files give the same bytes (fixed timestamps, sorted names).
 """
