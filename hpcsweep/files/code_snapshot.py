@@ -13,10 +13,16 @@ from typing import Any
 # The snapshot's folder inside SWEEP_DIR; array tasks put it first on PYTHONPATH.
 SNAPSHOT_DIR = ".code"
 SNAPSHOT_FILE = "SNAPSHOT.json"
+# hpcsweep's own packages inside the snapshot: one zip archive that Python imports from (zipimport).
+ARCHIVE_FILE = "hpcsweep.zip"
 
 
 def snapshot_dir_of(module_file: str | Path) -> Path | None:
-    """The snapshot folder ``module_file`` was imported from, or None when it is not in one."""
+    """The snapshot folder ``module_file`` was imported from, or None when it is not in one.
+
+    A module imported from the snapshot's archive has a path through it
+    (``.code/hpcsweep.zip/hpcsweep/...``), so the archive's folder is found the same way.
+    """
     for parent in Path(module_file).resolve().parents:
         if parent.name == SNAPSHOT_DIR and (parent / SNAPSHOT_FILE).is_file():
             return parent

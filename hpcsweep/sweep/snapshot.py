@@ -1,10 +1,12 @@
 """A copy of the code a sweep's trials import, taken once before the first ``sbatch``.
 
 A trial may start hours after submission, and a requeued one days later; by then the working tree
-has moved on. The snapshot, SWEEP_DIR/.code, holds hpcsweep's own packages (as imported here), the
-launcher plugins, and the code of the user's working tree (the current directory, when it is a git
-checkout or holds Python files). Every array task puts it first on ``PYTHONPATH``, so the first run
-and every requeue import the submitted code.
+has moved on. The snapshot, SWEEP_DIR/.code, holds hpcsweep's own packages (as imported here, their
+configs included) and the launcher plugins in one zip archive, ``.code/hpcsweep.zip``
+(``hpcsweep.sweep.snapshot_archive`` says why one file beats hundreds on a shared file system),
+and the code of the user's working tree (the current directory, when it is a git checkout or holds
+Python files) as loose files beside it. Every array task puts the archive and the folder first on
+``PYTHONPATH``, so the first run and every requeue import the submitted code.
 
 Of the working tree only code is copied (``is_code``): Python sources, YAML configs (a Hydra app's),
 and the data files of Python packages (folders with an ``__init__.py``), never text or JSON Lines,
@@ -30,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.files.atomic import atomic_write_json
-from hpcsweep.files.code_snapshot import SNAPSHOT_DIR, SNAPSHOT_FILE
+from hpcsweep.files.code_snapshot import ARCHIVE_FILE, SNAPSHOT_DIR, SNAPSHOT_FILE
+from hpcsweep.sweep.snapshot_archive import write_archive
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,8 @@ TOKENIZER_NAMES = (
 # A folder holding config.json beside any of these is a model folder or an export: data, not code.
 MODEL_MARKERS = ("adapter_config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
                  *TOKENIZER_NAMES)
-# The packages whose imports must come from the snapshot, and where each goes inside it.
+# The packages whose imports must come from the snapshot, and where each goes inside it (inside the
+# archive: ``in_archive``).
 PACKAGES = {"hpcsweep": "hpcsweep", "hpcsweep.configs": "hpcsweep/configs",
             "hydra_plugins.hpcsweep_plugins": "hydra_plugins/hpcsweep_plugins"}
 GIT_TIMEOUT_S = 30
@@ -90,12 +94,25 @@ class SnapshotRecord:
     commit: str | None
     diff_sha256: str | None
     files_sha256: str
+    """A hash over every copied file's path and content, loose or archived, so that two snapshots of
+    the same code hash alike."""
     files: int
+    """How many files were copied (into the archive or loose)."""
     bytes: int
+    """Their size before compression."""
+    stored_bytes: int | None = None
+    """What the snapshot takes on disk: the archive plus the loose files, ``SNAPSHOT.json`` aside
+    (null in a snapshot taken before hpcsweep archived its packages)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The record as written to ``SNAPSHOT.json``."""
         return dict(self.__dict__)
+
+
+def in_archive(dest: str) -> bool:
+    """Whether the snapshot's file ``dest`` (its path inside the snapshot) is one of hpcsweep's own,
+    stored in the archive; the working tree's files stay loose."""
+    return any(dest.startswith(place + "/") for place in PACKAGES.values())
 
 
 def excluded(name: str, patterns: Iterable[str] = EXCLUDED_NAMES) -> bool:
@@ -268,21 +285,31 @@ def size_refusal(sizes: Mapping[Path, int], cwd: Path,
 
 
 def _fill(chosen: Iterable[tuple[SourceTree, list[str]]], target: Path) -> tuple[int, int, str]:
-    """Copy the chosen files into ``target``; return the file count, the bytes, and a hash of the copy."""
-    copied = {}
+    """Copy the chosen files into ``target``: hpcsweep's packages into the archive, the working tree's
+    as loose files; return the file count, the bytes, and a hash of the copy (paths and contents)."""
+    contents = {}
+    archived = {}
     for tree, names in chosen:
         for rel in names:
             dest = Path(tree.dest, rel).as_posix()
+            if in_archive(dest):
+                archived[dest] = contents[dest] = (tree.root / rel).read_bytes()
+                continue
             (target / dest).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(tree.root / rel, target / dest)
-            copied[dest] = target / dest
+            contents[dest] = (target / dest).read_bytes()
+    if archived:
+        write_archive(target / ARCHIVE_FILE, archived)
     digest = hashlib.sha256()
-    size = 0
-    for dest in sorted(copied):
-        data = copied[dest].read_bytes()
-        digest.update(dest.encode() + b"\0" + hashlib.sha256(data).digest())
-        size += len(data)
-    return len(copied), size, digest.hexdigest()
+    for dest in sorted(contents):
+        digest.update(dest.encode() + b"\0" + hashlib.sha256(contents[dest]).digest())
+    return len(contents), sum(map(len, contents.values())), digest.hexdigest()
+
+
+def stored_size(code_dir: Path) -> int:
+    """The bytes of every file under ``code_dir`` but its ``SNAPSHOT.json``."""
+    return sum(path.stat().st_size for path in code_dir.rglob("*")
+               if path.is_file() and path != code_dir / SNAPSHOT_FILE)
 
 
 def take_snapshot(sweep_dir: Path, cwd: Path) -> SnapshotRecord:
@@ -309,10 +336,11 @@ def take_snapshot(sweep_dir: Path, cwd: Path) -> SnapshotRecord:
     git_root = cwd if is_working_tree(cwd) else _package_dir("hpcsweep")
     source, commit, diff_sha256 = git_identity(git_root) if git_root else (None, None, None)
     record = SnapshotRecord(path=str(code_dir), source=source, commit=commit, diff_sha256=diff_sha256,
-                            files_sha256=files_sha256, files=files, bytes=size)
+                            files_sha256=files_sha256, files=files, bytes=size, stored_bytes=stored_size(tmp))
     atomic_write_json(tmp / SNAPSHOT_FILE, record.as_dict())
     os.rename(tmp, code_dir)
-    log.info("code snapshot: %d files (%d kB) in %s", files, size // 1024, code_dir)
+    log.info("code snapshot: %d files (%d kB, %d kB stored: hpcsweep's packages in %s) in %s", files,
+             size // 1024, record.stored_bytes // 1024, ARCHIVE_FILE, code_dir)
     return record
 
 
@@ -321,14 +349,18 @@ def _read_record(code_dir: Path) -> dict[str, Any]:
 
 
 def snapshot_setup_lines(code_dir: Path) -> list[str]:
-    """Batch-script lines that make every process of the task import from ``code_dir``.
+    """Batch-script lines that make every process of the task import from ``code_dir``: hpcsweep from
+    its archive, the working tree's code from the folder.
 
-    ``PYTHONSAFEPATH`` keeps ``python -m`` from putting the current directory first on
-    ``sys.path``: a job started from the user's checkout would import the live tree again.
-    torchrun's workers inherit both variables.
+    The archive comes first, so that hpcsweep is the snapshot's whatever the working tree holds; the
+    folder stays on the path for the working tree (and for the hpcsweep of a snapshot taken before
+    the archive, which a later batch of its sweep keeps). ``PYTHONSAFEPATH`` keeps ``python -m`` from
+    putting the current directory first on ``sys.path``: a job started from the user's checkout
+    would import the live tree again. torchrun's workers inherit both variables.
     """
+    archive = shlex.quote(str(code_dir / ARCHIVE_FILE))
     return [
-        f"export PYTHONPATH={shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        f"export PYTHONPATH={archive}:{shlex.quote(str(code_dir))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONSAFEPATH=1",
     ]
 

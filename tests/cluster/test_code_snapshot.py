@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,8 @@ def test_trials_run_the_submitted_code_after_the_tree_changes(checkout, slurm_en
     code_dir = sweep_dir / ".code"
     snapshot = read_json(code_dir / "SNAPSHOT.json")
     assert snapshot["commit"] == commit and len(snapshot["diff_sha256"]) == 64
-    assert (code_dir / "hpcsweep" / "__init__.py").read_text() == submitted_init
+    with zipfile.ZipFile(code_dir / "hpcsweep.zip") as archive:
+        assert archive.read("hpcsweep/__init__.py").decode() == submitted_init
     assert not marker.exists(), marker.read_text()
     for trial in sweep["trials"]:
         trial_dir = checkout / trial["trial_dir"]

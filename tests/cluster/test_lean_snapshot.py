@@ -1,7 +1,7 @@
 """On the real cluster: a sweep submitted from a folder that holds a 50 MB corpus of 5,000 ``.txt`` files and
-a model folder snapshots only its code (#31 item 8); a snapshot too large to be code is refused with nothing
-submitted; and ``export`` refuses the sweep while its trial is pending, then exports it once it has ended
-(#31 item 6)."""
+a model folder snapshots only its code, under 1 MB in all, and its trial runs hpcsweep from the snapshot's
+archive (#31 item 8); a snapshot too large to be code is refused with nothing submitted; and ``export``
+refuses the sweep while its trial is pending, then exports it once it has ended (#31 item 6)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ def test_a_sweep_from_a_folder_of_data_snapshots_its_code_and_exports_once_ended
     (trial,) = read_json(sweep_dir / "sweep.json")["trials"]
     code = sweep_dir / ".code"
     written = {p.relative_to(code).as_posix(): p.stat().st_size for p in code.rglob("*") if p.is_file()}
-    own = [name for name in written if name.startswith(("hpcsweep/", "hydra_plugins/"))]
-    assert sorted(set(written) - set(own)) == ["SNAPSHOT.json", "helpers.py"]
+    # Of the project, helpers.py; hpcsweep's own packages in one archive; every file under .code: < 1 MB.
+    assert sorted(written) == ["SNAPSHOT.json", "helpers.py", "hpcsweep.zip"]
+    assert sum(written.values()) < 1_000_000, written
+    snapshot = read_json(code / "SNAPSHOT.json")
 
     # Held in the queue: the sweep is still running, and export says so, naming the trial.
     held = export(sweep_dir, slurm_env, tmp_path, "--best", "--out", "early")
@@ -53,6 +55,10 @@ def test_a_sweep_from_a_folder_of_data_snapshots_its_code_and_exports_once_ended
 
     slurm(slurm_env, "scontrol", "release", trial["job_id"].split("_")[0])
     assert wait_until_ended(slurm_env, trial["job_id"], timeout=400) == "COMPLETED"
+    # The trial's records module was imported from the snapshot (only its archive holds hpcsweep).
+    environment = read_json(project / trial["trial_dir"] / "environment.json")
+    assert environment["code_snapshot"] == {"path": str(code), "commit": snapshot["commit"],
+                                            "diff_sha256": snapshot["diff_sha256"]}
     done = export(sweep_dir, slurm_env, tmp_path, "--best", "--out", "adapter")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "exported trial #0 (step00000008" in done.stdout

@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 import hpcsweep
-from hpcsweep.files.code_snapshot import SNAPSHOT_FILE, read_snapshot_record, snapshot_dir_of
+from hpcsweep.files.code_snapshot import ARCHIVE_FILE, SNAPSHOT_FILE, read_snapshot_record, snapshot_dir_of
 from hpcsweep.sweep import snapshot
 from hpcsweep.sweep.snapshot import (
     MAX_FILE_BYTES,
@@ -121,11 +122,16 @@ def test_take_snapshot_copies_code_and_records_it(user_repo):
     sweep_dir = user_repo / "multirun" / "s1"
     record = take_snapshot(sweep_dir, user_repo)
     code = sweep_dir / ".code"
+    # The working tree's code loose, hpcsweep's packages (configs and plugins included) in the archive.
+    assert sorted(p.name for p in code.iterdir()) == sorted([ARCHIVE_FILE, SNAPSHOT_FILE, "mymodel.py"])
     assert (code / "mymodel.py").read_text() == "WIDTH = 8\n"
-    assert (code / "hpcsweep" / "sweep" / "snapshot.py").read_bytes() == Path(snapshot.__file__).read_bytes()
-    assert (code / "hpcsweep" / "configs" / "config.yaml").is_file()
-    assert (code / "hydra_plugins" / "hpcsweep_plugins" / "config.py").is_file()
-    assert not (code / "multirun").exists()
+    with zipfile.ZipFile(code / ARCHIVE_FILE) as archive:
+        assert archive.read("hpcsweep/sweep/snapshot.py") == Path(snapshot.__file__).read_bytes()
+        assert archive.read("hpcsweep/configs/config.yaml") == (REPO / "configs" / "config.yaml").read_bytes()
+        assert "hydra_plugins/hpcsweep_plugins/config.py" in archive.namelist()
+        archived = {info.filename: info.file_size for info in archive.infolist() if not info.is_dir()}
+        assert all(info.compress_type == zipfile.ZIP_DEFLATED for info in archive.infolist() if not info.is_dir())
+    assert not any(name.endswith((".pyc", "/__pycache__/")) or "/__pycache__/" in name for name in archived)
     assert [p.name for p in sweep_dir.iterdir()] == [".code"]  # no temporary folder left
 
     written = json.loads((code / SNAPSHOT_FILE).read_text())
@@ -134,7 +140,9 @@ def test_take_snapshot_copies_code_and_records_it(user_repo):
     assert written["source"] == str(user_repo.resolve())
     assert written["commit"] == git(user_repo, "rev-parse", "HEAD")
     assert len(written["diff_sha256"]) == len(written["files_sha256"]) == 64
-    assert written["files"] == sum(1 for p in code.rglob("*") if p.is_file()) - 1
+    assert written["files"] == len(archived) + 1
+    assert written["bytes"] == sum(archived.values()) + len("WIDTH = 8\n")
+    assert written["stored_bytes"] == (code / ARCHIVE_FILE).stat().st_size + len("WIDTH = 8\n")
     assert read_snapshot_record(code) == {"path": str(code), "commit": written["commit"],
                                           "diff_sha256": written["diff_sha256"]}
 
@@ -153,21 +161,41 @@ def test_diff_hash_follows_uncommitted_changes_and_untracked_files(user_repo):
 def test_an_existing_snapshot_is_kept(user_repo):
     sweep_dir = user_repo / "multirun" / "s1"
     first = take_snapshot(sweep_dir, user_repo)
+    archive = (sweep_dir / ".code" / ARCHIVE_FILE).read_bytes()
     write(user_repo / "mymodel.py", "WIDTH = 16\n")
     assert take_snapshot(sweep_dir, user_repo) == first
     assert (sweep_dir / ".code" / "mymodel.py").read_text() == "WIDTH = 8\n"
+    assert (sweep_dir / ".code" / ARCHIVE_FILE).read_bytes() == archive
+
+
+def test_the_same_code_gives_the_same_hash_and_archive(user_repo):
+    first = take_snapshot(user_repo / "multirun" / "a", user_repo)
+    second = take_snapshot(user_repo / "multirun" / "b", user_repo)
+    assert first.files_sha256 == second.files_sha256
+    assert (Path(first.path) / ARCHIVE_FILE).read_bytes() == (Path(second.path) / ARCHIVE_FILE).read_bytes()
+    write(user_repo / "mymodel.py", "WIDTH = 16\n")
+    assert take_snapshot(user_repo / "multirun" / "c", user_repo).files_sha256 != first.files_sha256
+
+
+def test_a_snapshot_taken_before_the_archive_is_kept(user_repo):
+    # A sweep dir whose snapshot is loose files (taken before the archive): a later batch keeps it, and
+    # its setup lines still find hpcsweep there (the folder is on the path too).
+    code = user_repo / "multirun" / "s1" / ".code"
+    write(code / "hpcsweep" / "__init__.py")
+    old = {"path": str(code), "source": None, "commit": None, "diff_sha256": None, "files_sha256": "0" * 64,
+           "files": 1, "bytes": 6}
+    write(code / SNAPSHOT_FILE, json.dumps(old))
+    record = take_snapshot(code.parent, user_repo)
+    assert record.as_dict() == {**old, "stored_bytes": None}
+    assert not (code / ARCHIVE_FILE).exists()
 
 
 def test_a_failed_copy_leaves_no_snapshot(user_repo, monkeypatch):
-    copies = []
+    def failing_archive(path, members):
+        path.write_bytes(b"PK\3\4")  # half an archive
+        raise OSError("disk full")
 
-    def failing_copy(src, dst):
-        copies.append(src)
-        if len(copies) == 3:
-            raise OSError("disk full")
-        return Path(dst).write_bytes(Path(src).read_bytes())
-
-    monkeypatch.setattr(snapshot.shutil, "copy2", failing_copy)
+    monkeypatch.setattr(snapshot, "write_archive", failing_archive)
     sweep_dir = user_repo / "multirun" / "s1"
     with pytest.raises(OSError, match="disk full"):
         take_snapshot(sweep_dir, user_repo)
@@ -186,9 +214,11 @@ def test_outside_git_the_commit_and_diff_are_null(tmp_path):
 def test_setup_lines_quote_the_path_and_keep_an_existing_pythonpath(tmp_path):
     code = tmp_path / "a b$(x)" / ".code"
     lines = snapshot_setup_lines(code)
-    assert lines == [f"export PYTHONPATH='{code}'${{PYTHONPATH:+:$PYTHONPATH}}", "export PYTHONSAFEPATH=1"]
+    assert lines == [f"export PYTHONPATH='{code}/{ARCHIVE_FILE}':'{code}'${{PYTHONPATH:+:$PYTHONPATH}}",
+                     "export PYTHONSAFEPATH=1"]
     script = "\n".join([*lines, 'printf "%s|%s" "$PYTHONPATH" "$PYTHONSAFEPATH"'])
-    for before, after in ((None, str(code)), ("/opt/lib", f"{code}:/opt/lib")):
+    both = f"{code}/{ARCHIVE_FILE}:{code}"
+    for before, after in ((None, both), ("/opt/lib", f"{both}:/opt/lib")):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         if before:
             env["PYTHONPATH"] = before
@@ -213,19 +243,35 @@ def test_the_launcher_key_defaults_to_on():
 
 
 PROBE = """
-import json, os
+import json, os, sys
 import hpcsweep, hpcsweep.configs, hydra_plugins.hpcsweep_plugins.config as plugins
+from hydra import compose, initialize_config_module
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+from omegaconf import OmegaConf
 from hpcsweep.trial.records import environment_record
 from hpcsweep.trial.rendezvous import Rendezvous
 record = environment_record(Rendezvous("localhost", 29500, 1, 0, 1, "probe"), "none", {}, None)
+# Hydra's own plugin scan (pkgutil over the hydra_plugins namespace), and its pkg:// config source.
+launchers = {cls.__name__: sys.modules[cls.__module__].__file__ for cls in Plugins.instance().discover(Launcher)
+             if cls.__module__.startswith("hydra_plugins.hpcsweep_plugins")}
+with initialize_config_module("hpcsweep.configs", version_base="1.3"):
+    config = OmegaConf.to_container(compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True))
 print(json.dumps({"hpcsweep": hpcsweep.__file__, "configs": list(hpcsweep.configs.__path__),
-                  "plugins": plugins.__file__, "code_snapshot": record["code_snapshot"]}))
+                  "plugins": plugins.__file__, "code_snapshot": record["code_snapshot"],
+                  "git_commit": record["git_commit"], "launchers": launchers,
+                  "config": {key: config[key] for key in ("model", "data", "trainer")},
+                  "launcher": config["hydra"]["launcher"]["_target_"]}))
 """
 
 
 def probe(env_lines: list[str], cwd: Path) -> dict:
-    """Run PROBE with this venv's python after ``env_lines``, as an array task's batch script does."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    """Run PROBE with this venv's python after ``env_lines``, as an array task's batch script does.
+
+    The task inherits the submitting shell's ``PYTHONPATH`` (sbatch exports it), so the probe keeps
+    this process's: where it names the live checkout, the snapshot must still win.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
     script = "\n".join([*env_lines, 'exec "$0" -c "$1"'])
     proc = subprocess.run(["bash", "-c", script, sys.executable, PROBE], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -241,11 +287,17 @@ def test_tasks_import_the_snapshot_even_from_an_editable_checkout(tmp_path):
     code = Path(record.path)
 
     inside = probe(snapshot_setup_lines(code), REPO)
-    assert Path(inside["hpcsweep"]) == code / "hpcsweep" / "__init__.py"
-    assert [Path(p) for p in inside["configs"]] == [code / "hpcsweep" / "configs"]
-    assert Path(inside["plugins"]) == code / "hydra_plugins" / "hpcsweep_plugins" / "config.py"
+    archive = code / ARCHIVE_FILE
+    assert Path(inside["hpcsweep"]) == archive / "hpcsweep" / "__init__.py"
+    assert [Path(p) for p in inside["configs"]] == [archive / "hpcsweep" / "configs"]
+    assert Path(inside["plugins"]) == archive / "hydra_plugins" / "hpcsweep_plugins" / "config.py"
+    assert inside["launchers"] == {name: str(archive / "hydra_plugins" / "hpcsweep_plugins" / "launchers.py")
+                                   for name in ("AutoLauncher", "LocalLauncher", "SlurmLauncher")}
+    assert inside["launcher"] == "hydra_plugins.hpcsweep_plugins.launchers.SlurmLauncher"
+    # environment.json says which snapshot ran; the archive is no git checkout (the commit is the snapshot's).
     assert inside["code_snapshot"] == {"path": str(code), "commit": record.commit,
                                        "diff_sha256": record.diff_sha256}
+    assert inside["git_commit"] is None
 
     # Without PYTHONSAFEPATH the checkout the job started in would win: why the line is there.
     unsafe = probe(snapshot_setup_lines(code)[:1], REPO)
@@ -254,10 +306,15 @@ def test_tasks_import_the_snapshot_even_from_an_editable_checkout(tmp_path):
     installed = probe([], tmp_path)
     assert Path(installed["hpcsweep"]).resolve() == REPO / "hpcsweep" / "__init__.py"
     assert installed["code_snapshot"] is None
+    # The configs Hydra composes from the archive are the checkout's.
+    assert inside["config"] == installed["config"]
 
 
 def test_snapshot_dir_of_needs_the_record(tmp_path):
     write(tmp_path / ".code" / "hpcsweep" / "__init__.py")
+    in_archive = tmp_path / ".code" / ARCHIVE_FILE / "hpcsweep" / "trial" / "records.py"  # a zipimported __file__
     assert snapshot_dir_of(tmp_path / ".code" / "hpcsweep" / "__init__.py") is None
+    assert snapshot_dir_of(in_archive) is None
     write(tmp_path / ".code" / SNAPSHOT_FILE, "{}")
     assert snapshot_dir_of(tmp_path / ".code" / "hpcsweep" / "__init__.py") == tmp_path / ".code"
+    assert snapshot_dir_of(in_archive) == tmp_path / ".code"

@@ -1,14 +1,17 @@
 """The code snapshot takes the user's code, not their data (#31 item 8): Python sources, YAML configs and
 package data, git's files in a checkout; never a corpus, tokenizer, weights, model folder, export or
-multirun/; a snapshot too large to be code is refused before anything is submitted."""
+multirun/; hpcsweep's own packages in one archive, the whole under 1 MB; a snapshot too large to be code
+is refused before anything is submitted."""
 
 from __future__ import annotations
 
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from hpcsweep.files.code_snapshot import ARCHIVE_FILE
 from hpcsweep.sweep import snapshot
 from hpcsweep.sweep.snapshot import (
     MAX_SNAPSHOT_BYTES,
@@ -79,8 +82,7 @@ def test_in_a_git_checkout_only_what_git_tracks_or_would_track(tmp_path):
     record = take_snapshot(tmp_path / "sweep", root)
     code = Path(record.path)
     user_files = sorted(p.relative_to(code).as_posix() for p in code.rglob("*")
-                        if p.is_file() and not p.relative_to(code).as_posix().startswith(("hpcsweep/", "hydra_plugins/"))
-                        and p.name != "SNAPSHOT.json")
+                        if p.is_file() and p.name not in ("SNAPSHOT.json", ARCHIVE_FILE))
     assert user_files == sorted([*CODE, "new_module.py"])
 
 
@@ -107,10 +109,17 @@ def test_a_5000_file_corpus_and_a_model_folder_beside_the_code_stay_out(tmp_path
     record = take_snapshot(root / "multirun" / "s1", root)
     code = Path(record.path)
     written = {p.relative_to(code).as_posix(): p.stat().st_size for p in code.rglob("*") if p.is_file()}
-    own = {name: size for name, size in written.items() if name.startswith(("hpcsweep/", "hydra_plugins/"))}
-    # Of the user's folder, only train.py; the rest is hpcsweep's own code (about 1 MB of sources).
-    assert sorted(set(written) - set(own)) == ["SNAPSHOT.json", "train.py"]
+    # Of the user's folder, only train.py; beside it hpcsweep's own code (about 1.2 MB of sources), in one
+    # archive: the whole snapshot, every file under .code, is under 1 MB.
+    assert sorted(written) == sorted(["SNAPSHOT.json", ARCHIVE_FILE, "train.py"])
+    assert sum(written.values()) < 1_000_000, written
+    with zipfile.ZipFile(code / ARCHIVE_FILE) as archive:
+        own = {info.filename: info.file_size for info in archive.infolist() if not info.is_dir()}
+    assert all(name.startswith(("hpcsweep/", "hydra_plugins/hpcsweep_plugins/")) for name in own)
+    assert record.files == len(own) + 1
     assert record.bytes == sum(own.values()) + written["train.py"]
+    assert record.stored_bytes == written[ARCHIVE_FILE] + written["train.py"]
+
 
 def test_a_snapshot_too_large_to_be_code_is_refused_naming_the_largest_files(tmp_path, monkeypatch):
     root = tmp_path / "project"
