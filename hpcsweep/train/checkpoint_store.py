@@ -47,10 +47,31 @@ _METADATA_CLASSES = {
 }
 
 
+_METADATA_ENUMS = ("_MEM_FORMAT_ENCODING",)
+"""Enums of DCP's metadata (``torch.distributed.checkpoint.metadata``), whose members some Pythons
+pickle by name (``_enum_member``)."""
+
+
+def _enum_member(enum_class: Any, name: Any) -> Any:
+    """``getattr`` as unpickling calls it: only for a member of one of DCP's metadata enums.
+
+    Some Pythons pickle an enum member as ``getattr(EnumClass, "NAME")`` (Debian 12's 3.11.2 does;
+    3.11.7 pickles it by value): a checkpoint written under one must
+    resume under the other, but a general ``getattr`` would let a crafted file reach anything."""
+    from torch.distributed.checkpoint import metadata
+
+    allowed = any(enum_class is getattr(metadata, enum_name) for enum_name in _METADATA_ENUMS)
+    if not allowed or not isinstance(name, str) or name not in enum_class.__members__:
+        raise pickle.UnpicklingError(f"getattr({enum_class!r}, {name!r}) is not part of DCP metadata: refused")
+    return enum_class[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _METADATA_CLASSES:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata: refused")

@@ -120,6 +120,30 @@ def test_dcp_metadata_that_names_another_class_is_refused(tmp_path):
     assert "refused" in check_complete(weights)
 
 
+class _ByName:
+    """Pickles as ``getattr(owner, name)``: how some Pythons (Debian 12's 3.11.2) pickle an enum member."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+def test_dcp_metadata_enum_members_pickled_by_name_are_read_and_nothing_else_by_getattr(tmp_path):
+    from pathlib import PosixPath
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps([_ByName(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")]))
+    assert read_metadata(tmp_path) == [_MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT]
+    # PosixPath is a class metadata may hold; getattr on it would reach its methods.
+    for owner, name in ((PosixPath, "home"), (_MEM_FORMAT_ENCODING, "__class__"), (_MEM_FORMAT_ENCODING, "mro")):
+        (tmp_path / ".metadata").write_bytes(pickle.dumps(_ByName(owner, name)))
+        with pytest.raises(pickle.UnpicklingError, match=r"getattr\(.*\) is not part of DCP metadata: refused"):
+            read_metadata(tmp_path)
+
+
 def test_an_old_format_file_with_a_pickled_object_is_refused(tmp_path, caplog):
     state = {"model": {}, "optimizer": {}, "scheduler": {}, "step": 2, "status": "running", "payload": NotATensor()}
     evil = tmp_path / checkpoint_name(2, 0.5)
