@@ -97,7 +97,8 @@ class PeakMemory:
 
     On CUDA a window's peak is ``torch.cuda.max_memory_allocated`` since the window before, whose end
     reset the counter; the trial's is the largest of those and the counter's now. On CPU the
-    resident-set peak (``ru_maxrss``) never resets: each window's peak is the process's so far.
+    resident-set peak (``VmHWM``) never resets: each window's peak is the process's so far, and the
+    trial's the largest of those and the reading now.
     Built at the trial's start, it starts the CUDA peak afresh (``reset_peak``).
     """
 
@@ -109,9 +110,11 @@ class PeakMemory:
     def window_peak(self) -> tuple[int, str]:
         """``(bytes, source)``: the peak since the last call (``cuda``), or the process's so far (``rss``)."""
         peak = measured_peak(self.device)["bytes"]
+        # Kept on CPU too: Linux folds the resident set into VmHWM only at some unmaps, so a later
+        # reading can be a little lower than an earlier one, and the trial's peak must not be.
+        self.earlier_windows_bytes = max(self.earlier_windows_bytes, peak)
         if self.device.type != "cuda":
             return peak, "rss"
-        self.earlier_windows_bytes = max(self.earlier_windows_bytes, peak)
         torch.cuda.reset_peak_memory_stats(self.device)
         return peak, "cuda"
 

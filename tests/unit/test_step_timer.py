@@ -194,6 +194,18 @@ def test_peak_memory_on_cpu_is_the_process_peak_which_never_resets():
     assert memory.trial_peak()["source"] == "VmHWM" and memory.trial_peak()["bytes"] >= first
 
 
+def test_the_cpu_trial_peak_is_never_below_a_windows_though_vmhwm_reads_lower_later(monkeypatch):
+    from hpcsweep.train import memory_record
+
+    # Linux folds the resident set into VmHWM only at some unmaps: a later reading can be lower.
+    readings = iter([500 * 2**20, 400 * 2**20, 450 * 2**20])
+    monkeypatch.setattr(memory_record, "resident_high_water", lambda: next(readings))
+    memory = PeakMemory(torch.device("cpu"))
+    assert memory.window_peak() == (500 * 2**20, "rss")
+    assert memory.window_peak() == (400 * 2**20, "rss")
+    assert memory.trial_peak() == {"bytes": 500 * 2**20, "source": "VmHWM"}
+
+
 class FakeAllocator:
     """``torch.cuda``'s peak counter: allocations raise it, a reset brings it down to what is held now."""
 
