@@ -28,8 +28,11 @@ NAMED_TEMPLATE = REAL_TEMPLATES["qwen3"].read_text()
 def deepseek_v3_tokenizer(folder: Path) -> Path:
     """DeepSeek-V3's ``tokenizer.json`` and ``tokenizer_config.json``, unpacked into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
+    # The two files by name (not extractall: its ``filter`` needs Python >= 3.11.4, Debian 12 has 3.11.2).
     with tarfile.open(DATA / "deepseek_v3_tokenizer.tar.xz") as archive:
-        archive.extractall(folder, filter="data")
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            member = next(m for m in archive.getmembers() if m.isfile() and Path(m.name).name == name)
+            (folder / name).write_bytes(archive.extractfile(member).read())
     return folder
 
 
