@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .conftest import SMALL_TRIAL, only_sweep_dir, read_json, run_hpcsweep, slurm, wait_until_ended
+from .conftest import SMALL_TRIAL, only_sweep_dir, read_json, run_hpcsweep, slurm, wait_for, wait_until_ended
 
 
 def retry(sweep_dir, args: list[str], cwd, env) -> subprocess.CompletedProcess[str]:
@@ -22,8 +22,13 @@ def retry(sweep_dir, args: list[str], cwd, env) -> subprocess.CompletedProcess[s
 
 
 def partition_of(env, job_id: str) -> str:
-    """The partition accounting says the job ran in."""
-    return slurm(env, "sacct", "-X", "--noheader", "--parsable2", "-j", job_id, "--format=Partition").split()[-1]
+    """The partition accounting says the job ran in. Right after the job ended accounting has been seen
+    to answer nothing for it (a CI run under load), so it is asked again until it names one."""
+    def answer() -> str | None:
+        out = slurm(env, "sacct", "-X", "--noheader", "--parsable2", "-j", job_id, "--format=Partition").split()
+        return out[-1] if out else None
+
+    return wait_for(answer, timeout=60, what=f"accounting to name job {job_id}'s partition")
 
 
 def test_a_retry_partition_applies_to_that_retry_only(tmp_path, slurm_env):
