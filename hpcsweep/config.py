@@ -564,8 +564,6 @@ class TrainerConfig:
         _require(self.grad_accum >= 1, "trainer.grad_accum", self.grad_accum, "an integer >= 1")
         _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", self.loss_chunk_tokens,
                  "an integer >= 0 (tokens per chunk of the loss; 0: one chunk)")
-        _require(self.loss_kernel in ("auto", "torch", "liger", "cut_cross_entropy"), "trainer.loss_kernel",
-                 self.loss_kernel, "one of auto, torch, liger, cut_cross_entropy")
         _require(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(
             0.0 <= self.min_lr_ratio <= 1.0, "trainer.min_lr_ratio", self.min_lr_ratio, "0..1"

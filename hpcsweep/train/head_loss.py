@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import types
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +35,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from hpcsweep.config import TrainerConfig
 from hpcsweep.model.head import logits_are_the_heads
 from hpcsweep.train.loss import IGNORE_INDEX, chunk_bounds
 
-LOSS_KERNELS = ("auto", "torch", "liger", "cut_cross_entropy")
-"""``trainer.loss_kernel`` values: ``torch`` is this module's chunks; the others need CUDA and their package."""
+LOSS_KERNELS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainerConfig)["loss_kernel"])
+"""``trainer.loss_kernel`` values, as the config declares them: ``torch`` is this module's chunks; the
+fused ones need CUDA and their package."""
 KERNEL_PACKAGES = {"liger": "liger_kernel", "cut_cross_entropy": "cut_cross_entropy"}
 """The importable package each fused kernel comes from (pip: ``liger-kernel``, ``cut-cross-entropy``)."""
 LOGITS = "logits"
@@ -179,5 +182,5 @@ def attach(model: torch.nn.Module, setting: str, chunk_tokens: int, device_type:
     if kernel == LOGITS:
         return None
     if kernel == "cut_cross_entropy" and head.bias is not None:  # its kernel takes no bias
-        kernel = choose_kernel("torch", device_type, plain, frozenset())
+        kernel = "torch"
     return HeadLoss(head, kernel, chunk_tokens)
