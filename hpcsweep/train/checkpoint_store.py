@@ -17,6 +17,7 @@ classes DCP's metadata is made of, as ``torch.load(weights_only=True)`` does for
 
 from __future__ import annotations
 
+import enum
 import logging
 import pickle
 import warnings
@@ -47,20 +48,14 @@ _METADATA_CLASSES = {
 }
 
 
-_METADATA_ENUMS = ("_MEM_FORMAT_ENCODING",)
-"""Enums of DCP's metadata (``torch.distributed.checkpoint.metadata``), whose members some Pythons
-pickle by name (``_enum_member``)."""
-
-
 def _enum_member(enum_class: Any, name: Any) -> Any:
-    """``getattr`` as unpickling calls it: only for a member of one of DCP's metadata enums.
+    """``getattr`` as unpickling calls it: only for a member of an enum among DCP's metadata classes.
 
     Some Pythons pickle an enum member as ``getattr(EnumClass, "NAME")`` (Debian 12's 3.11.2 does;
-    3.11.7 pickles it by value): a checkpoint written under one must
-    resume under the other, but a general ``getattr`` would let a crafted file reach anything."""
-    from torch.distributed.checkpoint import metadata
-
-    allowed = any(enum_class is getattr(metadata, enum_name) for enum_name in _METADATA_ENUMS)
+    3.11.7 pickles it by value): a checkpoint written under one must resume under the other, but a
+    general ``getattr`` would let a crafted file reach anything."""
+    allowed = (isinstance(enum_class, enum.EnumMeta)
+               and (enum_class.__module__, enum_class.__qualname__) in _METADATA_CLASSES)
     if not allowed or not isinstance(name, str) or name not in enum_class.__members__:
         raise pickle.UnpicklingError(f"getattr({enum_class!r}, {name!r}) is not part of DCP metadata: refused")
     return enum_class[name]
