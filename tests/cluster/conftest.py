@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +82,71 @@ def slurm_env() -> dict[str, str]:
 def slurm(env: dict[str, str], *argv: str) -> str:
     """Run a Slurm client command and return stdout (test side; the product uses slurm.commands)."""
     return subprocess.run(list(argv), env=env, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def task_processes(job_id: str) -> list[int]:
+    """The pids of a job's task processes (its srun steps' tasks and their children, never the batch
+    shell), by the Slurm variables each inherits: every local node runs on this machine.
+
+    ``job_id`` is a job (``17``) or an array task (``17_0``)."""
+    array_job, _, array_task = job_id.partition("_")
+    wanted = {"SLURM_ARRAY_JOB_ID": array_job, "SLURM_ARRAY_TASK_ID": array_task} if array_task else {"SLURM_JOB_ID": job_id}
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = dict(v.split("=", 1) for v in environ.read_bytes().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:  # gone, or not ours to read
+            continue
+        if "SLURM_STEP_ID" in variables and all(variables.get(k) == v for k, v in wanted.items()):
+            pids.append(int(environ.parent.name))
+    return pids
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """``/proc/PID/status`` as a dict; empty once the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def usr2_while_held(env: dict[str, str], job_id: str, *scancel_options: str) -> None:
+    """``scancel --signal=USR2`` to a running job while its task processes are stopped (SIGSTOP);
+    they go on (SIGCONT) once the signal is pending in each that does not ignore it.
+
+    Unheld, the trial trains on while the signal travels through slurmctld, slurmd and the step, and
+    a small trial on a loaded machine can finish its last step first: a test then sees a trial that
+    completed without a stop (CI, once). Held, the stop lands at the step the test saw, at any load.
+    ``scancel_options`` pick the receiver, e.g. ``--batch`` for the batch shell, which must pass the
+    signal on to the held tasks itself.
+    """
+    pids = task_processes(job_id)
+    assert pids, f"no task processes of job {job_id} on this machine"
+    usr2 = 1 << (signal.SIGUSR2 - 1)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: all(proc_status(pid).get("State", "T").startswith(("T", "Z", "X")) for pid in pids),
+                 timeout=30, what=f"job {job_id}'s task processes to stop", interval=0.05)
+        slurm(env, "scancel", *scancel_options, "--signal=USR2", job_id)
+
+        def pending_everywhere() -> bool:
+            for pid in pids:
+                status = proc_status(pid)
+                if not status or int(status["SigIgn"], 16) & usr2:
+                    continue  # gone, or deaf to USR2
+                if not (int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)) & usr2:
+                    return False
+            return True
+
+        wait_for(pending_everywhere, timeout=120, what=f"USR2 to reach job {job_id}'s task processes", interval=0.1)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def sacct_states(env: dict[str, str], job_id: str) -> dict[str, str]:

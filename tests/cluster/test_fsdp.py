@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
@@ -15,7 +14,7 @@ from hpcsweep.train.checkpoint_store import SafeFileSystemReader, read_metadata
 from hpcsweep.train.metrics import weights_sha256
 from hpcsweep.train.model import build_model
 
-from .conftest import TWO_NODES_TWO_PROCESSES, EndedTrial, read_json, run_hpcsweep, slurm, wait_for, wait_until_ended
+from .conftest import TWO_NODES_TWO_PROCESSES, EndedTrial, read_json, usr2_while_held, wait_for, wait_until_ended
 from .test_preemption import step_of, submit, wait_until_final
 
 FSDP = [*TWO_NODES_TWO_PROCESSES, "trainer.parallel=fsdp"]
@@ -64,7 +63,7 @@ def test_scancel_usr2_to_an_fsdp_trial_requeues_and_resumes_bit_identical(tmp_pa
     assert fsdp_trial.state == "COMPLETED"
     job_id, trial_dir = submit(tmp_path, slurm_env, *FSDP)
     wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
-    slurm(slurm_env, "scancel", "--signal=USR2", job_id)
+    usr2_while_held(slurm_env, job_id)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")

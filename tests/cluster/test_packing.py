@@ -20,7 +20,7 @@ from .conftest import (
     read_json,
     run_hpcsweep,
     sacct_states,
-    slurm,
+    usr2_while_held,
     wait_for,
     wait_until_ended,
 )
@@ -89,7 +89,7 @@ def test_eight_trials_packed_four_per_task_survive_a_stop_with_unpacked_weights(
     # Stop task 0 in its second trial; its first has ended by then.
     stopped = Path(trials[1]["trial_dir"])
     wait_for(lambda: step_of(stopped) >= 3, timeout=120, what="the second trial of task 0 to reach step 3")
-    slurm(slurm_env, "scancel", "--signal=USR2", f"{array_id}_0")
+    usr2_while_held(slurm_env, f"{array_id}_0")
 
     def all_ended():
         start_requeued_soon(slurm_env, f"{array_id}_0")

@@ -20,6 +20,7 @@ from .conftest import (
     read_json,
     run_hpcsweep,
     slurm,
+    usr2_while_held,
     wait_for,
     wait_until_ended,
 )
@@ -128,7 +129,7 @@ def test_usr2_to_a_moe_folder_trial_with_router_balance_on_resumes_bit_identical
     job_id, trial_dir = submit(tmp_path, env, *moe)
     expected = reference(1, *moe, env=env)
     wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
-    slurm(slurm_env, "scancel", "--signal=USR2", job_id)
+    usr2_while_held(slurm_env, job_id)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")
@@ -144,7 +145,7 @@ def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_p
     assert two_node_trial.state == "COMPLETED"
     job_id, trial_dir = submit(tmp_path, slurm_env, *TWO_NODES_TWO_PROCESSES)
     wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
-    slurm(slurm_env, "scancel", "--signal=USR2", job_id)
+    usr2_while_held(slurm_env, job_id)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")
@@ -302,7 +303,7 @@ def test_train_sbatch_traps_usr2_forwards_it_requeues_and_resumes(tmp_path, slur
     trial_dir = tmp_path / "outputs" / f"sbatch-{job_id}"
     wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     # Only the batch shell gets the signal, as with --signal=B:USR2: its trap must pass it on.
-    slurm(slurm_env, "scancel", "--batch", "--signal=USR2", job_id)
+    usr2_while_held(slurm_env, job_id, "--batch")
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     log = (tmp_path / "slurm" / "logs" / f"hpcsweep-train-{job_id}.out").read_text()

@@ -19,7 +19,7 @@ from .conftest import (
     read_json,
     run_hpcsweep,
     sacct_states,
-    slurm,
+    usr2_while_held,
     wait_for,
 )
 from .test_preemption import reference, step_of, wait_until_final  # noqa: F401  (reference: a fixture)
@@ -122,7 +122,7 @@ def test_a_search_trial_stopped_by_usr2_resumes_as_the_same_study_trial(tmp_path
     expected = reference(1, *LONGER, lr)
     # After the first report, so that the resumed trial could report a step twice.
     wait_for(lambda: step_of(trial_dir) > 50, timeout=240, what="the trial to pass step 50")
-    slurm(slurm_env, "scancel", "--signal=USR2", trial["job_id"])
+    usr2_while_held(slurm_env, trial["job_id"])
 
     metrics = wait_until_final(slurm_env, trial["job_id"], trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")

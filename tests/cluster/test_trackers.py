@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,7 +16,7 @@ import yaml
 from hpcsweep.files.tb_runs import run_event_files
 from hpcsweep.results.event_reader import read_runs
 
-from .conftest import STOPPABLE_TRIAL, only_sweep_dir, read_json, run_hpcsweep, slurm, wait_for
+from .conftest import STOPPABLE_TRIAL, only_sweep_dir, read_json, run_hpcsweep, usr2_while_held, wait_for
 from .test_preemption import step_of, wait_until_final
 
 
@@ -66,7 +65,7 @@ def test_a_requeued_trial_stays_one_mlflow_run_with_every_step_once(tmp_path, sl
     stopped = trials[0]
     trial_dirs = {t["num"]: tmp_path / t["trial_dir"] for t in trials}
     wait_for(lambda: step_of(trial_dirs[0]) >= 3, timeout=240, what="trial 0 to reach step 3")
-    slurm(slurm_env, "scancel", "--signal=USR2", stopped["job_id"])
+    usr2_while_held(slurm_env, stopped["job_id"])
     finals = {t["num"]: wait_until_final(slurm_env, t["job_id"], trial_dirs[t["num"]]) for t in trials}
 
     client = MlflowClient(tracking_uri=mlflow_server)
