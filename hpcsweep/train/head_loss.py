@@ -15,9 +15,11 @@ without the recomputation: Liger's (``liger-kernel``) or Apple's cut-cross-entro
 
 The loss is taken inside the head's own forward, so DDP and FSDP2 see an ordinary forward: FSDP2's
 hooks have gathered the head's weight, and DDP finds every parameter the loss used from the model's
-output, which carries the loss in place of the logits (``[1, 1, 1]``). Outside a training step
-(``taking`` not entered) the head is the plain linear layer: evaluation, task scores and generation
-get logits as before. Architectures that change the logits after the head keep the loss on the logits
+output, which carries the loss in place of the logits (``[1, 1, 1]``). Validation takes its loss and
+next-token accuracy at the head too (``scoring``), a chunk at a time and without backward, so an
+evaluation never holds more than a training step: the memory plan counts the step alone. Otherwise
+(neither entered) the head is the plain linear layer: task scores, generation and export get logits
+as before. Architectures that change the logits after the head keep the loss on the logits
 (``hpcsweep.model.head``).
 """
 
@@ -38,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from hpcsweep.config import TrainerConfig
 from hpcsweep.model.head import logits_are_the_heads
 from hpcsweep.train.loss import IGNORE_INDEX, chunk_bounds
+from hpcsweep.train.metrics import accuracy_counts
 
 LOSS_KERNELS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainerConfig)["loss_kernel"])
 """``trainer.loss_kernel`` values, as the config declares them: ``torch`` is this module's chunks; the
@@ -106,6 +109,27 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
     return total / (targets != IGNORE_INDEX).sum()
 
 
+@torch.no_grad()
+def linear_loss_and_accuracy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             targets: torch.Tensor, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Without gradients: the mean cross-entropy of ``F.linear(hidden, weight, bias)`` (in fp32) against
+    ``targets``, and its next-token ``[correct, counted]`` (``accuracy_counts``), ``chunk_tokens``
+    tokens at a time (0: one chunk). What the logits of the whole batch would give, with one chunk's
+    logits at a time."""
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} differ before the "
+                         "hidden size")
+    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    counts = torch.zeros(2, dtype=torch.float64, device=hidden.device)
+    for start, end in chunk_bounds(hidden.shape[0], chunk_tokens):
+        logits, chunk_targets = F.linear(hidden[start:end], weight, bias), targets[start:end]
+        total += F.cross_entropy(logits.float(), chunk_targets, reduction="sum", ignore_index=IGNORE_INDEX)
+        counts += accuracy_counts(logits, chunk_targets)
+        del logits
+    return total / (targets != IGNORE_INDEX).sum(), counts
+
+
 def fused_cross_entropy(kernel: str, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         targets: torch.Tensor) -> torch.Tensor:
     """The same mean loss by a fused CUDA kernel (``liger`` or ``cut_cross_entropy``).
@@ -132,7 +156,10 @@ def fused_cross_entropy(kernel: str, hidden: torch.Tensor, weight: torch.Tensor,
 @dataclass
 class _Pending:
     targets: torch.Tensor
+    scoring: bool = False
     loss: torch.Tensor | None = None
+    accuracy_counts: torch.Tensor | None = None
+    """``[correct, counted]`` next-token predictions; scoring only."""
 
 
 class HeadLoss:
@@ -148,7 +175,11 @@ class HeadLoss:
             pending = outer._pending
             if pending is None or pending.loss is not None:
                 return plain_forward(hidden)
-            pending.loss = outer._loss(hidden, module.weight, module.bias, pending.targets)
+            if pending.scoring:
+                pending.loss, pending.accuracy_counts = linear_loss_and_accuracy(
+                    hidden, module.weight, module.bias, pending.targets, outer.chunk_tokens)
+            else:
+                pending.loss = outer._loss(hidden, module.weight, module.bias, pending.targets)
             # Stands in for the logits: DDP finds the parameters the loss used from the model's output.
             return pending.loss.reshape(1, 1, 1)
 
@@ -163,10 +194,24 @@ class HeadLoss:
 
     @contextlib.contextmanager
     def taking(self, targets: torch.Tensor) -> Iterator[_Pending]:
-        """Within: the head's next forward returns the loss against ``targets`` (read ``.loss`` after)."""
-        self._pending = _Pending(targets)
+        """Within: the head's next forward returns the training loss against ``targets`` (read
+        ``.loss`` after)."""
+        with self._pending_as(_Pending(targets)) as pending:
+            yield pending
+
+    @contextlib.contextmanager
+    def scoring(self, targets: torch.Tensor) -> Iterator[_Pending]:
+        """Within: the head's next forward takes the validation loss against ``targets`` and its
+        next-token accuracy, without gradients and always by this module's chunks (read ``.loss`` and
+        ``.accuracy_counts`` after)."""
+        with self._pending_as(_Pending(targets, scoring=True)) as pending:
+            yield pending
+
+    @contextlib.contextmanager
+    def _pending_as(self, pending: _Pending) -> Iterator[_Pending]:
+        self._pending = pending
         try:
-            yield self._pending
+            yield pending
         finally:
             self._pending = None
 

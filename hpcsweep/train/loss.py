@@ -18,7 +18,7 @@ gradient; in fp32 the upcast is the chunk itself, so two ``4 x chunk_tokens x V`
 one more ``e x V`` per token for the gradient. Outside the loss: DDP with ``find_unused_parameters``
 (a model with one module per expert) clones every output at the end of its forward, so a second
 ``e x V`` per token lives for a moment there. The trainer uses this loss only where the LM head cannot
-take it (``hpcsweep.train.head_loss``); evaluation uses it on the logits. Measured: benchmarks/README.md, "loss".
+take it (``hpcsweep.train.head_loss``), in training and in evaluation. Measured: benchmarks/README.md, "loss".
 
 Targets equal to :data:`IGNORE_INDEX` (-100) take no loss: the loss is the mean over the tokens that
 do, as ``F.cross_entropy``'s ``ignore_index`` has it (NaN when none does, as there).

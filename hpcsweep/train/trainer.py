@@ -285,6 +285,10 @@ class Trainer:
     def _loss_and_accuracy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of one validation batch, and ``(correct, counted)`` next-token predictions
         (targets of -100 take no part in either)."""
+        if self.head_loss is not None:  # a chunk of logits at a time, as in training: no more memory than a step
+            with self.head_loss.scoring(batch.targets) as scored:
+                self._logits(self.model, batch.inputs, batch.position_ids)
+            return scored.loss, scored.accuracy_counts
         logits = self._logits(self.model, batch.inputs, batch.position_ids)
         loss = chunked_cross_entropy(logits, batch.targets, self.cfg.trainer.loss_chunk_tokens)
         return loss, metrics.accuracy_counts(logits, batch.targets)

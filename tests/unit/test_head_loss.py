@@ -8,8 +8,16 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.model.head import logits_are_the_heads
-from hpcsweep.train.head_loss import LOGITS, HeadLoss, attach, choose_kernel, linear_cross_entropy
-from hpcsweep.train.loss import IGNORE_INDEX
+from hpcsweep.train.head_loss import (
+    LOGITS,
+    HeadLoss,
+    attach,
+    choose_kernel,
+    linear_cross_entropy,
+    linear_loss_and_accuracy,
+)
+from hpcsweep.train.loss import IGNORE_INDEX, chunked_cross_entropy
+from hpcsweep.train.metrics import accuracy_counts
 
 from ..loss_memory import tiny_lm
 
@@ -82,6 +90,34 @@ def test_the_head_takes_the_loss_only_while_asked_and_stays_the_models_own_modul
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert model(input_ids=inputs).logits.shape == (2, 32, 1000)  # evaluation, task scores, generation
     assert list(model.state_dict()) == keys and type(model.lm_head) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("chunk_tokens", [0, 1, 7, 74, 1000])
+def test_validation_loss_and_accuracy_at_the_head_equal_the_whole_batchs_logits(chunk_tokens):
+    h, weight, bias, targets = case()
+    logits = F.linear(h, weight, bias).detach()
+    targets[1, 3:9] = logits[1, 3:9].argmax(-1)  # some tokens predicted right
+    loss, counts = linear_loss_and_accuracy(h, weight, bias, targets, chunk_tokens)
+    torch.testing.assert_close(loss, chunked_cross_entropy(logits, targets, 0), rtol=1e-6, atol=1e-6)
+    assert counts.tolist() == accuracy_counts(logits, targets).tolist() and counts[0] >= 1
+    assert not loss.requires_grad  # evaluation: no graph, nothing kept for backward
+
+
+def test_the_head_scores_validation_without_the_whole_batchs_logits():
+    model = tiny_lm(1000, layers=2).eval()
+    generator = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 1000, (2, 33), generator=generator)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:].clone()
+    targets[0, :4] = IGNORE_INDEX
+    with torch.no_grad():
+        logits = model(input_ids=inputs).logits
+    head = HeadLoss(model.lm_head, "liger", 10)  # a fused training kernel: validation takes the chunks anyway
+    with torch.no_grad(), head.scoring(targets) as scored:
+        output = model(input_ids=inputs)
+    assert output.logits.shape == (1, 1, 1)
+    torch.testing.assert_close(scored.loss, chunked_cross_entropy(logits, targets, 0), rtol=1e-6, atol=1e-6)
+    assert scored.accuracy_counts.tolist() == accuracy_counts(logits, targets).tolist()
+    assert model(input_ids=inputs).logits.shape == (2, 32, 1000)  # outside: the plain head again
 
 
 @pytest.mark.parametrize(("setting", "device", "plain", "installed", "chosen"), [

@@ -192,3 +192,33 @@ def test_the_trainer_takes_its_loss_in_the_configured_chunks_with_the_unchunked_
         # product: near-zero entries differ by bf16 rounding of the larger ones, hence an atol as large.
         atol = 1e-6 if precision == "fp32" else tolerance * want.abs().max().item()
         torch.testing.assert_close(have, want, rtol=tolerance, atol=atol)
+
+
+def test_the_trainers_evaluation_takes_one_chunk_of_logits_at_a_time_with_the_whole_batchs_loss_and_accuracy(tmp_path):
+    """An evaluation holds no more than a training step (the memory plan counts the step): the head's
+    output is never the logits of a whole batch, and the loss and accuracy are those logits' own."""
+    from hpcsweep.config import trial_config_from_dict
+    from hpcsweep.train.distributed import init_distributed
+    from hpcsweep.train.trainer import Trainer
+
+    from .trial_dirs import trial_config
+
+    settings = {"data.batch_size": 2, "data.seq_len": 16, "data.synthetic_tokens": 2_000, "trainer.device": "cpu",
+                "trainer.loss_chunk_tokens": 5, "trainer.telemetry_every_s": 0, "trainer.eval_batches": 2}
+    tmp_path.joinpath("t").mkdir()
+    trainer = Trainer(trial_config_from_dict(trial_config(settings)), init_distributed("cpu", 60, env={}),
+                      tmp_path / "t")
+    head_outputs = []
+    hook = trainer.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, output: head_outputs.append(tuple(output.shape)))
+    try:
+        at_the_head = trainer.evaluate(), trainer.val_accuracy
+        taking, trainer.head_loss = trainer.head_loss, None  # the loss on the whole batch's logits
+        on_the_logits = trainer.evaluate(), trainer.val_accuracy
+    finally:
+        hook.remove()
+        trainer.close()
+    assert taking.kernel == "torch"
+    vocab = trainer.model.config.vocab_size
+    assert head_outputs == [(1, 1, 1)] * 2 + [(2, 16, vocab)] * 2
+    assert at_the_head[0] == pytest.approx(on_the_logits[0], rel=1e-6) and at_the_head[1] == on_the_logits[1]
