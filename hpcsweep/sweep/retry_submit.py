@@ -35,6 +35,7 @@ from hpcsweep.sweep.hooks import SweepTrial, hook_of
 from hpcsweep.sweep.retry_selection import TrialState, launcher_changes, partition_change_line, select_trials
 from hpcsweep.sweep.shared_call import LAUNCHER_FILE, load_shared_launcher
 from hpcsweep.sweep.slurm_submit import check_against_cluster, submit_trials
+from hpcsweep.sweep.snapshot import submission_snapshot, with_snapshot
 from hpcsweep.sweep.sweep_trials import check_trials
 from hpcsweep.sweep.text_preparation import dependency_parameters
 from hpcsweep.trial.budget_watch import horizon_s, poll_interval
@@ -169,10 +170,13 @@ def submit_retry(plan: RetryPlan) -> SweepRecord:
     write_sweep_record(record)
     for trial in plan.trials:
         forget_skipped_start(trial.trial_dir)
+    # The sweep's snapshot: a retry runs the code the sweep was submitted with.
+    code_dir = submission_snapshot(plan.params, plan.sweep_dir, Path.cwd())
     # A corpus whose preparation failed (or whose cache entry is gone) is tokenized again first.
-    preparation = hook_of(plan.launcher.task_function).submit_preparation(plan.trials, plan.params, plan.sweep_dir)
+    preparation = hook_of(plan.launcher.task_function).submit_preparation(
+        plan.trials, with_snapshot(plan.params, code_dir), plan.sweep_dir)
     jobs_by_trial, arrays = submit_trials(plan.launcher, plan.trials, plan.params, plan.slurm_config, plan.sweep_dir,
-                                          retry_launcher_folder(plan.sweep_dir),
+                                          code_dir, retry_launcher_folder(plan.sweep_dir),
                                           extra_sbatch=dependency_parameters(preparation))
     submitted = now_iso()
     record = dataclasses.replace(

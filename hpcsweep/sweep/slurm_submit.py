@@ -48,7 +48,7 @@ from hpcsweep.sweep.allocation import (
 )
 from hpcsweep.sweep.budget import announce_budget
 from hpcsweep.sweep.hooks import Placement, SweepTrial, TrialHook, hook_of
-from hpcsweep.sweep.snapshot import chosen_files, take_snapshot, with_snapshot
+from hpcsweep.sweep.snapshot import chosen_files, submission_snapshot, with_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, TaskTrial, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 from hpcsweep.sweep.text_preparation import dependency_parameters
@@ -168,7 +168,7 @@ def recorded_settings(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def submit_trials(
     launcher: Any, trials: Sequence[SweepTrial], params: dict[str, Any], slurm_config: str, sweep_dir: Path,
-    launcher_folder: Path | None = None, extra_sbatch: Mapping[str, str] | None = None,
+    code_dir: Path | None, launcher_folder: Path | None = None, extra_sbatch: Mapping[str, str] | None = None,
 ) -> tuple[dict[int, Any], list[ArrayRecord]]:
     """Submit checked trials into ``sweep_dir`` as job arrays, one per allocation shape and size cap.
 
@@ -178,7 +178,8 @@ def submit_trials(
     launcher from ``launcher_folder`` (default ``SWEEP_DIR/.submitit``): a retry gives its own, so
     that its settings never reach the sweep's tasks nor a later retry. Returns each trial's
     submitit job (trials packed into one task share it) and the arrays, each recording ``params``.
-    ``extra_sbatch`` (the token preparation's dependency) reaches this submission's sbatch only,
+    ``code_dir`` is the code snapshot the tasks import (``submission_snapshot``; None: the installed
+    code). ``extra_sbatch`` (the token preparation's dependency) reaches this submission's sbatch only,
     never the recorded settings a retry reuses.
     """
     per_task = trials_per_task(params)
@@ -186,9 +187,6 @@ def submit_trials(
     if params.get("max_array_size"):
         max_array_size = min(max_array_size, int(params["max_array_size"]))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    code_dir = None
-    if params.get("code_snapshot", True):
-        code_dir = Path(take_snapshot(sweep_dir, Path.cwd()).path)
     settings = recorded_settings(params)
     params = with_snapshot(params, code_dir)
     folder = sweep_dir / ".submitit" if launcher_folder is None else launcher_folder
@@ -234,8 +232,9 @@ def launch_on_slurm(
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
-    preparation = hook_of(launcher.task_function).submit_preparation(trials, params, sweep_dir)
-    jobs_by_trial, arrays = submit_trials(launcher, trials, params, slurm_config, sweep_dir,
+    code_dir = submission_snapshot(params, sweep_dir, Path.cwd())
+    preparation = hook_of(launcher.task_function).submit_preparation(trials, with_snapshot(params, code_dir), sweep_dir)
+    jobs_by_trial, arrays = submit_trials(launcher, trials, params, slurm_config, sweep_dir, code_dir,
                                           extra_sbatch=dependency_parameters(preparation))
 
     submitted = now_iso()

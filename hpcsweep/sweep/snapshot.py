@@ -365,6 +365,14 @@ def snapshot_setup_lines(code_dir: Path) -> list[str]:
     ]
 
 
+def submission_snapshot(params: Mapping[str, Any], sweep_dir: Path, cwd: Path) -> Path | None:
+    """The snapshot every job of a submission imports (the token preparation and the trials): taken
+    now, or kept from an earlier batch of the sweep; None with ``code_snapshot`` false."""
+    if not params.get("code_snapshot", True):
+        return None
+    return Path(take_snapshot(sweep_dir, cwd).path)
+
+
 def with_snapshot(params: Mapping[str, Any], code_dir: Path | None) -> dict[str, Any]:
     """The launcher settings to submit with: ``code_snapshot`` taken out, the setup lines added.
 

@@ -8,8 +8,10 @@ every missing entry, and each trial array waits on it (``--dependency=afterok:JO
 cancelled by Slurm if it fails (``--kill-on-invalid-dep=yes``). ``sweep.json`` records the job and
 its log, which ``python -m hpcsweep.status`` names when it failed.
 
-The job is a fixed script run by ``sbatch``; the corpus, tokenizer and cache dir reach it as
-arguments, never through a shell.
+The job's script is the launcher's ``setup`` lines, as the trials' batch scripts run them (the
+user's own, then the code snapshot's: the job imports the hpcsweep that was submitted, as the trials
+do, not the working tree as it is when the job starts), then one fixed line; the corpus, tokenizer
+and cache dir reach it as arguments, never through a shell.
 """
 
 from __future__ import annotations
@@ -37,13 +39,18 @@ PREPARATION_DIR = ".token-preparation"
 JOB_NAME = "hpcsweep-tokenize"
 DEFAULT_CPUS = 8
 """CPUs of the preparation job when the launcher names no ``cpus_per_task``."""
-SCRIPT = """\
-#!/bin/sh
-# hpcsweep's token preparation job: $1 is the Python to run, the rest its arguments.
+SCRIPT_RUN = """\
 python="$1"
 shift
 exec "$python" -m hpcsweep.train.text_tokens "$@"
 """
+"""The script's fixed end: ``$1`` is the Python to run, the rest its arguments."""
+
+
+def preparation_script(setup: Sequence[str]) -> str:
+    """The preparation job's script: the launcher's ``setup`` lines, then ``SCRIPT_RUN``."""
+    return "\n".join(["#!/bin/sh", "# hpcsweep's token preparation job: $1 is the Python to run, the rest its arguments.",
+                      *setup, SCRIPT_RUN])
 
 
 TOKENIZED_KINDS = ("text", "chat")
@@ -194,15 +201,17 @@ def submit_preparation(
 ) -> TokenPreparationRecord | None:
     """Submit the one job that writes every missing cache entry of ``trials``; None when none is missing.
 
-    The job prepares the corpora one after another, each over all its CPUs. ``trial_dirs`` (in the order
-    of ``trials``) are where it records why a trial can never start, when its corpus is too small for it.
+    The job prepares the corpora one after another, each over all its CPUs. ``params`` are the launcher
+    settings the trials are submitted with, their code snapshot's ``setup`` lines included
+    (``hpcsweep.sweep.snapshot.with_snapshot``). ``trial_dirs`` (in the order of ``trials``) are where
+    it records why a trial can never start, when its corpus is too small for it.
     """
     corpora = missing_corpora(trials)
     if not corpora:
         return None
     folder = sweep_dir / PREPARATION_DIR
     script, request = folder / "prepare.sh", folder / "request.json"
-    atomic_write_text(script, SCRIPT)
+    atomic_write_text(script, preparation_script(params.get("setup") or ()))
     atomic_write_text(request, preparation_request(corpora, trials, trial_dirs))
     # Each job logs to its own file (sbatch fills in %j): a retry's preparation keeps the failed one's log.
     options = sbatch_options(params, folder / log_name("%j"))

@@ -199,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: every CPU of this job)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # In a sweep's job, the code snapshot's archive (hpcsweep.sweep.snapshot): the code the trials run.
+    log.info("hpcsweep imported from %s", Path(__file__).parents[1])
     try:
         for request in json.loads(args.request.read_text()):
             prepare_requested(request, args.workers or available_cpus())

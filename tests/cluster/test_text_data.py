@@ -52,6 +52,9 @@ def test_one_preparation_job_tokenizes_the_corpus_and_the_array_starts_after_it(
     assert "JobName=hpcsweep-tokenize " in slurm(slurm_env, "scontrol", "show", "job", "--oneliner", prep_id)
 
     assert wait_until_ended(slurm_env, prep_id, timeout=300) == "COMPLETED"
+    # It ran the submitted code, as the trials do: the sweep's snapshot, not the installed hpcsweep.
+    log = Path(preparation["log"]).read_text()
+    assert f"hpcsweep imported from {sweep_dir / '.code' / 'hpcsweep.zip' / 'hpcsweep'}" in log, log[-3000:]
     states = wait_for(lambda: (s := sacct_states(slurm_env, array_id)) and len(s) == 2 and all(
         v.split()[0] in ("COMPLETED", "FAILED", "CANCELLED") for v in s.values()) and s, timeout=400,
         what="both trials to end")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,14 @@ from hpcsweep.files.token_cache import TokenCacheError, cache_key, corpus_files,
 from hpcsweep.files.token_file import read_token_header
 from hpcsweep.results.token_preparation import parse_job_state, preparation_line
 from hpcsweep.sweep.prepare import validate_composed
-from hpcsweep.sweep.text_preparation import dependency_parameters, preparation_request, sbatch_options
-from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, jsonl_documents, read_documents
+from hpcsweep.sweep.snapshot import ARCHIVE_FILE, with_snapshot
+from hpcsweep.sweep.text_preparation import (
+    dependency_parameters,
+    preparation_request,
+    preparation_script,
+    sbatch_options,
+)
+from hpcsweep.train.text_documents import CorpusError, corpus_pieces, jsonl_documents, read_documents
 from hpcsweep.train.text_tokens import load_tokenizer, write_entry, write_token_file_at
 from tests.model_folders import corpus_documents, make_model_folder, write_text_corpus
 
@@ -235,6 +242,32 @@ def test_the_preparation_job_and_the_arrays_dependency():
     assert dependency_parameters(TokenPreparationRecord("41", "/s/p.log", [])) == {
         "dependency": "afterok:41", "kill_on_invalid_dep": "yes"}
     assert dependency_parameters(None) == {}
+
+
+def test_the_preparation_job_runs_the_setup_lines_then_the_snapshots_hpcsweep(tmp_path):
+    """The job imports the hpcsweep that was submitted (the snapshot's archive), after the user's own
+    setup lines, as the trials' batch scripts do: not the installed or working tree's one."""
+    code_dir = tmp_path / "sweep" / ".code"
+    code_dir.mkdir(parents=True)
+    marker = tmp_path / "ran.json"
+    with zipfile.ZipFile(code_dir / ARCHIVE_FILE, "w") as archive:
+        archive.writestr("hpcsweep/__init__.py", "")
+        archive.writestr("hpcsweep/train/__init__.py", "")
+        archive.writestr("hpcsweep/train/text_tokens.py", (
+            "import json, os, sys\n"
+            f"open({str(marker)!r}, 'w').write(json.dumps("
+            "{'file': __file__, 'argv': sys.argv[1:], 'setup': os.environ.get('USER_SETUP')}))\n"))
+    params = with_snapshot({"setup": ["export USER_SETUP=ran"], "code_snapshot": True}, code_dir)
+    script = tmp_path / "prepare.sh"
+    script.write_text(preparation_script(params["setup"]))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "USER_SETUP")}
+    # From the repo's root, where python -m would otherwise import the working tree's hpcsweep.
+    ran = subprocess.run(["sh", str(script), sys.executable, "--request", "r.json"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(marker.read_text()) == {
+        "file": str(code_dir / ARCHIVE_FILE / "hpcsweep" / "train" / "text_tokens.py"),
+        "argv": ["--request", "r.json"], "setup": "ran"}
 
 
 def test_the_request_names_the_files_found_at_submit_and_the_entry_to_write(tmp_path, folders):
