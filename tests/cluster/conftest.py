@@ -111,24 +111,76 @@ def proc_status(pid: int) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
 
 
-def usr2_while_held(env: dict[str, str], job_id: str, *scancel_options: str) -> None:
-    """``scancel --signal=USR2`` to a running job while its task processes are stopped (SIGSTOP);
-    they go on (SIGCONT) once the signal is pending in each that does not ignore it.
+def _stop_all(job_id: str) -> list[int]:
+    """SIGSTOP every task process of the job, those it starts meanwhile included; return them once stopped."""
+    held: list[int] = []
+    while new := [pid for pid in task_processes(job_id) if pid not in held]:
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            held.append(pid)
+        wait_for(lambda: all(proc_status(pid).get("State", "T").startswith(("T", "Z", "X")) for pid in held),
+                 timeout=30, what=f"job {job_id}'s task processes to stop", interval=0.005)
+    return held
+
+
+def _continue_all(pids: Sequence[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def metrics_step(trial_dir: Path) -> int:
+    """The step in a trial's metrics.json; 0 before it has one."""
+    try:
+        return int(read_json(trial_dir / "metrics.json")["step"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return 0
+
+
+def held_at_step(job_id: str, trial_dir: Path, step: int, timeout: float) -> tuple[list[int], int]:
+    """The job's task processes, stopped (SIGSTOP) at the first look that finds the trial at ``step``
+    or later; and the step it is held at.
+
+    The test looks only while they are stopped, and lets them run a moment between looks: a small
+    trial takes 20 ms a step, so a look from outside, however often, can find it at step 3 and send
+    a signal that lands after its last step (CI, twice). A look that finds more than one step
+    since the last halves the moment.
+    """
+    deadline, moment, last = time.monotonic() + timeout, 0.02, None
+    while True:
+        held = _stop_all(job_id)
+        now = metrics_step(trial_dir)
+        if held and now >= step:
+            return held, now
+        _continue_all(held)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {trial_dir} to reach step {step} "
+                                 f"(at step {now}; {len(held)} task processes of job {job_id})")
+        if last is not None and now - last > 1:
+            moment = max(moment / 2, 0.001)
+        last = now
+        time.sleep(moment if held else 0.2)  # none yet: the job waits in the queue or starts
+
+
+def usr2_at_step(env: dict[str, str], job_id: str, trial_dir: Path, step: int, *scancel_options: str,
+                 timeout: float = 240) -> int:
+    """``scancel --signal=USR2`` to a running job once its trial is at ``step``, while its task
+    processes are held there (``held_at_step``); they go on (SIGCONT) once the signal is pending in
+    each that does not ignore it. Returns the step the trial was held at.
 
     Unheld, the trial trains on while the signal travels through slurmctld, slurmd and the step, and
-    a small trial on a loaded machine can finish its last step first: a test then sees a trial that
-    completed without a stop (CI, once). Held, the stop lands at the step the test saw, at any load.
+    can finish its last step first. Held, the stop lands at the step the test saw, at any load.
     ``scancel_options`` pick the receiver, e.g. ``--batch`` for the batch shell, which must pass the
     signal on to the held tasks itself.
     """
-    pids = task_processes(job_id)
-    assert pids, f"no task processes of job {job_id} on this machine"
+    pids, at = held_at_step(job_id, trial_dir, step, timeout)
     usr2 = 1 << (signal.SIGUSR2 - 1)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: all(proc_status(pid).get("State", "T").startswith(("T", "Z", "X")) for pid in pids),
-                 timeout=30, what=f"job {job_id}'s task processes to stop", interval=0.05)
         slurm(env, "scancel", *scancel_options, "--signal=USR2", job_id)
 
         def pending_everywhere() -> bool:
@@ -142,11 +194,8 @@ def usr2_while_held(env: dict[str, str], job_id: str, *scancel_options: str) -> 
 
         wait_for(pending_everywhere, timeout=120, what=f"USR2 to reach job {job_id}'s task processes", interval=0.1)
     finally:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _continue_all(pids)
+    return at
 
 
 def sacct_states(env: dict[str, str], job_id: str) -> dict[str, str]:

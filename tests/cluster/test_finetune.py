@@ -17,8 +17,8 @@ import pytest
 
 from tests.model_folders import corpus_documents, make_model_folder, write_text_corpus
 
-from .conftest import STOPPABLE_TRIAL, read_json, run_hpcsweep, slurm, usr2_while_held, wait_for, wait_until_ended
-from .test_preemption import reference, step_of, wait_until_final  # noqa: F401  (reference: a fixture)
+from .conftest import STOPPABLE_TRIAL, read_json, run_hpcsweep, slurm, usr2_at_step, wait_until_ended
+from .test_preemption import reference, wait_until_final  # noqa: F401  (reference: a fixture)
 
 FRESH_LOAD = """
 import json, sys, torch
@@ -76,8 +76,7 @@ def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exp
 
     stopped = next(t for t in record["trials"] if t["num"] == 1)
     trial_dir = tmp_path / stopped["trial_dir"]
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=600, what="trial #1 to reach step 3")
-    usr2_while_held(slurm_env, stopped["job_id"])
+    usr2_at_step(slurm_env, stopped["job_id"], trial_dir, 3, timeout=600)
     metrics = wait_until_final(slurm_env, stopped["job_id"], trial_dir, timeout=600)
     assert metrics["status"] == "completed", metrics.get("error")
     assert metrics["restarts"] >= 1 and metrics["last_stop_reason"] == "time_limit"

@@ -14,8 +14,8 @@ from hpcsweep.train.checkpoint_store import SafeFileSystemReader, read_metadata
 from hpcsweep.train.metrics import weights_sha256
 from hpcsweep.train.model import build_model
 
-from .conftest import TWO_NODES_TWO_PROCESSES, EndedTrial, read_json, usr2_while_held, wait_for, wait_until_ended
-from .test_preemption import step_of, submit, wait_until_final
+from .conftest import TWO_NODES_TWO_PROCESSES, EndedTrial, read_json, usr2_at_step, wait_until_ended
+from .test_preemption import submit, wait_until_final
 
 FSDP = [*TWO_NODES_TWO_PROCESSES, "trainer.parallel=fsdp"]
 
@@ -62,8 +62,7 @@ def test_an_fsdp_trial_saves_one_shard_per_rank_and_hashes_the_whole_model(fsdp_
 def test_scancel_usr2_to_an_fsdp_trial_requeues_and_resumes_bit_identical(tmp_path, slurm_env, fsdp_trial):
     assert fsdp_trial.state == "COMPLETED"
     job_id, trial_dir = submit(tmp_path, slurm_env, *FSDP)
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
-    usr2_while_held(slurm_env, job_id)
+    usr2_at_step(slurm_env, job_id, trial_dir, 3)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")

@@ -20,7 +20,7 @@ from .conftest import (
     read_json,
     run_hpcsweep,
     sacct_states,
-    usr2_while_held,
+    usr2_at_step,
     wait_for,
     wait_until_ended,
 )
@@ -46,13 +46,6 @@ def unpacked_references(tmp_path: Path, env: dict[str, str]) -> tuple[threading.
     thread = threading.Thread(target=run_all, name="unpacked-references")
     thread.start()
     return thread, hashes
-
-
-def step_of(trial_dir: Path) -> int:
-    try:
-        return read_json(trial_dir / "metrics.json")["step"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return 0
 
 
 def start_requeued_soon(env: dict[str, str], job_id: str) -> None:
@@ -88,8 +81,7 @@ def test_eight_trials_packed_four_per_task_survive_a_stop_with_unpacked_weights(
 
     # Stop task 0 in its second trial; its first has ended by then.
     stopped = Path(trials[1]["trial_dir"])
-    wait_for(lambda: step_of(stopped) >= 3, timeout=120, what="the second trial of task 0 to reach step 3")
-    usr2_while_held(slurm_env, f"{array_id}_0")
+    usr2_at_step(slurm_env, f"{array_id}_0", stopped, 3, timeout=120)
 
     def all_ended():
         start_requeued_soon(slurm_env, f"{array_id}_0")

@@ -17,10 +17,11 @@ from .conftest import (
     REPO,
     STOPPABLE_TRIAL,
     TWO_NODES_TWO_PROCESSES,
+    metrics_step,
     read_json,
     run_hpcsweep,
     slurm,
-    usr2_while_held,
+    usr2_at_step,
     wait_for,
     wait_until_ended,
 )
@@ -77,13 +78,6 @@ def reference(tmp_path, slurm_env):
         ref.kill()
 
 
-def step_of(trial_dir: Path) -> int:
-    try:
-        return read_json(trial_dir / "metrics.json")["step"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return 0
-
-
 def queued(env: dict[str, str], job_id: str) -> tuple[str, datetime.datetime | None]:
     """The job's squeue state (``PENDING``, ``RUNNING``...) and its (expected) start time; ("", None)
     once it has left the queue."""
@@ -128,8 +122,7 @@ def test_usr2_to_a_moe_folder_trial_with_router_balance_on_resumes_bit_identical
     env = {**slurm_env, "OMP_NUM_THREADS": "1"}
     job_id, trial_dir = submit(tmp_path, env, *moe)
     expected = reference(1, *moe, env=env)
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
-    usr2_while_held(slurm_env, job_id)
+    usr2_at_step(slurm_env, job_id, trial_dir, 3)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")
@@ -144,8 +137,7 @@ def test_usr2_to_a_moe_folder_trial_with_router_balance_on_resumes_bit_identical
 def test_scancel_usr2_to_a_two_node_trial_checkpoints_requeues_and_resumes(tmp_path, slurm_env, two_node_trial):
     assert two_node_trial.state == "COMPLETED"
     job_id, trial_dir = submit(tmp_path, slurm_env, *TWO_NODES_TWO_PROCESSES)
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
-    usr2_while_held(slurm_env, job_id)
+    usr2_at_step(slurm_env, job_id, trial_dir, 3)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")
@@ -177,7 +169,7 @@ def test_a_preempted_trial_is_requeued_by_slurm_and_resumes(tmp_path, slurm_env,
     # Long enough that the preemption (a scheduler pass or two) always lands before the last step.
     job_id, trial_dir = submit(tmp_path, slurm_env, PREEMPTABLE_STEPS, "+hydra.launcher.additional_parameters.nodelist=node4")
     expected = reference(1, PREEMPTABLE_STEPS)
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
+    wait_for(lambda: metrics_step(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     preempt_node4(slurm_env)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
@@ -191,7 +183,7 @@ def test_a_preempted_trial_is_requeued_by_slurm_and_resumes(tmp_path, slurm_env,
 def test_a_trial_preempted_beyond_its_cap_fails_and_leaves_the_queue(tmp_path, slurm_env, node4_freed):
     job_id, trial_dir = submit(tmp_path, slurm_env, PREEMPTABLE_STEPS, "hydra.launcher.max_num_timeout=0",
                                "+hydra.launcher.additional_parameters.nodelist=node4")
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
+    wait_for(lambda: metrics_step(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     preempt_node4(slurm_env)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
@@ -216,7 +208,7 @@ def test_a_trial_whose_node_fails_comes_back_elsewhere_and_resumes(tmp_path, slu
     shape = ["trainer.nodes=2", "trainer.nproc_per_node=1", "hydra.launcher.cpus_per_task=1"]
     job_id, trial_dir = submit(tmp_path, slurm_env, *shape)
     expected = reference(2, *shape)
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
+    wait_for(lambda: metrics_step(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     first_nodes = read_json(trial_dir / "metrics.json")["nodes"]
     victim = first_nodes[-1]
     node_restorer.append(victim)
@@ -301,9 +293,8 @@ def test_train_sbatch_traps_usr2_forwards_it_requeues_and_resumes(tmp_path, slur
     job_id = submitted.strip().split(";")[0]
     expected = reference(2, "trainer.nodes=2", "trainer.nproc_per_node=1")
     trial_dir = tmp_path / "outputs" / f"sbatch-{job_id}"
-    wait_for(lambda: step_of(trial_dir) >= 3, timeout=240, what="the trial to reach step 3")
     # Only the batch shell gets the signal, as with --signal=B:USR2: its trap must pass it on.
-    usr2_while_held(slurm_env, job_id, "--batch")
+    usr2_at_step(slurm_env, job_id, trial_dir, 3, "--batch")
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir)
     log = (tmp_path / "slurm" / "logs" / f"hpcsweep-train-{job_id}.out").read_text()

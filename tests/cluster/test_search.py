@@ -19,10 +19,10 @@ from .conftest import (
     read_json,
     run_hpcsweep,
     sacct_states,
-    usr2_while_held,
+    usr2_at_step,
     wait_for,
 )
-from .test_preemption import reference, step_of, wait_until_final  # noqa: F401  (reference: a fixture)
+from .test_preemption import reference, wait_until_final  # noqa: F401  (reference: a fixture)
 
 SEARCH = ["-m", "hydra/sweeper=search", "hydra.sweeper.seed=0"]
 SPACE = ["model.lr=tag(log, interval(1e-4, 3e-2))", "trainer.warmup_steps=choice(1, 2)"]
@@ -121,8 +121,7 @@ def test_a_search_trial_stopped_by_usr2_resumes_as_the_same_study_trial(tmp_path
     (lr,) = [o for o in choice["overrides"] if o.startswith("model.lr=")]
     expected = reference(1, *LONGER, lr)
     # After the first report, so that the resumed trial could report a step twice.
-    wait_for(lambda: step_of(trial_dir) > 50, timeout=240, what="the trial to pass step 50")
-    usr2_while_held(slurm_env, trial["job_id"])
+    usr2_at_step(slurm_env, trial["job_id"], trial_dir, 51)
 
     metrics = wait_until_final(slurm_env, trial["job_id"], trial_dir)
     assert metrics["status"] == "completed", metrics.get("error")

@@ -16,8 +16,8 @@ import yaml
 from hpcsweep.files.tb_runs import run_event_files
 from hpcsweep.results.event_reader import read_runs
 
-from .conftest import STOPPABLE_TRIAL, only_sweep_dir, read_json, run_hpcsweep, usr2_while_held, wait_for
-from .test_preemption import step_of, wait_until_final
+from .conftest import STOPPABLE_TRIAL, only_sweep_dir, read_json, run_hpcsweep, usr2_at_step, wait_for
+from .test_preemption import wait_until_final
 
 
 def free_port() -> int:
@@ -64,8 +64,7 @@ def test_a_requeued_trial_stays_one_mlflow_run_with_every_step_once(tmp_path, sl
     trials = read_json(sweep_dir / "sweep.json")["trials"]
     stopped = trials[0]
     trial_dirs = {t["num"]: tmp_path / t["trial_dir"] for t in trials}
-    wait_for(lambda: step_of(trial_dirs[0]) >= 3, timeout=240, what="trial 0 to reach step 3")
-    usr2_while_held(slurm_env, stopped["job_id"])
+    usr2_at_step(slurm_env, stopped["job_id"], trial_dirs[0], 3)
     finals = {t["num"]: wait_until_final(slurm_env, t["job_id"], trial_dirs[t["num"]]) for t in trials}
 
     client = MlflowClient(tracking_uri=mlflow_server)
