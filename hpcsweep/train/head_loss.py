@@ -85,6 +85,14 @@ def choose_kernel(setting: str, device_type: str, head_takes_loss: bool, install
     return "torch"
 
 
+def _token_rows(hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hidden`` as one row per token and ``targets`` flat; ``ValueError`` when their token shapes differ."""
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} differ before the "
+                         "hidden size")
+    return hidden.flatten(0, -2), targets.flatten()
+
+
 def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                     targets: torch.Tensor) -> torch.Tensor:
     logits = F.linear(hidden, weight, bias)
@@ -98,10 +106,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch
 
     Equal to ``F.cross_entropy(F.linear(hidden, weight, bias).float().flatten(0, -2), targets.flatten())``
     to fp32 rounding, gradients included; only one chunk's logits exist at a time, in forward and backward."""
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} differ before the "
-                         "hidden size")
-    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    hidden, targets = _token_rows(hidden, targets)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start, end in chunk_bounds(hidden.shape[0], chunk_tokens):
         total = total + checkpoint(_chunk_loss_sum, hidden[start:end], weight, bias, targets[start:end],
@@ -116,10 +121,7 @@ def linear_loss_and_accuracy(hidden: torch.Tensor, weight: torch.Tensor, bias: t
     ``targets``, and its next-token ``[correct, counted]`` (``accuracy_counts``), ``chunk_tokens``
     tokens at a time (0: one chunk). What the logits of the whole batch would give, with one chunk's
     logits at a time."""
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} differ before the "
-                         "hidden size")
-    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    hidden, targets = _token_rows(hidden, targets)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     counts = torch.zeros(2, dtype=torch.float64, device=hidden.device)
     for start, end in chunk_bounds(hidden.shape[0], chunk_tokens):
