@@ -16,7 +16,9 @@ parameters, fp32 reduction) and its tokens/s against the DDP trial's;
 and a LoRA fine-tuning (``model.peft=lora``) of a ~1B DeepSeek-style folder saved with
 ``save_pretrained`` (``tests/model_folders.make_model_folder``, deepseek_1b's shape): tokens/s, MFU
 counted over the frozen base's forward and backward (``hpcsweep.train.lora.training_flops_per_token``)
-and peak GPU memory. Its trial builds the folder's architecture from the folder's config.json.
+and peak GPU memory (its routed experts train through the expert LoRA); then full fine-tuning of the same
+MoE folder, its tokens/s and peak beside LoRA's, and both trials' router statistics. Its trial builds the
+folder's architecture from the folder's config.json.
 It also checks the step-time breakdown (``hpcsweep.train.step_timer``): the fast trial's last window
 adds up to 100 % with its peak memory from the CUDA allocator, and on a GPU a ~125M trial reading its
 data ``SLOW_DATA_MS`` slow (``data.read_delay_ms``) shows, through CUDA events read once per window,
@@ -30,12 +32,18 @@ the reason, and the matmul case is skipped, saying why.
 Last, the ~125M model with ``trainer.profile_steps=[2,3]`` and ``profile_memory``: a Perfetto trace of
 exactly those steps holding CUDA kernels, and a CUDA allocator snapshot.
 
+Every trial's memory plan (``memory_plan.tensors_bytes``) is printed against its measured peak
+(``torch.cuda.max_memory_allocated``) and must lie within ``MEMORY_BAND`` of it.
+
+Each part prints its lines as soon as it is done (progress on stderr); a part that fails prints
+``FAIL <part>: <why>`` and the others still run, so one run on a borrowed GPU shows all it can.
+
 It measures the product, not a copy: every trial is a trial dir with a ``config.yaml`` trained by
 ``hpcsweep.train.worker.run_trial``, as a 1-process trial runs in production (the runner calls it
 in-process); the stop is the test hook the preemption tests use; checkpoint times come from
 ``Trainer.resume()`` and ``Trainer.save()`` on the trained trial dir. Anything unexpected (a failed
 trial, a wrong precision or kernel choice, MFU missing or above 1, unequal hashes, over budget)
-prints a line starting with ``FAIL`` and exits 1.
+prints a line starting with ``FAIL``, and the check exits 1.
 
 The deterministic trials run first: ``CUBLAS_WORKSPACE_CONFIG``, which the worker exports for
 them, counts only before the process's first cuBLAS call. The later fast-path trials keep it
@@ -50,14 +58,18 @@ import gc
 import json
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import peft
 import torch
+import transformers
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,6 +191,11 @@ def write_trial(path: Path, plan: Plan, size: Size, deterministic: bool) -> Path
     return path
 
 
+TRAINED: dict[str, dict[str, Any]] = {}
+"""Each trial dir's metrics.json as its last training left it, by the dir's name: the memory part
+compares these (a later ``checkpoint_times`` opens a Trainer on the dir, which rewrites metrics.json)."""
+
+
 def train(trial_dir: Path, *, stop_at: int | None = None) -> dict[str, Any]:
     """``run_trial`` on ``trial_dir`` (optionally stopped after ``stop_at`` steps); its metrics.json."""
     if stop_at is not None:
@@ -189,6 +206,7 @@ def train(trial_dir: Path, *, stop_at: int | None = None) -> dict[str, Any]:
     finally:
         os.environ.pop("HPCSWEEP_FAULT", None)
     metrics = json.loads((trial_dir / "metrics.json").read_text())
+    TRAINED[trial_dir.name] = metrics
     expected = EXIT_OK if stop_at is None else EXIT_STOPPED
     if code != expected:
         raise CheckFailed(f"{trial_dir.name}: run_trial exited {code}, not {expected}: {metrics.get('error')}")
@@ -305,6 +323,7 @@ def fsdp_check(plan: Plan, workdir: Path, ddp_metrics: dict[str, Any]) -> dict[s
     (trial / "config.yaml").write_text(yaml.safe_dump(trial_config_to_dict(trial_config_from_dict(config)), sort_keys=False))
     release_gpu_memory(plan)
     metrics = train(trial)
+    drop_checkpoints(trial)
     check_run("large, FSDP", metrics, plan, False)
     if metrics.get("parallel") != "fsdp":
         raise CheckFailed(f"large, FSDP: metrics.json says parallel={metrics.get('parallel')!r}, not 'fsdp'")
@@ -416,6 +435,7 @@ def profile_check(plan: Plan, workdir: Path) -> dict[str, Any]:
     (trial / "config.yaml").write_text(yaml.safe_dump(trial_config_to_dict(trial_config_from_dict(config)), sort_keys=False))
     release_gpu_memory(plan)
     metrics = train(trial)
+    drop_checkpoints(trial)
     start, end = PROFILED_STEPS
     if (metrics.get("profile") or {}).get("steps") != [start, end]:
         raise CheckFailed(f"profile: metrics.json has profile {metrics.get('profile')!r}, not steps {start}-{end}")
@@ -479,9 +499,12 @@ def run_lora_check(plan: Plan, workdir: Path) -> dict[str, Any]:
     check_run("LoRA", metrics, plan, False)
     peak = torch.cuda.max_memory_allocated() / 2**30 if plan.device == "cuda" else None
     checkpoint_gb = sum(p.stat().st_size for p in (trial / "checkpoints").rglob("*") if p.is_file()) / 1e9
+    drop_checkpoints(trial)
+    if not metrics.get("router"):
+        raise CheckFailed("LoRA over a MoE folder: metrics.json has no router statistics")
     return {"size": size.label, "parameters": parameters(size), "tokens": size.data,
             "tokens_per_s": metrics["tokens_per_s"], "mfu": metrics.get("mfu"), "peak_memory_gib": peak,
-            "checkpoint_gb": checkpoint_gb}
+            "checkpoint_gb": checkpoint_gb, "router": metrics["router"]}
 
 
 SLOW_DATA_MS = 100
@@ -516,6 +539,7 @@ def step_time_check(plan: Plan, workdir: Path, fast_metrics: dict[str, Any]) -> 
     slow_size = Size(plan.small.label, plan.small.model, {**plan.small.data, "read_delay_ms": SLOW_DATA_MS})
     release_gpu_memory(plan)
     slow = train(write_trial(workdir / "small-slow-data", one_window, slow_size, deterministic=False))
+    drop_checkpoints(workdir / "small-slow-data")
     check_run("slow data", slow, one_window, False)
     slow_window = slow.get("step_time") or {}
     waited_s = plan.log_every * SLOW_DATA_MS / 1000
@@ -543,13 +567,62 @@ def step_time_lines(step_time: dict[str, Any]) -> list[str]:
     return lines
 
 
-def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
-    """Every trial of the plan, checked; the numbers to print."""
+def drop_checkpoints(trial_dir: Path) -> None:
+    """Delete a trial's checkpoints once the check has used them: the ~1B trials' full states (weights,
+    AdamW, RNG) are tens of GB each, and a GPU node's scratch disk is not."""
+    shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)
+
+
+class Sections:
+    """The check's parts, run in order, each printing its lines as soon as it is done. A part that fails
+    prints ``FAIL <part>: <why>`` and the rest still run: one GPU run must show everything it can."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.result: dict[str, Any] = {}
+        self.failed: list[str] = []
+
+    def run(self, name: str, part, lines=None) -> Any:
+        print(f"[{time.perf_counter() - self.start:5.0f} s] {name}", file=sys.stderr, flush=True)
+        try:
+            value = part()
+        except CheckFailed as err:
+            return self._fail(name, str(err))
+        except Exception as err:  # noqa: BLE001  (a CUDA error or a bug in one part must not hide the others)
+            traceback.print_exc()
+            return self._fail(name, f"{type(err).__name__}: {err}")
+        self.result[name] = value
+        if lines is not None:
+            print("\n".join(lines(value)), flush=True)
+        return value
+
+    def _fail(self, name: str, why: str) -> None:
+        self.failed.append(name)
+        print(f"FAIL {name}: {why}", file=sys.stderr, flush=True)
+        return None
+
+
+def size_row(size: Size, trial: Path, metrics: dict[str, Any]) -> dict[str, Any]:
+    """One model size's speed and checkpoint times (the trial's checkpoints are dropped afterwards)."""
+    row = {"size": size.label, "parameters": parameters(size), "tokens": size.data,
+           **{k: metrics.get(k) for k in ("precision", "tf32", "attn_implementation", "tokens_per_s", "mfu")},
+           **checkpoint_times(trial)}
+    drop_checkpoints(trial)
+    return row
+
+
+def size_line(row: dict[str, Any]) -> str:
+    mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
+    return (f"{row['size']:>8} ({row['parameters'] / 1e6:.1f}M params, batch {row['tokens']['batch_size']}x"
+            f"{row['tokens']['seq_len']}, {row['precision']}, tf32={row['tf32']}, {row['attn_implementation']}): "
+            f"{row['tokens_per_s']:.0f} tokens/s, MFU {mfu}; checkpoint {row['checkpoint_gb']:.2f} GB: "
+            f"save {row['save_s']:.2f} s, resume {row['resume_s']:.2f} s (warm page cache)")
+
+
+def exact_resume_check(plan: Plan, workdir: Path) -> dict[str, Any]:
+    """The deterministic trial straight through, and the same trial stopped halfway and resumed: equal weights."""
     det = write_trial(workdir / "small-deterministic", plan, plan.small, deterministic=True)
     resumed = write_trial(workdir / "small-deterministic-resumed", plan, plan.small, deterministic=True)
-    fast = write_trial(workdir / "small-fast", plan, plan.small, deterministic=False)
-    large = write_trial(workdir / "large-fast", plan, plan.large, deterministic=False)
-
     straight = train(det)
     check_run("deterministic", straight, plan, True)
     stopped = train(resumed, stop_at=plan.stop_at)
@@ -558,89 +631,156 @@ def run_checks(plan: Plan, workdir: Path) -> dict[str, Any]:
                           f"reason {stopped.get('last_stop_reason')!r}")
     after = train(resumed)
     check_run("deterministic, resumed", after, plan, True)
+    drop_checkpoints(det)
+    drop_checkpoints(resumed)
     if after.get("restarts") != 1:
         raise CheckFailed(f"the resumed trial records {after.get('restarts')} restarts, not 1")
     if after["weights_sha256"] != straight["weights_sha256"]:
         raise CheckFailed(f"stop and resume is not exact: {after['weights_sha256']} after a resume at step "
                           f"{plan.stop_at}, {straight['weights_sha256']} straight through")
-
-    fast_metrics = train(fast)
-    check_run("fast path", fast_metrics, plan, False)
-    release_gpu_memory(plan)
-    large_metrics = train(large)
-    check_run("large", large_metrics, plan, False)
-    telemetry = {"trial": trial_telemetry_check(plan, "large", large_metrics), "matmul": nvml_matmul_check(plan)}
-    fsdp = fsdp_check(plan, workdir, large_metrics)
-
-    rows = []
-    for size, trial, metrics in ((plan.small, fast, fast_metrics), (plan.large, large, large_metrics)):
-        release_gpu_memory(plan)
-        rows.append({"size": size.label, "parameters": parameters(size), "tokens": size.data,
-                     **{k: metrics.get(k) for k in ("precision", "tf32", "attn_implementation", "tokens_per_s", "mfu")},
-                     **checkpoint_times(trial)})
-    lora = run_lora_check(plan, workdir)
-    step_time = step_time_check(plan, workdir, fast_metrics)
-    profile = profile_check(plan, workdir)
-    release_gpu_memory(plan)
-    loss = loss_check(torch.device(plan.device), **(LOSS_SIZES if plan.device == "cuda" else SMOKE_LOSS_SIZES))
-    if loss["failed"]:
-        raise CheckFailed(loss_line(loss))
-    return {
-        "loss": loss,
-        "device": fast_metrics.get("device_name") or "cpu",
-        "sizes": rows,
-        # Every run's plan against its peak: DDP small and large, FSDP, and LoRA over a saved folder.
-        "memory": memory_plan_checks(plan, [
-            (plan.small, fast_metrics), (plan.large, large_metrics),
-            (dataclasses.replace(plan.large, label=f"{plan.large.label}-fsdp"), trial_metrics(workdir / "large-fsdp")),
-            (dataclasses.replace(plan.lora_base, label=f"{plan.lora_base.label}-lora"), trial_metrics(workdir / "lora-fast")),
-        ]),
+    return {"stop_at": plan.stop_at, "max_steps": plan.max_steps, "straight": straight["weights_sha256"],
+            "resumed": after["weights_sha256"], "tokens_per_s": straight["tokens_per_s"]}
 
 
-        "fsdp": fsdp,
-        "lora": lora,
-        "step_time": step_time,
-        "telemetry": telemetry,
-        "profile": profile,
-        "exact_resume": {"stop_at": plan.stop_at, "max_steps": plan.max_steps,
-                         "straight": straight["weights_sha256"], "resumed": after["weights_sha256"]},
-        "fast_path": {"deterministic_tokens_per_s": straight["tokens_per_s"],
-                      "fast_tokens_per_s": fast_metrics["tokens_per_s"],
-                      "ratio": fast_metrics["tokens_per_s"] / straight["tokens_per_s"],
-                      "same_weights": fast_metrics["weights_sha256"] == straight["weights_sha256"]},
-    }
+def exact_resume_lines(exact: dict[str, Any]) -> list[str]:
+    return [f"exact stop and resume (deterministic=true, stop at {exact['stop_at']} of {exact['max_steps']}): "
+            f"weights sha256 equal: {exact['resumed'][:16]}... OK"]
 
 
-def report(result: dict[str, Any], elapsed_s: float) -> None:
-    """Print the numbers, one line each."""
-    print(f"device {result['device']}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    for row in result["sizes"]:
-        mfu = "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}"
-        print(f"{row['size']:>8} ({row['parameters'] / 1e6:.1f}M params, batch {row['tokens']['batch_size']}x"
-              f"{row['tokens']['seq_len']}, {row['precision']}, tf32={row['tf32']}, {row['attn_implementation']}): "
-              f"{row['tokens_per_s']:.0f} tokens/s, MFU {mfu}; checkpoint {row['checkpoint_gb']:.2f} GB: "
-              f"save {row['save_s']:.2f} s, resume {row['resume_s']:.2f} s (warm page cache)")
-    print("\n".join(memory_lines(result["memory"])))
-    exact = result["exact_resume"]
-    print(f"exact stop and resume (deterministic=true, stop at {exact['stop_at']} of {exact['max_steps']}): "
-          f"weights sha256 equal: {exact['resumed'][:16]}... OK")
-    fast = result["fast_path"]
-    print(f"fast path (deterministic=false): {fast['fast_tokens_per_s']:.0f} tokens/s vs "
-          f"{fast['deterministic_tokens_per_s']:.0f} deterministic: x{fast['ratio']:.2f}; "
-          f"same weights as deterministic: {fast['same_weights']}")
-    print(fsdp_line(result["fsdp"]))
-    lora = result["lora"]
+def fast_path_lines(fast: dict[str, Any]) -> list[str]:
+    return [f"fast path (deterministic=false): {fast['fast_tokens_per_s']:.0f} tokens/s vs "
+            f"{fast['deterministic_tokens_per_s']:.0f} deterministic: x{fast['ratio']:.2f}; "
+            f"same weights as deterministic: {fast['same_weights']}"]
+
+
+def lora_lines(lora: dict[str, Any]) -> list[str]:
     mfu = "n/a" if lora["mfu"] is None else f"{lora['mfu']:.1%}"
     peak = "n/a" if lora["peak_memory_gib"] is None else f"{lora['peak_memory_gib']:.1f} GiB"
-    print(f"LoRA fine-tuning of a saved {lora['size']} folder ({lora['parameters'] / 1e6:.1f}M params, batch "
-          f"{lora['tokens']['batch_size']}x{lora['tokens']['seq_len']}): {lora['tokens_per_s']:.0f} tokens/s, "
-          f"MFU {mfu} (over the frozen base's forward and backward), peak memory {peak}; "
-          f"checkpoint {lora['checkpoint_gb'] * 1e3:.1f} MB")
-    print("\n".join(step_time_lines(result["step_time"])))
-    print("\n".join(telemetry_lines(result["telemetry"])))
-    print(profile_line(result["profile"]))
-    print(loss_line(result["loss"]))
-    print(f"total {elapsed_s:.0f} s (budget {BUDGET_S} s)")
+    router = lora["router"] or {}
+    return [f"LoRA fine-tuning of a saved {lora['size']} folder ({lora['parameters'] / 1e6:.1f}M params, batch "
+            f"{lora['tokens']['batch_size']}x{lora['tokens']['seq_len']}): {lora['tokens_per_s']:.0f} tokens/s, "
+            f"MFU {mfu} (over the frozen base's forward and backward), peak memory {peak}; "
+            f"checkpoint {lora['checkpoint_gb'] * 1e3:.1f} MB; router max/mean load "
+            f"{router.get('max_mean_load')}, idle experts {router.get('idle_fraction')}"]
+
+
+def full_finetune_check(plan: Plan, workdir: Path, lora: dict[str, Any] | None) -> dict[str, Any]:
+    """Full fine-tuning of the LoRA check's folder, the same batches: LoRA's speed and memory over it."""
+    folder = workdir / "lora-base-folder"
+    if not (folder / "config.json").is_file():
+        raise CheckFailed("the LoRA check saved no model folder to fine-tune")
+    size = Size(plan.lora_base.label, {**plan.lora_base.model, **folder_model_keys(folder), "peft": "none"},
+                plan.lora_base.data)
+    trial = write_trial(workdir / "full-finetune", plan, size, deterministic=False)
+    release_gpu_memory(plan)
+    if plan.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    metrics = train(trial)
+    check_run("full fine-tuning", metrics, plan, False)
+    drop_checkpoints(trial)
+    if not metrics.get("router"):
+        raise CheckFailed("full fine-tuning of a MoE folder: metrics.json has no router statistics")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if plan.device == "cuda" else None
+    return {"size": size.label, "tokens_per_s": metrics["tokens_per_s"], "mfu": metrics.get("mfu"),
+            "peak_memory_gib": peak, "router": metrics["router"],
+            "lora_speedup": None if lora is None else lora["tokens_per_s"] / metrics["tokens_per_s"],
+            "lora_memory": None if lora is None or peak is None else lora["peak_memory_gib"] / peak}
+
+
+def full_finetune_lines(full: dict[str, Any]) -> list[str]:
+    mfu = "n/a" if full["mfu"] is None else f"{full['mfu']:.1%}"
+    peak = "n/a" if full["peak_memory_gib"] is None else f"{full['peak_memory_gib']:.1f} GiB"
+    ratios = ("" if full["lora_speedup"] is None else f"; LoRA/full tokens/s {full['lora_speedup']:.2f}"
+              + ("" if full["lora_memory"] is None else f", peak memory {full['lora_memory']:.2f}"))
+    return [f"full fine-tuning of the same {full['size']} folder: {full['tokens_per_s']:.0f} tokens/s, MFU {mfu}, "
+            f"peak memory {peak}; router max/mean load {full['router'].get('max_mean_load')}{ratios}"]
+
+
+MEMORY_RUNS = (
+    ("small-deterministic", "small"), ("small-deterministic-resumed", "small"), ("small-fast", "small"),
+    ("large-fast", "large"), ("large-fsdp", "large"), ("lora-fast", "lora_base"), ("full-finetune", "lora_base"),
+    ("small-slow-data", "small"), ("small-profiled", "small"),
+)
+"""Every trial the check runs, by its dir, and the plan's size it trains: each one's plan against its peak."""
+
+
+def memory_check(plan: Plan, sections: Sections) -> list[dict[str, Any]]:
+    """The plan against the measured peak of every trial that completed, each row printed; the rows
+    out of ``MEMORY_BAND`` on a GPU fail the part, after all are printed."""
+    rows, wrong = [], []
+    for name, size_key in MEMORY_RUNS:
+        metrics = TRAINED.get(name)
+        if metrics is None or metrics.get("status") != "completed":
+            continue
+        size = dataclasses.replace(getattr(plan, size_key), label=name)
+        try:
+            rows += memory_plan_checks(plan, [(size, metrics)])
+        except CheckFailed as err:
+            wrong.append(str(err))
+            estimate, peak = metrics.get("memory_plan") or {}, metrics.get("memory_peak") or {}
+            if estimate.get("tensors_bytes") and peak.get("bytes"):
+                rows.append({"size": name, "plan_bytes": estimate["tensors_bytes"],
+                             "total_bytes": estimate["total_bytes"], "peak_bytes": peak["bytes"],
+                             "peak_source": peak["source"], "ratio": estimate["tensors_bytes"] / peak["bytes"],
+                             "compared": False, "out_of_band": True, "parts": estimate["bytes"]})
+    print("\n".join(memory_lines(rows)), flush=True)
+    sections.result["memory"] = rows
+    if wrong:
+        raise CheckFailed("; ".join(wrong))
+    return rows
+
+
+def run_checks(plan: Plan, workdir: Path, start: float | None = None) -> Sections:
+    """Every part of the plan, checked and printed in turn; ``Sections`` holds the numbers and what failed."""
+    sections = Sections(time.perf_counter() if start is None else start)
+    run = sections.run
+    print(f"device {torch.cuda.get_device_name() if plan.device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}, transformers {transformers.__version__}, peft {peft.__version__}", flush=True)
+    exact = run("exact_resume", lambda: exact_resume_check(plan, workdir), exact_resume_lines)
+
+    fast = write_trial(workdir / "small-fast", plan, plan.small, deterministic=False)
+    large = write_trial(workdir / "large-fast", plan, plan.large, deterministic=False)
+
+    def train_checked(trial: Path, name: str) -> dict[str, Any]:
+        release_gpu_memory(plan)
+        metrics = train(trial)
+        check_run(name, metrics, plan, False)
+        return metrics
+
+    fast_metrics = run("fast", lambda: train_checked(fast, "fast path"))
+    if exact is not None and fast_metrics is not None:
+        run("fast_path", lambda: {"deterministic_tokens_per_s": exact["tokens_per_s"],
+                                  "fast_tokens_per_s": fast_metrics["tokens_per_s"],
+                                  "ratio": fast_metrics["tokens_per_s"] / exact["tokens_per_s"],
+                                  "same_weights": fast_metrics["weights_sha256"] == exact["straight"]},
+            fast_path_lines)
+    large_metrics = run("large", lambda: train_checked(large, "large"))
+    rows = []
+    for size, trial, metrics in ((plan.small, fast, fast_metrics), (plan.large, large, large_metrics)):
+        if metrics is not None:
+            row = run(f"size {size.label}", lambda: size_row(size, trial, metrics), lambda r: [size_line(r)])
+            rows += [row] if row is not None else []
+    sections.result["sizes"] = rows
+    lora = run("lora", lambda: run_lora_check(plan, workdir), lora_lines)
+    if large_metrics is not None:
+        run("fsdp", lambda: fsdp_check(plan, workdir, large_metrics), lambda f: [fsdp_line(f)])
+        run("telemetry", lambda: {"trial": trial_telemetry_check(plan, "large", large_metrics),
+                                  "matmul": nvml_matmul_check(plan)}, telemetry_lines)
+    if fast_metrics is not None:
+        run("step_time", lambda: step_time_check(plan, workdir, fast_metrics), step_time_lines)
+    run("profile", lambda: profile_check(plan, workdir), lambda p: [profile_line(p)])
+
+    def loss_part() -> dict[str, Any]:
+        release_gpu_memory(plan)
+        loss = loss_check(torch.device(plan.device), **(LOSS_SIZES if plan.device == "cuda" else SMOKE_LOSS_SIZES))
+        if loss["failed"]:
+            raise CheckFailed(loss_line(loss))
+        return loss
+
+    run("loss", loss_part, lambda loss: [loss_line(loss)])
+    run("full_finetune", lambda: full_finetune_check(plan, workdir, lora), full_finetune_lines)
+    run("memory", lambda: memory_check(plan, sections))
+    return sections
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -656,16 +796,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        try:
-            result = run_checks(plan, workdir)
-        except CheckFailed as err:
-            print(f"FAIL: {err}", file=sys.stderr)
-            return 1
+        sections = run_checks(plan, args.workdir or Path(tmp), start)
     elapsed = time.perf_counter() - start
-    report(result, elapsed)
+    print(f"total {elapsed:.0f} s (budget {BUDGET_S} s)")
     if args.json:
-        args.json.write_text(json.dumps({**result, "elapsed_s": elapsed}, indent=2))
+        args.json.write_text(json.dumps({**sections.result, "failed": sections.failed, "elapsed_s": elapsed},
+                                        indent=2, default=str))
+    if sections.failed:
+        print(f"FAIL: {len(sections.failed)} part(s) failed: {', '.join(sections.failed)}", file=sys.stderr)
+        return 1
     if not args.smoke and elapsed > BUDGET_S:
         print(f"FAIL: took {elapsed:.0f} s, over the {BUDGET_S} s budget: shrink the plan", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     assert "FAIL" not in printed.err
     assert "exact stop and resume (deterministic=true, stop at 3 of 6): weights sha256 equal" in printed.out
     assert "fast path (deterministic=false)" in printed.out
-    assert "memory     tiny: plan " in printed.out and "(CPU: the resident set counts the whole process" in printed.out
+    assert "memory small-fast: plan " in printed.out and "(CPU: the resident set counts the whole process" in printed.out
     assert "FSDP (tiny-x2, trainer.parallel=fsdp over one rank):" in printed.out
     assert "LoRA fine-tuning of a saved tiny folder" in printed.out
     assert "step time (fast path, last window of 3 steps" in printed.out and "(rss) OK" in printed.out
@@ -62,8 +62,16 @@ def test_gpu_check_smoke_passes_on_cpu(tmp_path, monkeypatch, capsys):
     # The memory plan as the trial ran (fp32, eager, one CPU worker) and the peak beside it.
     assert (fast["memory_plan"]["setup"]["precision"], fast["memory_plan"]["setup"]["fused_attention"]) == ("fp32", False)
     assert fast["memory_plan"]["verdict"] == "not compared" and fast["memory_peak"]["source"] == "VmHWM"
-    # Every run's plan beside its peak: DDP small and large, FSDP, and LoRA over a saved folder.
-    assert [row["size"] for row in result["memory"]] == ["tiny", "tiny-x2", "tiny-x2-fsdp", "tiny-lora"]
+    # Every run's plan beside its peak, each trial by its dir (no slow-data trial on CPU).
+    assert [row["size"] for row in result["memory"]] == [
+        "small-deterministic", "small-deterministic-resumed", "small-fast", "large-fast", "large-fsdp", "lora-fast",
+        "full-finetune", "small-profiled"]
+    assert result["failed"] == []
+    # Full fine-tuning of the LoRA check's MoE folder, beside LoRA's speed; both kept router statistics.
+    full = result["full_finetune"]
+    assert full["tokens_per_s"] > 0 and full["lora_speedup"] == pytest.approx(lora["tokens_per_s"] / full["tokens_per_s"])
+    assert full["router"]["experts"] == 4 and lora["router"]["experts"] == 4
+    assert "full fine-tuning of the same tiny folder: " in printed.out
     assert all(0 < row["plan_bytes"] < row["peak_bytes"] for row in result["memory"])
 
 
@@ -101,3 +109,25 @@ def test_gpu_check_fails_loudly_without_a_gpu(monkeypatch, capsys):
         runpy.run_path(str(SCRIPT), run_name="__main__")
     assert done.value.code == 1
     assert capsys.readouterr().err.startswith("FAIL: no CUDA device visible")
+
+
+def test_a_failed_part_of_the_gpu_check_is_named_and_the_rest_still_run(capsys):
+    # One GPU run must show everything it can: a part that fails (a check, or any error) prints FAIL and is
+    # listed, and the parts after it run and print.
+    check = runpy.run_path(str(SCRIPT))
+    sections = check["Sections"](0.0)
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    def refused():
+        raise check["CheckFailed"]("MFU 1.3 on 'NVIDIA H200'")
+
+    assert sections.run("broken", broken) is None
+    assert sections.run("refused", refused, lambda v: ["never printed"]) is None
+    assert sections.run("fine", lambda: {"x": 1}, lambda v: [f"fine {v['x']} OK"]) == {"x": 1}
+    printed = capsys.readouterr()
+    assert sections.failed == ["broken", "refused"] and sections.result == {"fine": {"x": 1}}
+    assert "FAIL broken: RuntimeError: CUDA error: an illegal memory access" in printed.err
+    assert "FAIL refused: MFU 1.3 on 'NVIDIA H200'" in printed.err
+    assert printed.out == "fine 1 OK\n"
