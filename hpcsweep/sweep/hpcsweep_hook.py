@@ -139,7 +139,9 @@ class HpcsweepTrials(TrialHook):
     def check_sweep(self, trials: Sequence[SweepTrial]) -> None:
         """No trial fine-tunes a model folder on synthetic tokens unless its command line says so
         (``hpcsweep.sweep.fine_tune_data``); every trial dir that holds a checkpoint was trained with this
-        trial's config (or ``resume.force``); the sweep's default MLflow store exists before its trials start."""
+        trial's config (or ``resume.force``); the sweep's default MLflow store exists before its trials start.
+        Then, locally and on Slurm alike, it says whether an earlier sweep dir of this command holds
+        unfinished trials, with the line that resumes it (``hpcsweep.sweep.earlier_sweep``)."""
         from hpcsweep.sweep.fine_tune_data import refuse_synthetic_fine_tuning
         from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 
@@ -150,6 +152,13 @@ class HpcsweepTrials(TrialHook):
                 raise SweepConfigError(f"trial #{t.num} ({trial_label(t.overrides)}): {err}") from None
         check_resumes([PreparedTrial(t.num, t.overrides, t.trial_dir, *t.app_config) for t in trials], self._records)
         create_default_mlflow_stores((t.app_config[0].logging, Path(t.trial_dir)) for t in trials)
+        # Said once the sweep is accepted, before it runs here or is submitted: a Slurm sweep cancelled
+        # (scancel) and typed again has the same stopped trials in its earlier dir as a Ctrl-C'd local one.
+        from hpcsweep.sweep.earlier_sweep import say_if_an_earlier_sweep_stopped
+
+        sweep_dir = getattr(getattr(self._sweep, "config", None), "hydra", {}).get("sweep", {}).get("dir")
+        if sweep_dir:  # a launcher's sweep (begin_sweep); not a hook driven without one
+            say_if_an_earlier_sweep_stopped(Path(str(sweep_dir)), [t.overrides for t in trials])
 
     def sweep_facts(self, trials: Sequence[SweepTrial]) -> dict[str, Any]:
         """``models``: the identity of each model folder the trials load, by ``model.path``, as submitted."""
@@ -182,12 +191,7 @@ class HpcsweepTrials(TrialHook):
     ) -> list[JobReturn]:
         """Say which trials resume, then run them; a stop signal (Ctrl-C) stops the running trials with a
         checkpoint and starts no further one, and the command says in one line how to resume."""
-        from hydra.core.hydra_config import HydraConfig
-
-        from hpcsweep.sweep.earlier_sweep import say_if_an_earlier_sweep_stopped
-
         log_resume_state(trials)
-        say_if_an_earlier_sweep_stopped(Path(str(HydraConfig.get().sweep.dir)), [t.overrides for t in trials])
         prepare_here([t.app_config[0] for t in trials])
         return super().run_locally(trials, run_trials)
 
