@@ -123,14 +123,28 @@ def deepseek_aux_loss(router: Router, *, seq_aux: bool) -> torch.Tensor:
     return (share * scores.mean(dim=1)).sum(dim=1).mean()
 
 
-def aux_loss(routers: list[Router], config: Any) -> torch.Tensor:
-    """The balance loss of one forward over ``routers``' records, without the coefficient."""
+def aux_losses(routers: list[Router], config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The balance loss of one forward over ``routers``' records, without the coefficient, and each
+    layer's own (a vector, one per router).
+
+    DeepSeek's loss is the sum of its layers'. Switch's (Mixtral, Qwen-MoE) is taken over every layer's
+    choices at once, as transformers computes it; a layer's own is the same function of that layer alone,
+    a statistic only (no gradient)."""
     if aux_loss_family(config) == "switch":
         from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
-        return load_balancing_loss_func(tuple(r.logits for r in routers), routers[0].experts, routers[0].top_k)
+        overall = load_balancing_loss_func(tuple(r.logits for r in routers), routers[0].experts, routers[0].top_k)
+        with torch.no_grad():
+            per_layer = torch.stack([load_balancing_loss_func((r.logits,), r.experts, r.top_k) for r in routers])
+        return overall, per_layer
     seq_aux = bool(getattr(config, "seq_aux", True))
-    return torch.stack([deepseek_aux_loss(r, seq_aux=seq_aux) for r in routers]).sum()
+    per_layer = torch.stack([deepseek_aux_loss(r, seq_aux=seq_aux) for r in routers])
+    return per_layer.sum(), per_layer
+
+
+def aux_loss(routers: list[Router], config: Any) -> torch.Tensor:
+    """The balance loss of one forward over ``routers``' records, without the coefficient."""
+    return aux_losses(routers, config)[0]
 
 
 @dataclass
@@ -150,15 +164,15 @@ class RouterBalance:
     step_counts: torch.Tensor = field(init=False)
     window_counts: torch.Tensor = field(init=False)
     window_aux: torch.Tensor = field(init=False)
-    """The window's sum of the unweighted aux loss and its count of forwards, kept on the device: no
-    host sync per micro-batch."""
+    """The window's sum of the unweighted aux loss, its count of forwards, then each layer's sum, kept on
+    the device: no host sync per micro-batch."""
 
     def __post_init__(self) -> None:
         device = self.routers[0].module.weight.device
         shape = (len(self.routers), max(r.experts for r in self.routers))
         self.step_counts = torch.zeros(shape, dtype=torch.int64, device=device)
         self.window_counts = torch.zeros(shape, dtype=torch.int64, device=device)
-        self.window_aux = torch.zeros(2, dtype=torch.float64, device=device)
+        self.window_aux = torch.zeros(2 + len(self.routers), dtype=torch.float64, device=device)
         for router in self.routers:
             router.module.register_forward_hook(router.record)
 
@@ -174,14 +188,14 @@ class RouterBalance:
             self.step_counts += counts
             self.window_counts += counts
         if self.aux_loss_coef > 0:
-            loss = aux_loss(self.routers, self.config)
+            loss, per_layer = aux_losses(self.routers, self.config)
             weighted = self.aux_loss_coef * loss
         else:
             with torch.no_grad():
-                loss = aux_loss(self.routers, self.config)
+                loss, per_layer = aux_losses(self.routers, self.config)
             weighted = 0.0
-        self.window_aux += torch.stack([loss.detach().double(), torch.ones((), dtype=torch.float64,
-                                                                           device=self.window_aux.device)])
+        one = torch.ones(1, dtype=torch.float64, device=self.window_aux.device)
+        self.window_aux += torch.cat([loss.detach().double().view(1), one, per_layer.detach().double()])
         for router in self.routers:
             router.logits = router.chosen = None
         return weighted
@@ -210,10 +224,13 @@ class RouterBalance:
         self.window_counts.zero_()
         self.window_aux.zero_()
         loads = {r.layer: counts[row, : r.experts].tolist() for row, r in enumerate(self.routers)}
-        mean_aux = aux[0].item() / aux[1].item() if aux[1].item() else None
+        sums = aux.tolist()
+        forwards = sums[1]
+        mean_aux = sums[0] / forwards if forwards else None
+        layer_aux = {r.layer: sums[2 + row] / forwards for row, r in enumerate(self.routers)} if forwards else None
         return router_stats.window_stats(
             loads, top_k=self.routers[0].top_k, aux_loss=mean_aux, aux_loss_coef=self.aux_loss_coef,
-            bias_update_rate=self.bias_update_rate)
+            bias_update_rate=self.bias_update_rate, layer_aux_loss=layer_aux)
 
 
 class NoBalance:

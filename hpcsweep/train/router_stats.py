@@ -1,8 +1,8 @@
 """A log window's router statistics, from the tokens each expert got (pure: lists of counts in, a dict out).
 
 Per MoE layer and overall: ``max_mean_load``, the most loaded expert's tokens over the mean expert's
-(1.0 is perfect balance; ``experts / top_k`` means every token went to the same ``top_k`` experts), and
-``idle_fraction``, the share of experts that got no token. Overall, ``max_mean_load`` is the worst
+(1.0 is perfect balance; ``experts / top_k`` means every token went to the same ``top_k`` experts),
+``idle_fraction``, the share of experts that got no token, and ``aux_loss``, the balance loss. Overall, ``max_mean_load`` is the worst
 layer's and ``idle_fraction`` is over every layer's experts together. The record is metrics.json's
 ``router``; ``tensorboard_scalars`` gives its ``moe/*`` scalars. ``hpcsweep.results.routing`` reads it.
 """
@@ -26,12 +26,14 @@ def idle_fraction(counts: Sequence[int]) -> float:
 
 def window_stats(
     loads: Mapping[int, Sequence[int]], *, top_k: int, aux_loss: float | None, aux_loss_coef: float,
-    bias_update_rate: float,
+    bias_update_rate: float, layer_aux_loss: Mapping[int, float] | None = None,
 ) -> dict[str, Any]:
-    """metrics.json's ``router``: ``loads`` maps each MoE layer to its experts' token counts (over every rank)."""
+    """metrics.json's ``router``: ``loads`` maps each MoE layer to its experts' token counts (over every
+    rank), ``layer_aux_loss`` each layer to its own balance loss (the window's mean; None: no forward)."""
     layers = {
         str(layer): {"max_mean_load": max_mean_load(counts), "idle_fraction": idle_fraction(counts),
-                     "tokens": int(sum(counts))}
+                     "tokens": int(sum(counts)),
+                     "aux_loss": None if layer_aux_loss is None else layer_aux_loss.get(layer)}
         for layer, counts in sorted(loads.items())
     }
     worst = [v["max_mean_load"] for v in layers.values() if v["max_mean_load"] is not None]
@@ -53,7 +55,7 @@ def tensorboard_scalars(stats: Mapping[str, Any]) -> dict[str, float]:
     scalars = {f"moe/{key}": stats[key] for key in ("max_mean_load", "idle_fraction", "aux_loss")
                if stats.get(key) is not None}
     for layer, values in stats.get("layers", {}).items():
-        for key in ("max_mean_load", "idle_fraction"):
-            if values[key] is not None:
+        for key in ("max_mean_load", "idle_fraction", "aux_loss"):
+            if values.get(key) is not None:
                 scalars[f"moe/layer{layer}/{key}"] = values[key]
     return scalars

@@ -95,8 +95,14 @@ def test_deepseek_v2_loss_is_deepseeks_moegate_loss_summed_over_layers(seq_aux):
     model(input_ids=batch(torch.Generator().manual_seed(0), rows=3, seq=8))
     expected = sum(deepseek_moegate_aux_loss(r.logits, r.chosen, sequences=3, top_k=2, seq_aux=seq_aux)
                    for r in balance.routers)
+    layers = [deepseek_moegate_aux_loss(r.logits, r.chosen, sequences=3, top_k=2, seq_aux=seq_aux).item()
+              for r in balance.routers]
     assert [r.layer for r in balance.routers] == [1, 2]
     torch.testing.assert_close(balance.take_aux_loss(), 0.5 * expected, rtol=1e-6, atol=0)
+    # The window's record: each layer's own loss (one forward: its value), and their sum overall.
+    report = balance.window_report(ONE)
+    assert [report["layers"][str(n)]["aux_loss"] for n in (1, 2)] == pytest.approx(layers, rel=1e-6)
+    assert report["aux_loss"] == pytest.approx(sum(layers), rel=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
@@ -107,6 +113,14 @@ def test_switch_family_loss_equals_the_models_own_aux_loss(kind):
     model.train()
     out = model(input_ids=batch(torch.Generator().manual_seed(0), rows=2, seq=8), output_router_logits=True)
     torch.testing.assert_close(balance.take_aux_loss(), 0.001 * out.aux_loss, rtol=1e-6, atol=0)
+    # Each layer's own: the same function of that layer's router logits alone.
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    layers = balance.window_report(ONE)["layers"]
+    own = [load_balancing_loss_func((logits,), model.config.num_experts if kind == "qwen2_moe" else
+                                    model.config.num_local_experts, model.config.num_experts_per_tok).item()
+           for logits in out.router_logits]
+    assert [layers[key]["aux_loss"] for key in sorted(layers, key=int)] == pytest.approx(own, rel=1e-6)
 
 
 def test_the_coefficient_is_the_folders_own_unless_set_and_zero_switches_it_off():
@@ -191,14 +205,14 @@ def test_under_lora_the_v3_bias_stays_and_the_aux_loss_reaches_the_adapters():
 
 def test_window_statistics_per_layer_and_overall():
     stats = router_stats.window_stats({1: [30, 10, 0, 0], 3: [10, 10, 10, 10]}, top_k=2, aux_loss=1.5,
-                                      aux_loss_coef=0.001, bias_update_rate=0.0)
-    assert stats["layers"] == {"1": {"max_mean_load": 3.0, "idle_fraction": 0.5, "tokens": 40},
-                               "3": {"max_mean_load": 1.0, "idle_fraction": 0.0, "tokens": 40}}
+                                      aux_loss_coef=0.001, bias_update_rate=0.0, layer_aux_loss={1: 0.9, 3: 0.6})
+    assert stats["layers"] == {"1": {"max_mean_load": 3.0, "idle_fraction": 0.5, "tokens": 40, "aux_loss": 0.9},
+                               "3": {"max_mean_load": 1.0, "idle_fraction": 0.0, "tokens": 40, "aux_loss": 0.6}}
     assert (stats["max_mean_load"], stats["idle_fraction"], stats["experts"]) == (3.0, 0.25, 4)
     assert router_stats.tensorboard_scalars(stats) == {
         "moe/max_mean_load": 3.0, "moe/idle_fraction": 0.25, "moe/aux_loss": 1.5,
-        "moe/layer1/max_mean_load": 3.0, "moe/layer1/idle_fraction": 0.5,
-        "moe/layer3/max_mean_load": 1.0, "moe/layer3/idle_fraction": 0.0}
+        "moe/layer1/max_mean_load": 3.0, "moe/layer1/idle_fraction": 0.5, "moe/layer1/aux_loss": 0.9,
+        "moe/layer3/max_mean_load": 1.0, "moe/layer3/idle_fraction": 0.0, "moe/layer3/aux_loss": 0.6}
 
 
 @pytest.mark.parametrize("key, value", [("aux_loss_coef", -0.1), ("bias_update_rate", -0.001),
