@@ -62,9 +62,12 @@ TOKENIZER_NAMES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
     "chat_template.jinja",
 )
-# A folder holding config.json beside any of these is a model folder or an export: data, not code.
+# A folder holding any of these is a model folder or an export: data, not code. None needs a config.json
+# beside it: a LoRA export is adapter_config.json, adapter_model.safetensors, README.md and the base's
+# tokenizer and remote code (``hpcsweep.export.writer``), and has none.
 MODEL_MARKERS = ("adapter_config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
-                 *TOKENIZER_NAMES)
+                 "tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 # The packages whose imports must come from the snapshot, and where each goes inside it (inside the
 # archive: ``in_archive``).
 PACKAGES = {"hpcsweep": "hpcsweep", "hpcsweep.configs": "hpcsweep/configs",
@@ -121,11 +124,16 @@ def excluded(name: str, patterns: Iterable[str] = EXCLUDED_NAMES) -> bool:
 
 
 def is_model_folder(names: Iterable[str]) -> bool:
-    """Whether a folder holding files ``names`` is a model folder or an export (weights or tokenizer
-    beside a config.json), whose files, remote code included, are data."""
+    """Whether a folder holding files ``names`` is a model folder or an export (weights, a tokenizer or a
+    peft adapter: ``MODEL_MARKERS``, ``WEIGHT_SUFFIXES``), whose files, remote code included, are data.
+
+    A Python package (an ``__init__.py``) never is: its modules are what trials import, and a checkpoint
+    or vocabulary kept beside them stays out as a file (``is_code``) without taking the package along.
+    """
     names = set(names)
-    return "config.json" in names and any(
-        name in MODEL_MARKERS or name.endswith((".safetensors", ".bin")) for name in names)
+    if "__init__.py" in names:
+        return False
+    return any(name in MODEL_MARKERS or name.endswith(WEIGHT_SUFFIXES) for name in names)
 
 
 def is_code(name: str, in_package: bool) -> bool:

@@ -44,14 +44,21 @@ def users_folder(root: Path) -> Path:
     write(root / "mypkg" / "__init__.py")
     write(root / "mypkg" / "labels.json", "[]")  # package data: kept
     write(root / "mypkg" / "notes.txt")  # text, even in a package: left out
+    write(root / "mypkg" / "head.pt")  # a checkpoint kept in a package: left out, and the package kept
     write(root / "README.md", "# mine\n")
     write(root / "corpus" / "doc-000.txt", "some text\n")
     write(root / "corpus" / "extra.jsonl", '{"text": "x"}\n')
     write(root / "tokenizer.json", "{}")
     for name in ("config.json", "model.safetensors", "tokenizer.json", "modeling_mine.py"):
         write(root / "models" / "mine" / name, "{}")
-    for name in ("adapter_config.json", "adapter_model.safetensors", "README.md", "config.json"):
+    # A LoRA export as hpcsweep.export writes one: no config.json, the base's tokenizer and its remote code.
+    for name in ("adapter_config.json", "adapter_model.safetensors", "README.md", "tokenizer.json",
+                 "tokenizer_config.json", "tokenization_mine.py"):
         write(root / "exports" / "adapter" / name, "{}")
+    for name in ("tokenizer.model", "tokenizer_config.json", "tokenization_other.py"):  # a tokenizer alone
+        write(root / "tokenizers" / "other" / name, "{}")
+    write(root / "gguf" / "model-q4.gguf")
+    write(root / "gguf" / "convert_helper.py")
     write(root / "exports" / "merged" / "config.json", "{}")
     write(root / "exports" / "merged" / "model.safetensors", "{}")
     write(root / "multirun" / "2026-12-03" / "10-00-00" / "0" / "metrics.json", "{}")
@@ -66,6 +73,9 @@ def test_only_the_code_of_a_working_tree_is_chosen(tmp_path):
     assert choose_files(SourceTree(root, "", code_only=True)) == CODE
     assert is_model_folder(["config.json", "model-00001-of-00002.safetensors"])
     assert is_model_folder(["config.json", "tokenizer.json"]) and not is_model_folder(["config.json", "x.py"])
+    assert is_model_folder(["adapter_config.json", "README.md", "tokenization_x.py"])  # no config.json
+    assert is_model_folder(["pytorch_model.bin", "x.py"]) and is_model_folder(["tokenizer.model", "x.py"])
+    assert not is_model_folder(["__init__.py", "model.py", "weights.pt"])  # a package is code
     assert is_code("x.py", False) and is_code("c.yml", False) and not is_code("README.md", False)
     assert is_code("schema.json", True) and not is_code("tokenizer_config.json", True)
     assert not is_code("vocab.txt", True) and not is_code("w.bin", True)
@@ -84,6 +94,58 @@ def test_in_a_git_checkout_only_what_git_tracks_or_would_track(tmp_path):
     user_files = sorted(p.relative_to(code).as_posix() for p in code.rglob("*")
                         if p.is_file() and p.name not in ("SNAPSHOT.json", ARCHIVE_FILE))
     assert user_files == sorted([*CODE, "new_module.py"])
+
+
+REMOTE_TOKENIZER = '''from transformers import PreTrainedTokenizerFast
+
+
+class TinyRemoteTokenizer(PreTrainedTokenizerFast):
+    """The base's own tokenizer class: its export carries this module."""
+'''
+
+
+def test_a_lora_export_beside_the_code_stays_out_with_its_remote_code(tmp_path):
+    # The export as `python -m hpcsweep.export` writes it for a LoRA trial of a base whose tokenizer is
+    # remote code: adapter_config.json, adapter_model.safetensors, README.md, the tokenizer files and the
+    # tokenizer's *.py, and no config.json.
+    import json
+
+    import torch
+
+    from hpcsweep.export import cli
+    from hpcsweep.files.sweep_record import SweepRecord, TrialRecord, now_iso, write_sweep_record
+    from hpcsweep.train import worker
+    from tests.export_folders import make_remote_code_folder
+
+    from .trial_dirs import make_trial_dir
+
+    torch.set_num_threads(1)
+    base = make_remote_code_folder(tmp_path / "models" / "remote")
+    (base / "tokenization_tiny_remote.py").write_text(REMOTE_TOKENIZER)
+    tokenizer_config = json.loads((base / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": [None, "tokenization_tiny_remote.TinyRemoteTokenizer"]}
+    (base / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    sweep_dir = tmp_path / "sweep"
+    trial_dir = make_trial_dir(sweep_dir / "0", {
+        "model.path": str(base), "model.trust_remote_code": True, "model.peft": "lora", "model.lora.r": 2,
+        "data.batch_size": 2, "data.seq_len": 16, "data.synthetic_tokens": 5000, "trainer.device": "cpu",
+        "trainer.max_steps": 2, "trainer.warmup_steps": 1, "trainer.eval_every": 2, "trainer.eval_batches": 1,
+        "trainer.log_every": 1, "trainer.ckpt_every": 0})
+    assert worker.run_trial(trial_dir) == 0
+    write_sweep_record(SweepRecord(str(sweep_dir), "local", now_iso(), [TrialRecord(0, [], str(trial_dir), None,
+                                                                                    now_iso())]))
+    root = tmp_path / "project"
+    write(root / "train.py")
+    write(root / "mypkg" / "__init__.py")
+    assert cli.main([str(sweep_dir), "--trial", "0", "--out", str(root / "exports" / "adapter")]) == 0
+    exported = sorted(p.name for p in (root / "exports" / "adapter").iterdir())
+    assert exported == ["README.md", "adapter_config.json", "adapter_model.safetensors", "tokenization_tiny_remote.py",
+                        "tokenizer.json", "tokenizer_config.json"]
+
+    code = Path(take_snapshot(tmp_path / "snapshot-sweep", root).path)
+    loose = sorted(p.relative_to(code).as_posix() for p in code.rglob("*")
+                   if p.is_file() and p.name not in ("SNAPSHOT.json", ARCHIVE_FILE))
+    assert loose == ["mypkg/__init__.py", "train.py"]
 
 
 def sparse(path: Path, size: int) -> Path:
