@@ -320,6 +320,28 @@ def test_a_local_sweep_of_two_trials_tokenizes_its_text_once_before_the_first_st
     assert again.entry == entry and again.is_cached()
 
 
+def test_a_second_preparation_of_the_same_corpus_says_it_reuses_the_entry_and_tokenizes_nothing(
+        tmp_path, folders, caplog):
+    from hpcsweep.sweep.text_preparation import prepare_here
+
+    model, _, corpus = folders
+    trial = trial_config_from_dict(composed(kind="text", files=globs(corpus), tokenizer=str(model),
+                                            cache_dir=str(tmp_path / "cache"), seq_len=16))
+    cached = text_corpus(globs(corpus), str(model), str(tmp_path / "cache"), "data.tokenizer")
+    reuse = f"data.files={globs(corpus)!r}: reusing its tokens, cache entry {cached.entry} (not tokenized again)"
+    caplog.set_level("INFO", logger="hpcsweep.sweep.text_preparation")
+
+    prepare_here([trial])
+    first = list(caplog.messages)
+    assert reuse not in first and any(m.startswith("tokenizing 5 files with") for m in first), first
+    written = cached.token_path.stat().st_mtime_ns
+    caplog.clear()
+
+    prepare_here([trial, trial])  # two trials of one corpus: said once
+    assert caplog.messages == [reuse]
+    assert cached.token_path.stat().st_mtime_ns == written
+
+
 def test_a_local_corpus_that_cannot_be_tokenized_ends_the_command_with_one_line(tmp_path, folders, caplog):
     from hpcsweep.sweep.text_preparation import prepare_here
 
