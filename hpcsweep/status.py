@@ -16,6 +16,7 @@ when a trial can never start; ``--logs N`` tails trial N's ``train.log`` and sub
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.files.metrics_file import NOT_STARTED
-from hpcsweep.files.sweep_record import missing_sweep_message
+from hpcsweep.files.sweep_record import SWEEP_FILE, missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import BudgetView
 from hpcsweep.results.failure import submitit_logs, tail, unexplained_failure
@@ -37,6 +38,8 @@ from hpcsweep.results.table import (
 )
 from hpcsweep.results.token_preparation import preparation_status
 from hpcsweep.results.wandb_sync import sync_line
+from hpcsweep.sweep.earlier_sweep import UNFINISHED
+from hpcsweep.sweep.resume_hint import RUN_DIR_KEY, SWEEP_DIR_KEY
 
 BAR_WIDTH = 20
 LOG_LINES = 30
@@ -49,8 +52,8 @@ EXIT_NEVER_STARTS = 3
 EXIT_CANCELLED = 4
 """Exit status when a trial was cancelled or never started (and none failed or is stuck)."""
 EXIT_STOPPED = 5
-"""Exit status when a trial stopped with a checkpoint and nothing runs it again (and none ended worse):
-run the same command again to resume it."""
+"""Exit status when a trial stopped with a checkpoint and nothing runs it again (and none ended worse);
+a ``resume:`` line after the trials says how to resume it (``resume_advice``)."""
 EXIT_INTERRUPTED = 130
 """Exit status of a Ctrl-C (the shell's 128 + SIGINT); ``--follow`` then ends without a traceback."""
 NOT_ENDED_WELL = {"cancelled": EXIT_CANCELLED, NOT_STARTED: EXIT_CANCELLED, "stopped": EXIT_STOPPED,
@@ -63,7 +66,10 @@ exit status (the first that applies):
      ReqNodeNotAvail on DOWN or DRAINED nodes, ...); --follow then stops instead of waiting for ever
   {EXIT_FAILED}  a trial failed
   {EXIT_CANCELLED}  a trial was cancelled, or never started (its token preparation failed ...)
-  {EXIT_STOPPED}  a trial stopped with a checkpoint (or the budget skipped it) and nothing runs it again
+  {EXIT_STOPPED}  a trial stopped with a checkpoint (or the budget skipped it) and nothing runs it again;
+     a "resume:" line after the trials says how: the local sweep's command again with
+     hydra.sweep.dir=SWEEP_DIR (the same command without it starts a new sweep from step 0);
+     python -m hpcsweep.retry SWEEP_DIR --status stopped,skipped_budget for a Slurm sweep
   0  every trial completed (or stopped early, or was pruned); without --follow: nothing above, so far
   2  SWEEP_DIR is neither a sweep nor a trial dir
   {EXIT_INTERRUPTED}  interrupted by Ctrl-C"""
@@ -189,6 +195,40 @@ def read_step_tokens(
     return tokens_per_step(parsed[text], world_size or 1)
 
 
+RESUMABLE = {"local": (*UNFINISHED, "skipped_budget"), "slurm": ("stopped", "skipped_budget")}
+"""By launcher, the statuses of trials that the ``resume_advice`` line picks up again: a local sweep's
+dir, run again, resumes its stopped trials and starts those a stop kept from starting (``UNFINISHED``);
+``hpcsweep.retry --status stopped,skipped_budget`` takes the stopped ones and those the budget skipped."""
+
+
+def resume_advice(rows: Sequence[TrialRow], launcher: str, sweep_dir: Path, single_trial: bool = False) -> str | None:
+    """The line that says how to resume the trials of ``rows`` that stopped and that nothing runs again,
+    once every trial has ended; None when there is none (or some trial still runs).
+
+    Hydra gives the same command typed again a new dir, whose trials start from step 0: a local sweep
+    resumes only with its dir pinned (the ``resume with:`` line its command printed on stopping), one
+    trial dir with ``hydra.run.dir``. sweep.json does not keep the command, so the line names the key
+    to add, not the whole command; the dir is absolute, as ``status`` may run from another folder than
+    the sweep was started from. A Slurm sweep's trials go back into their trial dirs with ``hpcsweep.retry``.
+    """
+    launcher = "slurm" if launcher == "slurm" else "local"
+    if not all_ended(rows) or not any(row.status in RESUMABLE[launcher] for row in rows):
+        return None
+    where = str(sweep_dir.resolve())
+    if single_trial:
+        line = f"resume: run its command again with {RUN_DIR_KEY}={where}"
+        if launcher == "slurm":
+            line += f" (sbatch: HPCSWEEP_TRIAL_DIR={shlex.quote(where)} sbatch slurm/train.sbatch with its overrides)"
+    elif launcher == "local":
+        line = (f"resume: run the sweep's command again with {SWEEP_DIR_KEY}={where} (the 'resume with:' line it "
+                "printed when it stopped); the same command without it starts a new sweep from step 0")
+    else:
+        line = f"resume: python -m hpcsweep.retry {shlex.quote(where)} --status stopped,skipped_budget"
+    if stopped_by_budget(rows):
+        line += "; raise hydra.launcher.budget_gpu_hours above the GPU-hours spent, or the budget stops it again"
+    return line
+
+
 def render_status(
     sweep_dir: Path, color: bool = False, parsed_configs: dict[str, Mapping[str, Any]] | None = None
 ) -> tuple[str, list[TrialRow]]:
@@ -213,6 +253,9 @@ def render_status(
         summary += "\n" + preparation_status(sweep.record.token_preparation)
     summary += "\n" + budget_text(sweep.usage.spent_hours if sweep.usage else None, sweep.record.budget_gpu_hours,
                                   color, stopped_by_budget(sweep.rows))
+    advice = resume_advice(sweep.rows, sweep.record.launcher, sweep_dir, not (sweep_dir / SWEEP_FILE).exists())
+    if advice:
+        lines.append(advice)
     return "\n".join([summary, *lines]) + "\n", sweep.rows
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hpcsweep import status
@@ -131,6 +133,50 @@ def test_cancelled_and_stopped_trials_are_not_failures_but_exit_non_zero(tmp_pat
     assert "2 trials, 1 cancelled, 1 stopped" in out and "error" not in out
     make_sweep(stopped_dir, [(["model.lr=1e-4"], metrics("completed")), (["model.lr=1e-3"], stopped)])
     assert status.main([str(stopped_dir)]) == status.EXIT_STOPPED == 5
+
+
+def test_a_stopped_sweep_ends_with_the_line_that_resumes_it_in_its_own_dir(tmp_path, capsys, fake_slurm,
+                                                                           monkeypatch):
+    # A Ctrl-C'd local sweep: the same command typed again starts a new sweep dir from step 0
+    # (docs/user/sweep.md), so the advice pins this dir, absolute, whatever folder status runs from.
+    local_dir = tmp_path / "multirun" / "2026-12-03" / "12-40-00"
+    stopped = metrics("stopped", step=3, last_stop_reason="interrupted")
+    make_sweep(local_dir, [(["model.lr=1e-4"], stopped), (["model.lr=1e-3"], metrics("not_started", step=0))])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert status.main([os.path.relpath(local_dir, elsewhere)]) == status.EXIT_CANCELLED  # ../multirun/...
+    resume = (f"resume: run the sweep's command again with hydra.sweep.dir={local_dir} (the 'resume with:' "
+              "line it printed when it stopped); the same command without it starts a new sweep from step 0")
+    assert capsys.readouterr().out.splitlines()[-1] == resume
+    make_sweep(tmp_path / "one-stopped", [(["model.lr=1e-4"], metrics("completed")), (["model.lr=1e-3"], stopped)])
+    assert status.main([str(tmp_path / "one-stopped")]) == status.EXIT_STOPPED
+    assert capsys.readouterr().out.splitlines()[-1] == resume.replace(str(local_dir), str(tmp_path / "one-stopped"))
+    assert "hydra.sweep.dir=SWEEP_DIR (the same command without it starts a new sweep from step 0)" in " ".join(
+        status.EPILOG.split())
+
+    # A Slurm sweep's stopped trials go back into their dirs with retry; a budget that stopped them is raised.
+    slurm_dir = tmp_path / "slurm"
+    make_sweep(slurm_dir, [(["model.lr=1e-4"], metrics("stopped", step=3, last_stop_reason="budget")),
+                           (["model.lr=1e-3"], metrics("skipped_budget", step=0))], launcher="slurm")
+    fake_slurm.answer("sacct", "41_0|COMPLETED|60|cpu=64,gres/gpu=8,node=1|node1\n"
+                               "41_1|COMPLETED|1|cpu=64,gres/gpu=8,node=1|node2\n")
+    assert status.main([str(slurm_dir)]) == status.EXIT_STOPPED
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"resume: python -m hpcsweep.retry {slurm_dir} --status stopped,skipped_budget; raise "
+        "hydra.launcher.budget_gpu_hours above the GPU-hours spent, or the budget stops it again")
+
+    # One trial dir resumes with hydra.run.dir (docs/user/sweep.md), not with a sweep dir.
+    assert status.main([str(local_dir / "0")]) == status.EXIT_STOPPED
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"resume: run its command again with hydra.run.dir={local_dir / '0'}"
+
+    # Nothing to say while a trial still runs, nor when every trial finished.
+    make_sweep(tmp_path / "running", [(["model.lr=1e-4"], metrics("running", step=4)), (["model.lr=1e-3"], stopped)])
+    make_sweep(tmp_path / "done", [(["model.lr=1e-4"], metrics("completed"))])
+    assert status.main([str(tmp_path / "running")]) == status.EXIT_STOPPED
+    assert status.main([str(tmp_path / "done")]) == 0
+    assert "resume:" not in capsys.readouterr().out
 
 
 def test_a_config_is_parsed_once_per_text_across_polls(tmp_path):
