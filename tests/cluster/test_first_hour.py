@@ -91,8 +91,11 @@ def test_a_corpus_only_the_exact_count_finds_too_small_cancels_the_trials_and_sa
                             capture_output=True, text=True, timeout=120)
     assert f"#0 cancelled: {errors[0]}" in report.stdout and "no error recorded" not in report.stdout
     # The same command again is refused up front, exactly, now that the cache entry exists.
+    before = all_job_ids(slurm_env)
     again = run_hpcsweep(command, tmp_path, slurm_env, timeout=180)
     assert_refused(again, "data.seq_len=64 is not allowed: at most ")
+    assert not submitted_from(slurm_env, tmp_path, before)  # sacct unchanged: nothing was submitted
+    assert len(list(tmp_path.glob("multirun/*/*/sweep.json"))) == 1  # no second sweep
 
 
 def test_a_completed_two_node_train_sbatch_job_logs_no_stack_trace(tmp_path, slurm_env):
