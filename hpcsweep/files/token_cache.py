@@ -64,7 +64,7 @@ class CorpusFile:
 
 
 def tokenizer_sha256(folder: str | os.PathLike[str]) -> str:
-    """The SHA-256 over the names and bytes of the tokenizer files in ``folder``.
+    """The SHA-256 over the names and bytes of the tokenizer files in ``folder``, its own code included.
 
     ``TokenCacheError`` when the folder holds none of ``TOKENIZER_FILES``.
     """
@@ -74,6 +74,9 @@ def tokenizer_sha256(folder: str | os.PathLike[str]) -> str:
         raise TokenCacheError(
             f"it holds no tokenizer files (one of {', '.join(TOKENIZER_FILES[:3])}, ...)"
         )
+    # A tokenizer that ships its own code (tokenization_*.py, run with model.trust_remote_code) tokenizes
+    # as that code says: an edit of it is another tokenizer, and must not reuse the old entry.
+    present += sorted(path.name for path in root.glob("tokenization*.py") if path.is_file())
     digest = hashlib.sha256()
     for name in present:
         digest.update(name.encode() + b"\0")
@@ -170,6 +173,9 @@ class TextCorpus:
     """Absolute path."""
     chat: ChatRendering | None = None
     """``data=chat``: how samples are rendered and masked; None for ``data=text``."""
+    trust_remote_code: bool = False
+    """``model.trust_remote_code``: the tokenizer loads with the code its folder ships. Not in the key:
+    a tokenizer that needs it does not load without it, so no entry is ever written without it."""
 
     @property
     def key(self) -> str:
@@ -205,11 +211,12 @@ class TextCorpus:
 
 def text_corpus(
     files: str | Sequence[str], tokenizer_folder: str, cache_dir: str, tokenizer_key: str,
-    chat: ChatRendering | None = None,
+    chat: ChatRendering | None = None, *, trust_remote_code: bool = False,
 ) -> TextCorpus:
-    """The corpus ``data.files`` names, tokenized by ``tokenizer_folder``, cached in ``cache_dir``
-    (relative paths: from the current directory). ``TokenCacheError`` naming the key at fault
-    (``tokenizer_key``: the config key that named the tokenizer folder)."""
+    """The corpus ``data.files`` names, tokenized by ``tokenizer_folder`` (trusting the code it ships
+    when ``trust_remote_code``), cached in ``cache_dir`` (relative paths: from the current directory).
+    ``TokenCacheError`` naming the key at fault (``tokenizer_key``: the config key that named the
+    tokenizer folder)."""
     folder = os.path.abspath(os.path.expanduser(tokenizer_folder))
     if not os.path.isdir(folder):
         raise TokenCacheError(f"{tokenizer_key}={tokenizer_folder!r} is not allowed: not a directory")
@@ -223,4 +230,5 @@ def text_corpus(
         files=corpus_files(files),
         cache_dir=os.path.abspath(os.path.expanduser(cache_dir)),
         chat=chat,
+        trust_remote_code=trust_remote_code,
     )

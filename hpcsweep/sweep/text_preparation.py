@@ -59,8 +59,8 @@ TOKENIZED_KINDS = ("text", "chat")
 
 @functools.cache
 def _text_corpus(files: tuple[str, ...], folder: str, cache_dir: str, tokenizer_key: str,
-                 chat: ChatRendering | None) -> TextCorpus:
-    return text_corpus(list(files), folder, cache_dir, tokenizer_key, chat)
+                 chat: ChatRendering | None, trust_remote_code: bool) -> TextCorpus:
+    return text_corpus(list(files), folder, cache_dir, tokenizer_key, chat, trust_remote_code=trust_remote_code)
 
 
 @functools.cache
@@ -77,7 +77,8 @@ def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
     assert data.files is not None and folder is not None  # DataConfig and TrialConfig check both
     key = "data.tokenizer" if data.tokenizer else "model.path"
     chat = _chat_rendering(data.chat_template, data.train_on) if data.kind == "chat" else None
-    return _text_corpus(tuple(glob_patterns(data.files)), folder, data.cache_dir, key, chat)
+    return _text_corpus(tuple(glob_patterns(data.files)), folder, data.cache_dir, key, chat,
+                        trial.model.trust_remote_code)
 
 
 def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
@@ -164,11 +165,14 @@ def preparation_request(
     """The job's request file: for each corpus, its files as found at submit, its tokenizer, the cache
     entry it must write (a corpus changed since is refused), and what its trials need of its token count
     (``sample_needs``), which the job checks exactly once it has counted them; for a chat corpus also its
-    template, ``train_on`` and the sample selections of ``trials`` to check once it is written."""
+    template, ``train_on`` and the sample selections of ``trials`` to check once it is written; and
+    ``trust_remote_code`` when its tokenizer may run the code its folder ships."""
     requests = []
     for c in corpora:
         request: dict[str, Any] = {"files": [f.path for f in c.files], "tokenizer": c.tokenizer_folder,
                                    "cache_dir": c.cache_dir, "key": c.key, "needs": sample_needs(trials, trial_dirs, c)}
+        if c.trust_remote_code:
+            request["trust_remote_code"] = True
         if c.chat is not None:
             request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on,
                                "checks": sample_checks(c, trials)}

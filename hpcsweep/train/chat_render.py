@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from jinja2 import TemplateError
 
+from hpcsweep.train.folder_tokenizer import load_folder_tokenizer
 from hpcsweep.train.text_documents import CorpusError, jsonl_records
 
 ROLES = ("system", "user", "assistant")
@@ -63,14 +64,13 @@ def samples_in(text: str, path: str, first_line: int = 1) -> list[tuple[int, lis
             for number, record in jsonl_records(text, path, first_line)]
 
 
-def load_chat_tokenizer(folder: str, template_path: str | None) -> tuple[Any, str | None]:
-    """The tokenizer of ``folder`` (offline) and the template text to render with: ``template_path``'s,
-    or None for the tokenizer's own. ``CorpusError`` naming ``data.chat_template`` when there is none."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
+def load_chat_tokenizer(folder: str, template_path: str | None, *, trust_remote_code: bool) -> tuple[Any, str | None]:
+    """The tokenizer of ``folder`` (``load_folder_tokenizer``) and the template text to render with:
+    ``template_path``'s, or None for the tokenizer's own. ``CorpusError`` naming ``data.chat_template``
+    when there is none."""
+    # Each worker process is one CPU's worth already: the Rust tokenizer must not add threads.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = load_folder_tokenizer(folder, trust_remote_code=trust_remote_code)
     if template_path is not None:
         with open(template_path, encoding="utf-8") as handle:
             return tokenizer, handle.read()

@@ -72,9 +72,9 @@ def piece_samples(tokenizer: Any, render: Any, train_on: str, end_of_turn: set[i
                          np.array(lines, dtype=np.int64), piece.path)
 
 
-def _init_worker(folder: str, rendering: ChatRendering) -> None:
+def _init_worker(folder: str, rendering: ChatRendering, trust_remote_code: bool) -> None:
     global _worker
-    tokenizer, template = load_chat_tokenizer(folder, rendering.template_path)
+    tokenizer, template = load_chat_tokenizer(folder, rendering.template_path, trust_remote_code=trust_remote_code)
     _worker = (tokenizer, renderer(tokenizer, template), rendering.train_on, special_ids(tokenizer))
 
 
@@ -83,16 +83,18 @@ def _render_in_worker(piece: Piece) -> RenderedPiece:
     return piece_samples(*_worker, piece)
 
 
-def rendered_pieces(folder: str, rendering: ChatRendering, pieces: Sequence[Piece], workers: int) -> Iterator[RenderedPiece]:
+def rendered_pieces(corpus: TextCorpus, pieces: Sequence[Piece], workers: int) -> Iterator[RenderedPiece]:
     """Each piece's samples, in the order of ``pieces``, from ``workers`` processes (1: this one)."""
+    assert corpus.chat is not None
+    initargs = (corpus.tokenizer_folder, corpus.chat, corpus.trust_remote_code)
     if workers <= 1 or len(pieces) <= 1:
-        _init_worker(folder, rendering)
+        _init_worker(*initargs)
         for piece in pieces:
             yield _render_in_worker(piece)
         return
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(min(workers, len(pieces)), mp_context=context,
-                             initializer=_init_worker, initargs=(folder, rendering)) as pool:
+                             initializer=_init_worker, initargs=initargs) as pool:
         yield from pool.map(_render_in_worker, pieces)
 
 
@@ -102,14 +104,15 @@ def write_chat_files(corpus: TextCorpus, staging: Path, workers: int, piece_byte
     not_jsonl = [f.path for f in corpus.files if not is_jsonl(f.path)]
     if not_jsonl:
         raise CorpusError(f"data.files matches {not_jsonl[0]}, not a .jsonl file: data.kind=chat reads JSON lines")
-    tokenizer, _ = load_chat_tokenizer(corpus.tokenizer_folder, corpus.chat.template_path)
+    tokenizer, _ = load_chat_tokenizer(corpus.tokenizer_folder, corpus.chat.template_path,
+                                       trust_remote_code=corpus.trust_remote_code)
     vocab_size = len(tokenizer)
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
     index_of = {f.path: i for i, f in enumerate(corpus.files)}
     pieces = corpus_pieces([(f.path, f.size) for f in corpus.files], *([piece_bytes] if piece_bytes else []))
     count, offsets, sources = 0, [np.zeros(1, dtype=np.int64)], []
     with open(staging / TOKENS_NAME, "wb") as tokens, open(staging / MASK_NAME, "wb") as mask:
-        for piece in rendered_pieces(corpus.tokenizer_folder, corpus.chat, pieces, workers):
+        for piece in rendered_pieces(corpus, pieces, workers):
             tokens.write(piece.tokens.astype(dtype).tobytes())
             mask.write(piece.mask.tobytes())
             offsets.append(count + np.cumsum(piece.lengths))

@@ -86,11 +86,14 @@ def open_token_file(path: Path) -> tuple[np.ndarray, int]:
     return tokens, header.vocab_size
 
 
-def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None) -> Corpus | SampleCorpus:
+def load_corpus(
+    cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None, *, trust_remote_code: bool = False,
+) -> Corpus | SampleCorpus:
     """The corpus ``cfg`` names, checked against the model's vocabulary.
 
     ``data.kind=text`` reads its token cache entry as ``data.kind=file`` reads ``data.path``;
-    ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``).
+    ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``), loaded
+    (for packing's EOS) with ``trust_remote_code`` (``model.trust_remote_code``).
     ``data.kind=chat`` reads its samples (``hpcsweep.train.chat_data``), and ``data.kind=text`` with
     ``data.packing`` its documents (``hpcsweep.train.document_rows``).
     """
@@ -121,7 +124,7 @@ def load_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = 
         from hpcsweep.train.document_rows import document_corpus
 
         assert tokenizer is not None
-        return document_corpus(tokens, vocab_size, cfg, tokenizer)
+        return document_corpus(tokens, vocab_size, cfg, tokenizer, trust_remote_code=trust_remote_code)
     return Corpus(tokens, vocab_size, int(len(tokens) * (1 - cfg.val_fraction)))
 
 

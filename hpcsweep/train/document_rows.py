@@ -35,12 +35,15 @@ def document_pieces(ends: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndar
     return starts, lengths
 
 
-def document_corpus(tokens: np.ndarray, vocab_size: int, cfg: DataConfig, tokenizer: str) -> SampleCorpus:
-    """The text corpus ``tokens`` (its cache entry, tokenized by ``tokenizer``) as packed rows of its
-    documents; ``ValueError`` naming ``data.files`` when it holds fewer than 2."""
+def document_corpus(
+    tokens: np.ndarray, vocab_size: int, cfg: DataConfig, tokenizer: str, *, trust_remote_code: bool,
+) -> SampleCorpus:
+    """The text corpus ``tokens`` (its cache entry, tokenized by ``tokenizer``, which loads with
+    ``trust_remote_code``) as packed rows of its documents; ``ValueError`` naming ``data.files`` when it
+    holds fewer than 2."""
     from hpcsweep.train.text_tokens import load_tokenizer
 
-    eos = load_tokenizer(tokenizer).eos_token_id
+    eos = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code).eos_token_id
     starts, lengths = document_pieces(np.flatnonzero(np.asarray(tokens) == eos) + 1, cfg.seq_len)
     if len(starts) < 2:
         raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(starts)} document(s), at least 2 are needed "

@@ -78,12 +78,13 @@ def training_state_kept(model: torch.nn.Module) -> Iterator[None]:
 class TaskScorer:
     """Runs a trial's lm-eval tasks on its model; build it once, on the logging rank."""
 
-    def __init__(self, cfg: TasksConfig, tokenizer_dir: str) -> None:
+    def __init__(self, cfg: TasksConfig, tokenizer_dir: str, *, trust_remote_code: bool = False) -> None:
         from lm_eval.tasks import TaskManager
-        from transformers import AutoTokenizer
+
+        from hpcsweep.train.folder_tokenizer import load_folder_tokenizer
 
         self.cfg = cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        self.tokenizer = load_folder_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
         # Only the user's folder is indexed: lm-eval's hundreds of built-in tasks are never read.
         self.task_manager = TaskManager(include_path=str(Path(str(cfg.include_path)).expanduser()),
                                         include_defaults=False)
@@ -106,10 +107,13 @@ class TaskScorer:
         return scores_from_results(results["results"])
 
 
-def build_task_scorer(cfg: TasksConfig, tokenizer_dir: str | None, is_writer: bool) -> TaskScorer | None:
-    """The scorer of a trial with tasks, on the logging rank; None elsewhere or without tasks."""
+def build_task_scorer(
+    cfg: TasksConfig, tokenizer_dir: str | None, is_writer: bool, *, trust_remote_code: bool,
+) -> TaskScorer | None:
+    """The scorer of a trial with tasks, on the logging rank; None elsewhere or without tasks. Its
+    tokenizer loads with ``trust_remote_code`` (``model.trust_remote_code``)."""
     if not cfg.names or not is_writer:
         return None
     if tokenizer_dir is None:
         raise ValueError(f"tasks.names={cfg.names} is not allowed: task scores need a tokenizer (model.path or data.tokenizer)")
-    return TaskScorer(cfg, tokenizer_dir)
+    return TaskScorer(cfg, tokenizer_dir, trust_remote_code=trust_remote_code)

@@ -39,6 +39,7 @@ from hpcsweep.files.token_file import TokenHeader, header_path, header_text, rea
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train.cache_entry import publish_entry
 from hpcsweep.train.chat_tokens import write_chat_files
+from hpcsweep.train.folder_tokenizer import load_folder_tokenizer
 from hpcsweep.train.text_documents import Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
@@ -47,15 +48,12 @@ _worker_tokenizer: Any = None
 """The tokenizer of this worker process, loaded once by the pool's initializer."""
 
 
-def load_tokenizer(folder: str) -> Any:
-    """``AutoTokenizer.from_pretrained(folder, local_files_only=True)``, offline; ``TokenCacheError``
-    when it has no EOS token to put between documents."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
+def load_tokenizer(folder: str, *, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of ``folder`` (``load_folder_tokenizer``: a corpus's ``trust_remote_code``, which is
+    ``model.trust_remote_code``); ``TokenCacheError`` when it has no EOS token to put between documents."""
     # Each worker process is one CPU's worth already: the Rust tokenizer must not add threads.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = load_folder_tokenizer(folder, trust_remote_code=trust_remote_code)
     if tokenizer.eos_token_id is None:
         raise TokenCacheError(f"the tokenizer in {folder} has no eos_token to put between documents")
     return tokenizer
@@ -71,9 +69,9 @@ def piece_tokens(tokenizer: Any, piece: Piece) -> np.ndarray:
     return np.fromiter((t for doc in ids for t in (*doc, eos)), dtype=np.int64)
 
 
-def _init_worker(folder: str) -> None:
+def _init_worker(folder: str, trust_remote_code: bool) -> None:
     global _worker_tokenizer
-    _worker_tokenizer = load_tokenizer(folder)
+    _worker_tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
 
 
 def _tokenize_in_worker(piece: Piece) -> np.ndarray:
@@ -85,29 +83,30 @@ def available_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def tokenized_pieces(folder: str, pieces: Sequence[Piece], workers: int) -> Iterator[np.ndarray]:
+def tokenized_pieces(corpus: TextCorpus, pieces: Sequence[Piece], workers: int) -> Iterator[np.ndarray]:
     """Each piece's tokens, in the order of ``pieces``, from ``workers`` processes (1: this one)."""
+    folder, trust_remote_code = corpus.tokenizer_folder, corpus.trust_remote_code
     if workers <= 1 or len(pieces) <= 1:
-        tokenizer = load_tokenizer(folder)
+        tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
         for piece in pieces:
             yield piece_tokens(tokenizer, piece)
         return
     # fork: this process has not used the tokenizer (nor torch), and a worker starts in milliseconds.
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(min(workers, len(pieces)), mp_context=context,
-                             initializer=_init_worker, initargs=(folder,)) as pool:
+                             initializer=_init_worker, initargs=(folder, trust_remote_code)) as pool:
         yield from pool.map(_tokenize_in_worker, pieces)
 
 
 def write_tokens(corpus: TextCorpus, token_path: Path, workers: int, piece_bytes: int | None = None) -> int:
     """Tokenize ``corpus`` into the token file ``token_path`` and its header (not atomically: callers
     write into a staging place); return the number of tokens."""
-    vocab_size = len(load_tokenizer(corpus.tokenizer_folder))
+    vocab_size = len(load_tokenizer(corpus.tokenizer_folder, trust_remote_code=corpus.trust_remote_code))
     dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
     pieces = corpus_pieces([(f.path, f.size) for f in corpus.files], *([piece_bytes] if piece_bytes else []))
     count = 0
     with open(token_path, "wb") as out:
-        for tokens in tokenized_pieces(corpus.tokenizer_folder, pieces, workers):
+        for tokens in tokenized_pieces(corpus, pieces, workers):
             out.write(tokens.astype(dtype).tobytes())
             count += len(tokens)
         out.flush()
@@ -148,7 +147,8 @@ def prepare_requested(request: dict[str, Any], workers: int) -> Path:
     when it is too small for a trial."""
     chat = request.get("chat")
     rendering = chat_rendering(chat["template"], chat["train_on"]) if chat else None
-    corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer", rendering)
+    corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer", rendering,
+                         trust_remote_code=bool(request.get("trust_remote_code")))
     if request.get("key") and corpus.key != request["key"]:
         raise TokenCacheError(
             f"the corpus or the tokenizer changed since the sweep was submitted (cache entry {corpus.key}, "
