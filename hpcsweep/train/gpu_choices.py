@@ -144,6 +144,18 @@ def find_unused_parameters(parameter_names: Iterable[str]) -> bool:
     return any(_PER_EXPERT_MODULE.search(name) for name in parameter_names)
 
 
+def fixed_buckets(*, deterministic: bool, grad_comm: str, find_unused: bool) -> bool:
+    """Whether DDP's gradient buckets are laid out once, at the first forward (``parallel.fix_buckets``).
+
+    A deterministic trial needs it for an exact resume; so does ``trainer.grad_comm=powersgd``, whose
+    state (error feedback, P and Q memories) is kept per bucket index: after DDP's default rebuild, a
+    resumed process's first step would hand the saved state other buckets. With the unused-parameter
+    search DDP never rebuilds its buckets, so there is nothing to fix (and PowerSGD needs no search:
+    a comm hook sees whatever buckets there are).
+    """
+    return (deterministic or grad_comm == "powersgd") and not find_unused
+
+
 def cuda_env(deterministic: bool, device_type: str, env: Mapping[str, str]) -> dict[str, str]:
     """Variables a worker must export before its first cuBLAS call (a user's own value wins)."""
     if deterministic and device_type == "cuda" and "CUBLAS_WORKSPACE_CONFIG" not in env:

@@ -110,7 +110,7 @@ def fix_buckets(ddp: DistributedDataParallel) -> None:
     reducer every parameter as "arrived" (what DDP's own ``Join`` does) makes the rebuild at the first
     forward use parameter order, the same in every process, and none follows. Unlike
     ``find_unused_parameters``, it costs no autograd-graph walk per step; the buckets no longer follow
-    the backward's order, so their all-reduce overlaps less with it (deterministic trials only).
+    the backward's order, so their all-reduce overlaps less with it (deterministic and PowerSGD trials only).
     """
     ddp.reducer._push_all_rebuilt_params()
 

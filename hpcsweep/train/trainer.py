@@ -92,9 +92,7 @@ class Trainer:
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        # PowerSGD's state is kept per gradient bucket: the buckets must not be rebuilt after a resume.
-        find_unused = tcfg.grad_comm == "powersgd" or gpu_choices.find_unused_parameters(
-            lora.trainable_parameter_names(self.model))
+        find_unused = gpu_choices.find_unused_parameters(lora.trainable_parameter_names(self.model))
         self.peak_memory = memory_record.PeakMemory(world.device)
         self.step_timer = step_timer.build_step_timer(world.device.type, self.peak_memory,
                                                       enabled=tcfg.step_timing and self.is_writer)
@@ -106,18 +104,21 @@ class Trainer:
                              "fit a GPU with DDP): task scores run on rank 0's whole model")
         self.net = parallel.wrap_model(
             self.model, world, self.parallel, tcfg, facts=self.device_facts, precision=self.choices.precision,
-            find_unused_parameters=find_unused, fixed_buckets=self.choices.deterministic and not find_unused,
+            find_unused_parameters=find_unused, fixed_buckets=gpu_choices.fixed_buckets(
+                deterministic=self.choices.deterministic, grad_comm=tcfg.grad_comm, find_unused=find_unused),
         )
         self.grad_comm = grad_comm.register_grad_comm(self.net, tcfg)
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
-        self.corpus = data.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model))
+        self.corpus = data.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model),
+                                       trust_remote_code=cfg.model.trust_remote_code)
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta, tcfg.early_stop_mode)
         # best_val_loss is reported whatever early stopping watches.
         self.best_val = optim.EarlyStopping(0, 0.0)
-        self.task_scorer = task_scores.build_task_scorer(cfg.tasks, tokenizer_folder(cfg.data, cfg.model), self.is_writer)
+        self.task_scorer = task_scores.build_task_scorer(
+            cfg.tasks, tokenizer_folder(cfg.data, cfg.model), self.is_writer, trust_remote_code=cfg.model.trust_remote_code)
         self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
                                       base_model=trained_state.base_model_identity(cfg.model, model_record))
         self.save_schedule = SaveSchedule(

@@ -143,6 +143,22 @@ def test_ddp_searches_for_unused_parameters_only_where_needed():
 
 
 @pytest.mark.parametrize(
+    ("deterministic", "grad_comm", "find_unused", "expected"),
+    [
+        (True, "none", False, True),  # exact resume
+        (False, "none", False, False),  # DDP's own layout, following the backward, overlaps best
+        (False, "powersgd", False, True),  # its state is per bucket: no unused-parameter search for it (issue 31)
+        (False, "bf16", False, False),  # a stateless hook
+        (True, "powersgd", True, False),  # the search never rebuilds buckets: nothing to fix
+    ],
+)
+def test_buckets_are_fixed_for_an_exact_resume_and_for_powersgd_unless_ddp_never_rebuilds_them(
+        deterministic, grad_comm, find_unused, expected):
+    chosen = gpu_choices.fixed_buckets(deterministic=deterministic, grad_comm=grad_comm, find_unused=find_unused)
+    assert chosen is expected
+
+
+@pytest.mark.parametrize(
     ("deterministic", "device_type", "env", "expected"),
     [
         (True, "cuda", {}, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}),
