@@ -1,8 +1,13 @@
 """Published models' shapes, and their LoRA-wrapped forms built on the meta device: what the memory
-plan's adapter count is checked against (``tests/unit/test_memory_plan.py``)."""
+plan's adapter count is checked against (``tests/unit/test_memory_plan.py``); and DeepSeek-MoE-16B as a
+remote-code folder, its model built from the folder's own code (``tests/unit/test_remote_code_moe.py``)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +38,16 @@ MOE_16B = dict(
     n_shared_experts=2, n_routed_experts=64, num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1,
     tie_word_embeddings=False,
 )
+# The rest of that config.json: the routing and the classes its auto_map names.
+MOE_16B_REST = dict(
+    architectures=["DeepseekForCausalLM"],
+    auto_map={"AutoConfig": "configuration_deepseek.DeepseekConfig", "AutoModel": "modeling_deepseek.DeepseekModel",
+              "AutoModelForCausalLM": "modeling_deepseek.DeepseekForCausalLM"},
+    aux_loss_alpha=0.001, seq_aux=True, norm_topk_prob=False, scoring_func="softmax", hidden_act="silu",
+    attention_bias=False, attention_dropout=0.0, max_position_embeddings=4096, rms_norm_eps=1e-6,
+    rope_theta=10000, rope_scaling=None, pretraining_tp=1, initializer_range=0.02, bos_token_id=100000,
+    eos_token_id=100001, use_cache=True,
+)
 # Llama-2-7B's config.json (https://huggingface.co/meta-llama/Llama-2-7b-hf): 6.74B parameters.
 LLAMA_7B = dict(
     model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -52,24 +67,213 @@ QWEN_MOE = dict(
 )
 
 
-def moe_16b_as_qwen2_moe() -> dict[str, Any]:
-    """DeepSeek-MoE-16B's sizes in the transformers architecture that builds the same modules.
+DEEPSEEK_MOE_CODE_ENV = "HPCSWEEP_DEEPSEEK_MOE_CODE"
+"""A folder holding DeepSeek-MoE's own ``modeling_deepseek.py`` and ``configuration_deepseek.py`` (a
+download of deepseek-ai/deepseek-moe-16b-base has them): set, the remote-code tests run on that code
+too. Its code is not kept here: code fetched from elsewhere stays out of this repository."""
 
-    transformers has no class for the remote-code ``deepseek`` model type; Qwen2-MoE has its layout:
-    GQA attention, a dense first layer (``mlp_only_layers=[0]``), fused routed experts, one shared
-    expert of the two shared experts' width. Its q/k/v biases are switched off (DeepSeek has none);
-    it adds a 1-wide sigmoid gate per MoE layer (``shared_expert_gate``, h parameters, no LoRA target).
+DEEPSEEK_MOE_CONFIGURATION = '''"""The DeepSeek-MoE stand-in's config (tests/wrapped_models.py): DeepSeek-MoE's keys."""
+from transformers import PretrainedConfig
+
+
+class DeepseekConfig(PretrainedConfig):
+    model_type = "deepseek"
+
+    def __init__(self, vocab_size=102400, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1407,
+                 num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=32, n_shared_experts=None,
+                 n_routed_experts=None, num_experts_per_tok=None, moe_layer_freq=1, first_k_dense_replace=0,
+                 norm_topk_prob=False, rms_norm_eps=1e-6, attention_bias=False, initializer_range=0.02,
+                 tie_word_embeddings=False, **kwargs):
+        self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
+        self.moe_intermediate_size, self.num_hidden_layers = moe_intermediate_size, num_hidden_layers
+        self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
+        self.n_shared_experts, self.n_routed_experts = n_shared_experts, n_routed_experts
+        self.num_experts_per_tok, self.moe_layer_freq = num_experts_per_tok, moe_layer_freq
+        self.first_k_dense_replace, self.norm_topk_prob = first_k_dense_replace, norm_topk_prob
+        self.rms_norm_eps, self.attention_bias, self.initializer_range = rms_norm_eps, attention_bias, initializer_range
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+'''
+DEEPSEEK_MOE_MODELING = '''"""A stand-in for DeepSeek-MoE's remote code (its modeling_deepseek.py, not kept
+here): the same module tree, names and shapes: one MLP module per routed expert (``mlp.experts.N.gate_proj``,
+``up_proj``, ``down_proj``), shared experts, a router weight ``mlp.gate.weight``, dense MLPs in the first layers.
+Routing: softmax top-k, each expert run on its tokens, as that code trains. No rotary embedding, no
+cache, no balance loss: what it is for is the layout LoRA meets."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+from .configuration_deepseek import DeepseekConfig
+
+
+class DeepseekRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(hidden_size)), eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class DeepseekMLP(nn.Module):
+    def __init__(self, config, intermediate_size=None):
+        super().__init__()
+        width = intermediate_size or config.intermediate_size
+        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoEGate(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = config.num_experts_per_tok, config.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size))
+
+    def forward(self, x):
+        weights, chosen = F.linear(x, self.weight).softmax(dim=-1).topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return chosen, weights
+
+
+class DeepseekMoE(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.experts = nn.ModuleList(DeepseekMLP(config, config.moe_intermediate_size)
+                                     for _ in range(config.n_routed_experts))
+        self.gate = MoEGate(config)
+        if config.n_shared_experts:
+            self.shared_experts = DeepseekMLP(config, config.moe_intermediate_size * config.n_shared_experts)
+
+    def forward(self, hidden):
+        x = hidden.reshape(-1, hidden.shape[-1])
+        chosen, weights = self.gate(x)
+        y = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts):
+            token, slot = (chosen == index).nonzero(as_tuple=True)
+            if len(token):
+                y = y.index_add(0, token, expert(x[token]) * weights[token, slot, None])
+        y = y.view(hidden.shape)
+        return y + self.shared_experts(hidden) if hasattr(self, "shared_experts") else y
+
+
+class DeepseekAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.hidden_size // self.heads
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.self_attn = DeepseekAttention(config)
+        routed = (config.n_routed_experts and layer_idx >= config.first_k_dense_replace
+                  and layer_idx % config.moe_layer_freq == 0)
+        self.mlp = DeepseekMoE(config) if routed else DeepseekMLP(config)
+        self.input_layernorm = DeepseekRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = DeepseekRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekPreTrainedModel(PreTrainedModel):
+    config_class = DeepseekConfig
+    base_model_prefix = "model"
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding, MoEGate)):
+            module.weight.normal_(0.0, self.config.initializer_range)
+
+
+class DeepseekModel(DeepseekPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = DeepseekRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_init()
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class DeepseekForCausalLM(DeepseekPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = DeepseekModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids, labels=None, **kwargs):
+        logits = self.lm_head(self.model(input_ids)).float()
+        loss = None if labels is None else F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+        return CausalLMOutput(loss=loss, logits=logits)
+'''
+
+
+def deepseek_moe_code_dirs() -> dict[str, Path | None]:
+    """The model code a DeepSeek-MoE folder can be made with: ``stand-in`` (ours, always), ``real``
+    (DeepSeek's own, from ``$HPCSWEEP_DEEPSEEK_MOE_CODE``; None when that is unset)."""
+    real = os.environ.get(DEEPSEEK_MOE_CODE_ENV)
+    return {"stand-in": None, "real": Path(real) if real else None}
+
+
+def make_deepseek_moe_folder(folder: Path, config_json: dict[str, Any], code: Path | None = None) -> Path:
+    """A remote-code DeepSeek-MoE folder as ``save_pretrained`` leaves one, less its weights: ``config.json``
+    (``config_json``, with DeepSeek-MoE-16B's ``auto_map`` and routing keys) and the two ``.py`` files its
+    ``auto_map`` names, the stand-in's or, with ``code``, those of that folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if code is None:
+        (folder / "configuration_deepseek.py").write_text(DEEPSEEK_MOE_CONFIGURATION)
+        (folder / "modeling_deepseek.py").write_text(DEEPSEEK_MOE_MODELING)
+    else:
+        for name in ("configuration_deepseek.py", "modeling_deepseek.py"):
+            shutil.copyfile(code / name, folder / name)
+    (folder / "config.json").write_text(json.dumps({**MOE_16B_REST, **config_json}, indent=2))
+    return folder
+
+
+def remote_code_model(folder: Path, *, meta: bool = True, **config_overrides) -> torch.nn.Module:
+    """The model of a remote-code ``folder``, built from its config by its own code (``from_config``,
+    ``trust_remote_code``), on the meta device unless not ``meta``.
+
+    DeepSeek-MoE's own code predates transformers 5: transformers 5 turns a config's ``rope_scaling:
+    null`` into ``{"rope_type": "default", ...}``, which that code reads as a scaling whose ``["type"]``
+    it looks up (a KeyError), so the config's rope parameters go back to None here (the stand-in reads
+    none). It also imports ``is_torch_fx_available``, gone from transformers 5: the caller provides it.
     """
-    m = MOE_16B
-    return dict(
-        model_type="qwen2_moe", vocab_size=m["vocab_size"], hidden_size=m["hidden_size"],
-        intermediate_size=m["intermediate_size"], moe_intermediate_size=m["moe_intermediate_size"],
-        shared_expert_intermediate_size=m["n_shared_experts"] * m["moe_intermediate_size"],
-        num_hidden_layers=m["num_hidden_layers"], num_attention_heads=m["num_attention_heads"],
-        num_key_value_heads=m["num_key_value_heads"], num_experts=m["n_routed_experts"],
-        num_experts_per_tok=m["num_experts_per_tok"], decoder_sparse_step=1, mlp_only_layers=[0],
-        qkv_bias=False, tie_word_embeddings=False,
-    )
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=True, **config_overrides)
+    config.rope_parameters = None
+    with torch.device("meta" if meta else "cpu"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=True, attn_implementation="eager")
 
 
 def meta_model(config_json: dict[str, Any]) -> torch.nn.Module:

@@ -6,7 +6,8 @@ MoE layers), Mixtral and Qwen2-MoE, and DeepSeek-MoE's remote-code ``deepseek`` 
 DeepSeek MoE layers). ``parameter_groups`` lists every weight those models build, by module name
 and size, so the login node can count total, active and LoRA parameters of a model far too big to
 build; ``tests/unit/test_memory_plan.py`` checks the counts against the real models, and the LoRA
-count against the real wrapped models, built on the meta device.
+count against the real wrapped models, built on the meta device (``tests/unit/test_remote_code_moe.py``
+the remote-code layout, one module per routed expert).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcsweep.model.lora_targets import ALL_LINEAR
+from hpcsweep.model.lora_targets import adapts_module
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2")
 """``config.json`` ``model_type`` values laid out as Llama: GQA attention and a gated MLP."""
@@ -57,6 +58,11 @@ class ModelShape:
     """A sigmoid gate (``h -> 1``) in front of the shared expert (Qwen2-MoE)."""
     sparse_layers: tuple[int, ...] = ()
     """The decoder layers whose MLP is a MoE layer."""
+    fused_experts: bool = True
+    """transformers 5's layout: a MoE layer's routed experts are two fused 3-D tensors. False: the
+    folder's own code builds the model (``auto_map``; always for DeepSeek-MoE's ``deepseek``, which
+    transformers has no class for), and DeepSeek's code keeps each routed expert as three ``nn.Linear``
+    of its own (``mlp.experts.N.gate_proj``, ``up_proj``, ``down_proj``)."""
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -152,6 +158,10 @@ def _shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
             (config.get("moe_layer_freq") or 1) if model_type == "deepseek" else 1,
         ),
     )
+    # What runs is the folder's code when it has one (transformers prefers trusted remote code to its
+    # own class): DeepSeek's modeling_deepseek.py, for DeepSeek-MoE and DeepSeek-V2/V3 alike, holds
+    # each routed expert as an MLP module of its own.
+    experts["fused_experts"] = model_type != "deepseek" and not config.get("auto_map")
     if model_type == "deepseek":
         return ModelShape(arch="llama", **common, **experts)
     return ModelShape(
@@ -225,10 +235,16 @@ def _moe_mlp(shape: ModelShape) -> list[tuple[str, int, int, float]]:
     """A MoE layer's weights, each with the share of tokens that uses it."""
     h, experts, width = shape.hidden_size, shape.n_routed_experts, shape.moe_intermediate_size
     share = shape.num_experts_per_tok / experts
-    # The router is a weight of its own in transformers 5 (no nn.Linear, so never a LoRA target);
-    # routed experts are fused 3-D tensors, [E, 2I, h] and [E, h, I].
-    weights = [("mlp.gate", 0, experts * h, 1.0), ("mlp.experts.gate_up_proj", 0, experts * 2 * width * h, share),
-               ("mlp.experts.down_proj", 0, experts * width * h, share)]
+    # The router is a weight of its own in transformers 5 and in DeepSeek's code (no nn.Linear, so
+    # never a LoRA target).
+    weights = [("mlp.gate", 0, experts * h, 1.0)]
+    if shape.fused_experts:
+        # [E, 2I, h] and [E, h, I]
+        weights += [("mlp.experts.gate_up_proj", 0, experts * 2 * width * h, share),
+                    ("mlp.experts.down_proj", 0, experts * width * h, share)]
+    else:
+        weights += [(name, i, o, share) for e in range(experts)
+                    for name, i, o in _mlp(f"mlp.experts.{e}.", h, width)]
     if shape.shared_intermediate_size:
         prefix = "shared_expert." if shape.shared_expert_gate else "shared_experts."
         weights += [(f"mlp.{name}", i, o, 1.0) for name, i, o in _mlp(prefix, h, shape.shared_intermediate_size)]
@@ -291,21 +307,19 @@ def expert_lora_parameters(shape: ModelShape, rank: int) -> int:
     """Adapter parameters of an expert LoRA at ``rank`` on both fused expert tensors of every MoE layer:
     each expert its own ``A`` (r x in) and ``B`` (out x r), as peft's ``ParamWrapper`` shapes them
     (``lora_A`` in -> r·E, ``lora_B`` r·E -> out): ``r·E·(h + 2I)`` for ``gate_up_proj`` and
-    ``r·E·(I + h)`` for ``down_proj``."""
+    ``r·E·(I + h)`` for ``down_proj``. 0 where the experts are modules (``fused_experts`` false):
+    their adapters are linear layers' (``lora_parameters``), ``r·E·3(h + I)``, gate and up apart."""
+    if not shape.fused_experts:
+        return 0
     h, width = shape.hidden_size, shape.moe_intermediate_size
     return shape.moe_layers * rank * shape.n_routed_experts * ((h + 2 * width) + (width + h))
 
 
 def lora_parameters(shape: ModelShape, rank: int, targets: tuple[str, ...] | str, experts: bool = False) -> int:
-    """Adapter parameters of LoRA at ``rank`` on every linear layer whose last name is in ``targets``
-    (``all-linear``: every linear layer but the LM head), ``rank x (in + out)`` each (peft's ``lora_A``
-    and ``lora_B``), plus with ``experts`` the routed experts' (``expert_lora_parameters``)."""
-
-    def adapted(group: ParamGroup) -> bool:
-        if targets == ALL_LINEAR:
-            return group.name != "lm_head"
-        return group.name.rsplit(".", 1)[-1] in targets
-
+    """Adapter parameters of LoRA at ``rank``: ``rank x (in + out)`` (peft's ``lora_A`` and ``lora_B``)
+    on every linear layer that ``hpcsweep.model.lora_targets.adapts_module`` adapts for ``targets``
+    (``all-linear``: every linear layer but the LM head), a routed expert's own only with ``experts``;
+    plus with ``experts`` the fused routed experts' (``expert_lora_parameters``)."""
     linear = sum(g.count * rank * (g.in_features + g.out_features) for g in parameter_groups(shape)
-                 if g.is_linear and adapted(g))
+                 if g.is_linear and adapts_module(g.name, targets, experts=experts))
     return linear + (expert_lora_parameters(shape, rank) if experts else 0)

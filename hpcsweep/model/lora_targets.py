@@ -5,14 +5,23 @@ Two kinds of target:
 
 - **linear modules** (``DEFAULT_LORA_TARGETS``, by ``config.json``'s ``model_type``): every ``nn.Linear``
   of attention and of the dense and shared-expert MLPs, adapted by peft's ``LoraLayer``;
-- **routed experts** (``EXPERT_PARAMETERS``): transformers 5 stores a MoE layer's routed experts fused,
-  as two 3-D parameters per layer, not as ``nn.Linear``. With ``model.lora.experts`` (true by default)
-  each expert gets a rank-r adapter of its own on both tensors.
+- **routed experts**, in one of two layouts. transformers 5 stores a MoE layer's routed experts fused,
+  as two 3-D parameters per layer (``EXPERT_PARAMETERS``), not as ``nn.Linear``: with
+  ``model.lora.experts`` (true by default) each expert gets a rank-r adapter of its own on both tensors.
+  A model folder's own code (``auto_map``: DeepSeek-MoE's ``modeling_deepseek.py``, DeepSeek-V2/V3's)
+  keeps each routed expert as a module of its own, ``mlp.experts.N.gate_proj`` / ``up_proj`` /
+  ``down_proj`` (``ROUTED_EXPERT_MODULES``): those are linear modules, adapted by their names like any
+  other, and ``model.lora.experts=false`` excludes them (``excluded_modules``).
 
-Torch-free: the login node plans from it.
+``adapts_module`` is the rule both layouts' linear modules follow, as peft applies the trainer's
+``target_modules`` and ``exclude_modules``; the memory plan counts by it. Torch-free: the login node plans
+from it.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
 
 DEFAULT_LORA_TARGETS: dict[str, tuple[str, ...]] = {
     # MLA: queries full rank (q_proj) or low rank (q_a_proj, q_b_proj); the compressed key/value latent
@@ -24,7 +33,8 @@ DEFAULT_LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     # GQA attention with MoE layers: the dense MLPs' and shared experts' linears carry the MLP names
     # (DeepSeek-MoE's remote code, Qwen2-MoE's shared expert; its 1-wide sigmoid gate, like the router,
-    # is left alone); Mixtral has no MLP linear at all, only routed experts.
+    # is left alone), and so do DeepSeek-MoE's routed experts, one module each (ROUTED_EXPERT_MODULES);
+    # Mixtral has no MLP linear at all, only routed experts.
     "deepseek": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "qwen2_moe": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "mixtral": ("q_proj", "k_proj", "v_proj", "o_proj"),
@@ -45,3 +55,37 @@ def target_modules(model_type: str, configured: list[str] | None) -> list[str] |
         return list(configured)
     defaults = DEFAULT_LORA_TARGETS.get(model_type)
     return list(defaults) if defaults else ALL_LINEAR
+
+
+ROUTED_EXPERT_MODULES = r"(?:.*\.)?experts\.\d+\..+"
+"""A module inside one routed expert, where a model keeps each expert as a module of its own
+(``model.layers.1.mlp.experts.7.gate_proj``), as a full-match regex: peft's ``exclude_modules`` for
+``model.lora.experts=false``. The shared experts (``mlp.shared_experts.*``) and the dense MLPs are
+not routed experts and stay adapted."""
+
+
+def is_routed_expert_module(name: str) -> bool:
+    """Whether the module ``name`` (a dotted path) is one routed expert's, or inside one."""
+    return re.fullmatch(ROUTED_EXPERT_MODULES, name) is not None
+
+
+def excluded_modules(module_names: Iterable[str], experts: bool) -> str | None:
+    """peft's ``exclude_modules`` for ``model.lora.experts``: with it false, the routed experts' own
+    modules when ``module_names`` (the model's) has any; else None (there is nothing to exclude, and
+    peft warns of an exclusion that excluded nothing)."""
+    if experts or not any(is_routed_expert_module(name) for name in module_names):
+        return None
+    return ROUTED_EXPERT_MODULES
+
+
+def adapts_module(name: str, targets: list[str] | tuple[str, ...] | str, *, experts: bool) -> bool:
+    """Whether LoRA adapts the linear module ``name`` (its dotted path in the model, or in a decoder
+    layer): peft's match of ``target_modules`` (the path is a target or ends in ``.target``;
+    ``all-linear``: any linear but the LM head), less the routed experts' own modules without
+    ``experts`` (``excluded_modules``). The fused expert tensors are parameters, not modules: they are
+    ``EXPERT_PARAMETERS``'s."""
+    if not experts and is_routed_expert_module(name):
+        return False
+    if targets == ALL_LINEAR:
+        return name.rpartition(".")[2] != "lm_head"
+    return any(name == target or name.endswith("." + target) for target in targets)

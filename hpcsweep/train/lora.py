@@ -11,7 +11,12 @@ Which weights get adapters (``hpcsweep.model.lora_targets``, the one list the me
 - with ``model.lora.experts`` (true by default) the routed experts of a MoE model, which transformers 5 stores
   fused as two 3-D parameters per layer (``mlp.experts.gate_up_proj``, ``down_proj``): each expert gets a
   rank-r adapter of its own on both, as peft's ``target_parameters``. ``hpcsweep.train.expert_lora`` computes
-  them per expert on the tokens routed to it, so neither ``W + s·B·A`` nor the expert weight gradient is built.
+  them per expert on the tokens routed to it, so neither ``W + s·B·A`` nor the expert weight gradient is built;
+- a model that runs its folder's own code (DeepSeek-MoE-16B's ``modeling_deepseek.py``) keeps each routed
+  expert as three ``nn.Linear`` of its own (``mlp.experts.N.gate_proj``, ``up_proj``, ``down_proj``): the
+  target names reach them as they reach the shared experts, one peft ``lora.Linear`` per expert and
+  projection, run by that code's own expert loop (not ``expert_lora``). ``model.lora.experts=false``
+  leaves them out through peft's ``exclude_modules`` (``hpcsweep.model.lora_targets.excluded_modules``).
 
 peft (0.18 and later) turns the names ``gate_proj``, ``up_proj`` and ``down_proj`` in ``target_modules`` into
 ``target_parameters`` on those fused tensors for the architectures whose MLP changed from transformers 4 to 5
@@ -60,12 +65,14 @@ def peft_config(cfg: ModelConfig, net: torch.nn.Module):
     import peft
 
     modules, parameters = lora_target_spec(net, cfg)
+    excluded = lora_targets.excluded_modules((name for name, _ in net.named_modules()), cfg.lora.experts)
     return peft.LoraConfig(
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,
         lora_dropout=0.0 if parameters else cfg.lora.dropout,
         target_modules=modules,
         target_parameters=parameters or None,
+        exclude_modules=excluded,
         bias="none",
     )
 
@@ -164,16 +171,25 @@ def training_flops_per_token(
 def adapter_flops_per_token(net: torch.nn.Module) -> float:
     """6 x the adapter parameters one token goes through (forward, input gradient, weight gradient, 2 FLOPs
     a multiply-add each): every adapter of a linear layer, and of a routed expert's adapters the share of the
-    experts a token is routed to (``num_experts_per_tok`` of them)."""
+    experts a token is routed to (``num_experts_per_tok`` of them), fused or one module per expert."""
     from peft.tuners.lora import LoraLayer, ParamWrapper
 
     top_k = getattr(net.config, "num_experts_per_tok", None)
+    routed = _routed_experts(net.config)
     active = 0.0
-    for module in net.modules():
+    for name, module in net.named_modules():
         if not isinstance(module, LoraLayer):
             continue
-        experts = module.num_experts if isinstance(module, ParamWrapper) else 1
+        if isinstance(module, ParamWrapper):
+            experts = module.num_experts
+        else:
+            experts = routed if lora_targets.is_routed_expert_module(name) else 1
         share = top_k / experts if experts > 1 and top_k else 1.0
         for adapters in (module.lora_A, module.lora_B):
             active += share * sum(p.numel() for layer in adapters.values() for p in layer.parameters())
     return 6 * active
+
+
+def _routed_experts(config: PretrainedConfig) -> int:
+    """Routed experts per MoE layer of ``config`` (1 for a dense model)."""
+    return next((getattr(config, name) for name in model._EXPERT_COUNTS if getattr(config, name, None)), 1)

@@ -1,0 +1,189 @@
+"""DeepSeek-MoE-16B as it runs: a folder whose own code (``auto_map``, ``trust_remote_code``) builds the model,
+one ``nn.Linear`` triple per routed expert (``mlp.experts.N.gate_proj``, ``up_proj``, ``down_proj``).
+
+The trainer's LoRA (``hpcsweep.train.lora.apply_lora``) on that model, built on the meta device from the
+folder's config.json, against the memory plan of the same config.json, with ``model.lora.experts`` on and
+off; and a tiny one that trains a step. The folder's code is the stand-in of ``tests/wrapped_models.py``
+(DeepSeek-MoE's module tree), and where ``$HPCSWEEP_DEEPSEEK_MOE_CODE`` names a folder holding DeepSeek's
+own ``modeling_deepseek.py`` that code as well, which the stand-in's tree is then checked against, name by
+name and shape by shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcsweep.config import LoraConfig, ModelConfig
+from hpcsweep.memory_plan import TrainingSetup, plan_memory
+from hpcsweep.memory_plan.model_shape import largest_layer_parameters, shape_from_hf_config, total_parameters
+from hpcsweep.model import lora_targets
+from hpcsweep.train import lora
+from tests.wrapped_models import (
+    DEEPSEEK_MOE_CODE_ENV,
+    MOE_16B,
+    deepseek_moe_code_dirs,
+    make_deepseek_moe_folder,
+    remote_code_model,
+)
+
+# DeepSeek-MoE-16B's config.json says rope_scaling: null, a key transformers 5 has renamed.
+pytestmark = pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")
+
+CODES = deepseek_moe_code_dirs()
+TINY = dict(
+    MOE_16B, vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, bos_token_id=0,
+    eos_token_id=1,
+)
+"""DeepSeek-MoE-16B's layout at a size that trains in milliseconds: a dense first layer, two MoE layers
+of 4 routed experts (top-2) and 2 shared ones."""
+
+
+def real_code(monkeypatch) -> Path:
+    """DeepSeek's own code, importable under transformers 5; the test is skipped without it."""
+    if CODES["real"] is None:
+        pytest.skip(f"${DEEPSEEK_MOE_CODE_ENV} names no folder with DeepSeek-MoE's own modeling_deepseek.py")
+    import transformers.utils.import_utils as import_utils
+
+    # DeepSeek's code imports it; transformers 5 has dropped it.
+    monkeypatch.setattr(import_utils, "is_torch_fx_available", lambda: False, raising=False)
+    return CODES["real"]
+
+
+@pytest.fixture(params=list(CODES))
+def code(request, monkeypatch) -> Path | None:
+    """The folder's model code: the stand-in (None), or DeepSeek's own."""
+    return real_code(monkeypatch) if request.param == "real" else None
+
+
+def test_the_stand_in_has_deepseeks_own_module_tree(tmp_path, monkeypatch):
+    # What the stand-in is trusted for: the name and shape of every parameter, in order, at the 16B.
+    trees = [[(name, tuple(p.shape)) for name, p in remote_code_model(
+        make_deepseek_moe_folder(tmp_path / label, MOE_16B, code)).named_parameters()]
+        for label, code in (("stand-in", None), ("real", real_code(monkeypatch)))]
+    assert trees[0] == trees[1]
+
+
+def trial_model(folder: Path, rank: int, experts: bool) -> ModelConfig:
+    return ModelConfig(path=str(folder), trust_remote_code=True, peft="lora", lora=LoraConfig(r=rank, experts=experts))
+
+
+def test_the_routed_experts_own_modules_are_told_apart_from_every_other():
+    routed = ["model.layers.1.mlp.experts.0.gate_proj", "model.layers.27.mlp.experts.63.down_proj",
+              "mlp.experts.7.up_proj", "base_model.model.model.layers.3.block_sparse_moe.experts.2.w1"]
+    others = ["model.layers.1.mlp.shared_experts.gate_proj", "model.layers.0.mlp.gate_proj", "model.layers.1.mlp.gate",
+              "model.layers.1.mlp.experts", "model.layers.1.mlp.experts.7", "model.layers.1.self_attn.q_proj",
+              "mlp.experts.gate_up_proj", "lm_head"]
+    assert [lora_targets.is_routed_expert_module(name) for name in routed] == [True] * len(routed)
+    assert [lora_targets.is_routed_expert_module(name) for name in others] == [False] * len(others)
+
+
+def test_only_model_lora_experts_false_on_a_model_with_expert_modules_excludes_anything():
+    remote = ["model.layers.0.mlp.gate_proj", "model.layers.1.mlp.experts.0.gate_proj"]
+    fused = ["model.layers.0.mlp.gate_proj", "model.layers.1.mlp.experts"]
+    assert lora_targets.excluded_modules(remote, experts=True) is None
+    assert lora_targets.excluded_modules(fused, experts=False) is None
+    assert lora_targets.excluded_modules(iter(remote), experts=False) == lora_targets.ROUTED_EXPERT_MODULES
+
+
+@pytest.mark.parametrize(("name", "targets", "experts", "adapted"), [
+    ("model.layers.1.mlp.experts.5.gate_proj", ("gate_proj",), True, True),
+    ("model.layers.1.mlp.experts.5.gate_proj", ("gate_proj",), False, False),
+    ("model.layers.1.mlp.experts.5.gate_proj", lora_targets.ALL_LINEAR, False, False),
+    ("model.layers.1.mlp.experts.5.gate_proj", ("q_proj",), True, False),
+    ("model.layers.1.mlp.shared_experts.gate_proj", ("gate_proj",), False, True),
+    ("model.layers.0.mlp.down_proj", ("mlp.down_proj",), False, True),
+    ("model.layers.0.mlp.down_proj", ("p.down_proj",), True, False),  # peft matches whole names
+    ("lm_head", lora_targets.ALL_LINEAR, True, False),
+    ("lm_head", ("lm_head",), True, True),
+])
+def test_a_module_is_adapted_as_peft_adapts_the_trainers_targets(name, targets, experts, adapted):
+    assert lora_targets.adapts_module(name, targets, experts=experts) is adapted
+
+
+@pytest.mark.parametrize("experts", [True, False], ids=["experts", "no-experts"])
+@pytest.mark.parametrize("rank", [8, 4])
+def test_the_plans_adapters_are_the_trainable_parameters_of_the_wrapped_remote_code_16b(tmp_path, code, rank, experts):
+    from peft.tuners.lora import LoraLayer
+
+    folder = make_deepseek_moe_folder(tmp_path / "deepseek-moe-16b", MOE_16B, code)
+    # Planned from the folder's config.json keys, as the login node plans it.
+    shape = shape_from_hf_config(json.loads((folder / "config.json").read_text()))
+    net = remote_code_model(folder)
+    assert type(net).__module__.startswith("transformers_modules.")  # the folder's own code built it
+    layers = [sum(p.numel() for p in layer.parameters()) for layer in net.model.layers]
+    assert (total_parameters(shape), largest_layer_parameters(shape)) == (
+        sum(p.numel() for p in net.parameters()), max(layers))
+    linears = [name for name, module in net.named_modules() if isinstance(module, torch.nn.Linear)]
+
+    wrapped = lora.apply_lora(net, trial_model(folder, rank, experts), seed=0)
+
+    setup = TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, peft="lora", lora_rank=rank,
+                          lora_experts=experts)
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    assert plan_memory(shape, setup).trainable_parameters == trainable
+    # Module by module, what peft wrapped is what the plan's rule adapts.
+    targets = lora_targets.target_modules("deepseek", None)
+    modules = dict(wrapped.base_model.model.named_modules())
+    assert {name for name in linears if isinstance(modules[name], LoraLayer)} == {
+        name for name in linears if lora_targets.adapts_module(name, targets, experts=experts)}
+    routed = sum(isinstance(modules[name], LoraLayer) for name in linears if ".mlp.experts." in name)
+    assert routed == (27 * 64 * 3 if experts else 0)  # MoE layers x routed experts x projections
+
+
+def tiny_trained_step(folder: Path, experts: bool) -> tuple[torch.nn.Module, dict[str, torch.Tensor], float]:
+    """The tiny model under the trainer's LoRA after one AdamW step, its trainable tensors before the step,
+    and the step's loss."""
+    torch.manual_seed(0)
+    # DeepSeek's own code builds a cache it cannot make under transformers 5 unless told not to.
+    net = remote_code_model(folder, meta=False, use_cache=False)
+    wrapped = lora.apply_lora(net, trial_model(folder, 4, experts), seed=0)
+    wrapped.train()
+    trainable = {name: p for name, p in wrapped.named_parameters() if p.requires_grad}
+    before = {name: p.detach().clone() for name, p in trainable.items()}
+    optimizer = torch.optim.AdamW(trainable.values(), lr=1e-2)
+    ids = torch.randint(0, TINY["vocab_size"], (4, 16), generator=torch.Generator().manual_seed(1))
+    loss = wrapped(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    return wrapped, before, loss.item()
+
+
+@pytest.mark.parametrize("experts", [True, False], ids=["experts", "no-experts"])
+def test_a_tiny_remote_code_moe_trains_a_step_with_its_routed_experts_adapted_only_with_model_lora_experts(
+        tmp_path, code, experts):
+    from peft.tuners.lora import LoraLayer
+
+    wrapped, before, loss = tiny_trained_step(make_deepseek_moe_folder(tmp_path / "tiny", TINY, code), experts)
+    assert math.isfinite(loss)
+    adapted = {name for name, module in wrapped.named_modules() if isinstance(module, LoraLayer)}
+    routed = {name for name in adapted if lora_targets.is_routed_expert_module(name)}
+    assert len(routed) == (2 * 4 * 3 if experts else 0)  # MoE layers x experts x projections
+    for kind in ("self_attn.q_proj", "layers.0.mlp.gate_proj", "layers.1.mlp.shared_experts.down_proj"):
+        assert any(name.endswith(kind) for name in adapted), kind
+    # Every adapter was trained by the step: lora_B starts at zero, so its gradient is the first to arrive.
+    moved = {name for name, p in wrapped.named_parameters() if p.requires_grad and not torch.equal(p, before[name])}
+    assert {name.split(".lora_B")[0] for name in moved if ".lora_B." in name} >= adapted - routed
+    assert any(".mlp.experts." in name for name in moved) is experts
+
+
+def test_a_routed_experts_adapters_count_for_the_share_of_tokens_routed_to_it(tmp_path):
+    from peft.tuners.lora import LoraLayer
+
+    folder = make_deepseek_moe_folder(tmp_path / "tiny", TINY)
+    wrapped = lora.apply_lora(remote_code_model(folder), trial_model(folder, 4, True), seed=0)
+    dense = expert = 0
+    for name, module in wrapped.named_modules():
+        if isinstance(module, LoraLayer):
+            size = sum(p.numel() for p in [*module.lora_A.parameters(), *module.lora_B.parameters()])
+            if lora_targets.is_routed_expert_module(name):
+                expert += size
+            else:
+                dense += size
+    assert expert > 0
+    assert lora.adapter_flops_per_token(wrapped) == 6 * (dense + expert * 2 / 4)  # top-2 of 4
