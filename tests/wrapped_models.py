@@ -83,7 +83,7 @@ class DeepseekConfig(PretrainedConfig):
                  num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=32, n_shared_experts=None,
                  n_routed_experts=None, num_experts_per_tok=None, moe_layer_freq=1, first_k_dense_replace=0,
                  norm_topk_prob=False, rms_norm_eps=1e-6, attention_bias=False, initializer_range=0.02,
-                 tie_word_embeddings=False, **kwargs):
+                 tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None, use_cache=True, **kwargs):
         self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
         self.moe_intermediate_size, self.num_hidden_layers = moe_intermediate_size, num_hidden_layers
         self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
@@ -91,18 +91,27 @@ class DeepseekConfig(PretrainedConfig):
         self.num_experts_per_tok, self.moe_layer_freq = num_experts_per_tok, moe_layer_freq
         self.first_k_dense_replace, self.norm_topk_prob = first_k_dense_replace, norm_topk_prob
         self.rms_norm_eps, self.attention_bias, self.initializer_range = rms_norm_eps, attention_bias, initializer_range
+        self.rope_theta, self.rope_scaling, self.use_cache = rope_theta, rope_scaling, use_cache
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 '''
 DEEPSEEK_MOE_MODELING = '''"""A stand-in for DeepSeek-MoE's remote code (its modeling_deepseek.py, not kept
 here): the same module tree, names and shapes: one MLP module per routed expert (``mlp.experts.N.gate_proj``,
 ``up_proj``, ``down_proj``), shared experts, a router weight ``mlp.gate.weight``, dense MLPs in the first layers.
-Routing: softmax top-k, each expert run on its tokens, as that code trains. No rotary embedding, no
-cache, no balance loss: what it is for is the layout LoRA meets."""
+Routing: softmax top-k, each expert run on its tokens, as that code trains. A plain rotary embedding,
+no balance loss: what it is for is the layout LoRA meets. It keeps the five habits of that code which
+transformers 5 breaks (hpcsweep.train.remote_code): it imports is_torch_fx_available, it reads a
+non-None rope_scaling as a scaling with a ["type"], with use_cache it wraps the past in
+DynamicCache.from_legacy_cache, it declares its tied weights as a list, and it computes its rotary
+inv_freq, a non-persistent buffer, in __init__ (not in _init_weights)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
+from transformers.utils.import_utils import is_torch_fx_available
+
+if is_torch_fx_available():
+    import torch.fx
 
 from .configuration_deepseek import DeepseekConfig
 
@@ -172,11 +181,23 @@ class DeepseekAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
+        if config.rope_scaling is not None:  # as DeepSeek's _init_rope reads it
+            self.scaling = (config.rope_scaling["type"], config.rope_scaling["factor"])
+        # Computed here, as DeepSeek's rotary embedding computes its inv_freq, and kept out of the weights.
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, x):
+        angles = torch.arange(x.shape[-2], dtype=torch.float32, device=x.device)[:, None] * self.inv_freq
+        cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
     def forward(self, x):
         b, t, _ = x.shape
         q, k, v = (proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotate(q), self.rotate(k)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -213,7 +234,11 @@ class DeepseekModel(DeepseekPreTrainedModel):
         self.norm = DeepseekRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, use_cache=None):
+        if (use_cache if use_cache is not None else self.config.use_cache):
+            from transformers.cache_utils import DynamicCache
+
+            DynamicCache.from_legacy_cache(None)  # as DeepSeek's own forward does with a cache
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x)
@@ -221,6 +246,8 @@ class DeepseekModel(DeepseekPreTrainedModel):
 
 
 class DeepseekForCausalLM(DeepseekPreTrainedModel):
+    _tied_weights_keys = ["lm_head.weight"]  # transformers 4's form, as DeepSeek's code declares it
+
     def __init__(self, config):
         super().__init__(config)
         self.model = DeepseekModel(config)
@@ -230,8 +257,8 @@ class DeepseekForCausalLM(DeepseekPreTrainedModel):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(self, input_ids, labels=None, **kwargs):
-        logits = self.lm_head(self.model(input_ids)).float()
+    def forward(self, input_ids, labels=None, use_cache=None, **kwargs):
+        logits = self.lm_head(self.model(input_ids, use_cache=use_cache)).float()
         loss = None if labels is None else F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
         return CausalLMOutput(loss=loss, logits=logits)
 '''
@@ -263,15 +290,16 @@ def remote_code_model(folder: Path, *, meta: bool = True, **config_overrides) ->
     """The model of a remote-code ``folder``, built from its config by its own code (``from_config``,
     ``trust_remote_code``), on the meta device unless not ``meta``.
 
-    DeepSeek-MoE's own code predates transformers 5: transformers 5 turns a config's ``rope_scaling:
-    null`` into ``{"rope_type": "default", ...}``, which that code reads as a scaling whose ``["type"]``
-    it looks up (a KeyError), so the config's rope parameters go back to None here (the stand-in reads
-    none). It also imports ``is_torch_fx_available``, gone from transformers 5: the caller provides it.
+    DeepSeek-MoE's own code predates transformers 5, and so does the stand-in's: the config goes through
+    what the trainer does for such code (``hpcsweep.train.remote_code``).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from hpcsweep.train import remote_code
+
+    remote_code.provide_removed_names()
     config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=True, **config_overrides)
-    config.rope_parameters = None
+    remote_code.prepare_remote_config(config)
     with torch.device("meta" if meta else "cpu"):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=True, attn_implementation="eager")
 

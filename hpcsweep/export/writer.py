@@ -133,6 +133,10 @@ def _save_model(model: Any, base: BaseFolder, override: str | None, folder: Path
     # ``torch_dtype``. Both, so that every reader loads the weights in the dtype they were written in.
     config_file = folder / "config.json"
     config = json.loads(config_file.read_text(encoding="utf-8"))
+    if base.remote_code and base.path is not None:
+        # The base's own config.json: its code reads it as published (rope_scaling null, ...), not as
+        # transformers 5 holds it after the trainer made it fit that code (hpcsweep.train.remote_code).
+        config = {**json.loads((base.path / "config.json").read_text(encoding="utf-8")), "dtype": main}
     config_file.write_text(json.dumps({**config, "torch_dtype": main}, indent=2, sort_keys=True) + "\n",
                            encoding="utf-8")
     return main

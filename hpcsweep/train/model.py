@@ -27,6 +27,7 @@ from transformers import (
 )
 
 from hpcsweep.config import ModelConfig
+from hpcsweep.train import remote_code
 
 
 def hf_config(cfg: ModelConfig) -> PretrainedConfig:
@@ -98,11 +99,20 @@ def build_model(
 
 def _from_folder(cfg: ModelConfig, seed: int, attn_implementation: str, dtype: torch.dtype) -> PreTrainedModel:
     options = dict(trust_remote_code=cfg.trust_remote_code, attn_implementation=attn_implementation, dtype=dtype)
+    if cfg.trust_remote_code:
+        remote_code.provide_removed_names()
+    config = AutoConfig.from_pretrained(cfg.path, local_files_only=True, trust_remote_code=cfg.trust_remote_code)
+    remote_code.prepare_remote_config(config)
     if cfg.random_init:
-        config = AutoConfig.from_pretrained(cfg.path, local_files_only=True, trust_remote_code=cfg.trust_remote_code)
         torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config, **options)
-    return AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, **options)
+        model = AutoModelForCausalLM.from_config(config, **options)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, config=config, local_files_only=True, **options)
+        if getattr(config, "auto_map", None):
+            remote_code.restore_computed_buffers(model, config, dtype)
+    if getattr(config, "auto_map", None):
+        remote_code.tied_weights_as_mapping(model)
+    return model
 
 
 _EXPERT_COUNTS = ("n_routed_experts", "num_local_experts", "num_experts")
@@ -119,11 +129,13 @@ def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:
     generalised to separate query/key and value head widths: ``6·L·H·(d_qk + d_v)·T``.
     """
     config = copy.deepcopy(config)
+    remote = bool(getattr(config, "auto_map", None))
+    if remote:
+        remote_code.provide_removed_names()
+        remote_code.prepare_remote_config(config)
     with torch.device("meta"):
         # The kernel changes no parameter; eager needs no package and no device to be chosen.
-        model = AutoModelForCausalLM.from_config(
-            config, trust_remote_code=bool(getattr(config, "auto_map", None)), attn_implementation="eager"
-        )
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=remote, attn_implementation="eager")
     experts = next((getattr(config, name) for name in _EXPERT_COUNTS if getattr(config, name, None)), None)
     active = 0.0
     for name, param in model.named_parameters():

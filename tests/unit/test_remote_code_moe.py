@@ -48,10 +48,6 @@ def real_code(monkeypatch) -> Path:
     """DeepSeek's own code, importable under transformers 5; the test is skipped without it."""
     if CODES["real"] is None:
         pytest.skip(f"${DEEPSEEK_MOE_CODE_ENV} names no folder with DeepSeek-MoE's own modeling_deepseek.py")
-    import transformers.utils.import_utils as import_utils
-
-    # DeepSeek's code imports it; transformers 5 has dropped it.
-    monkeypatch.setattr(import_utils, "is_torch_fx_available", lambda: False, raising=False)
     return CODES["real"]
 
 
@@ -187,3 +183,86 @@ def test_a_routed_experts_adapters_count_for_the_share_of_tokens_routed_to_it(tm
                 dense += size
     assert expert > 0
     assert lora.adapter_flops_per_token(wrapped) == 6 * (dense + expert * 2 / 4)  # top-2 of 4
+
+
+def folder_with_weights(folder: Path, code: Path | None) -> Path:
+    """A tiny DeepSeek-MoE folder as its authors publish one: its code, its config.json as written
+    (``rope_scaling: null``, ``use_cache: true``) and its weights in one safetensors file."""
+    make_deepseek_moe_folder(folder, TINY, code)
+    published = (folder / "config.json").read_text()
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    # The weights file save_pretrained writes (DeepSeek's code declares its tied weights as transformers 4
+    # did, a list, on which transformers 5's save_pretrained fails).
+    state = {name: tensor.contiguous() for name, tensor in remote_code_model(folder, meta=False).state_dict().items()}
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    assert json.loads((folder / "config.json").read_text()) == json.loads(published)
+    return folder
+
+
+@pytest.mark.parametrize("peft", ["lora", "none"])
+def test_a_deepseek_moe_folder_with_its_own_code_trains_as_a_trial_under_transformers_5(tmp_path, code, peft):
+    # DeepSeek-MoE's code, written for transformers 4, imports is_torch_fx_available, reads rope_scaling's
+    # ["type"] and builds a DynamicCache from a legacy one: the trial's model build and first step would fail
+    # on all three (hpcsweep.train.remote_code).
+    from hpcsweep.train import worker
+    from tests.unit.trial_dirs import make_trial_dir, read_metrics
+
+    folder = folder_with_weights(tmp_path / "moe", code)
+    trial = make_trial_dir(tmp_path / "trial", {
+        "model.path": str(folder), "model.trust_remote_code": True, "model.peft": peft, "model.lora.r": 2,
+        "data.batch_size": 2, "data.seq_len": 16, "data.synthetic_tokens": 4_000, "trainer.device": "cpu",
+        "trainer.max_steps": 2, "trainer.warmup_steps": 0, "trainer.eval_every": 2, "trainer.eval_batches": 1,
+        "trainer.log_every": 2, "trainer.ckpt_every": 2,
+    })
+    assert worker.run_trial(trial) == worker.EXIT_OK, read_metrics(trial).get("error")
+    metrics = read_metrics(trial)
+    assert metrics["status"] == "completed" and math.isfinite(metrics["val_loss"])
+    assert metrics["mfu"] is None and metrics["tokens_per_s"] > 0
+    # The plan counted what trained: the per-expert adapters (LoRA), or every parameter.
+    planned = metrics["memory_plan"]["parameters"]["trainable"]
+    net = remote_code_model(folder)
+    expected = (wrapped_count(net, folder) if peft == "lora" else sum(p.numel() for p in net.parameters()))
+    assert planned == expected
+    # The folder itself is left as published.
+    assert json.loads((folder / "config.json").read_text())["use_cache"] is True
+
+    # Exported whole (merged for LoRA), it is the base's code and config.json as published, and loads
+    # back with the trained weights: the trial's logits.
+    from hpcsweep.export import cli
+    from hpcsweep.export.weights import load_trial_model, trial_config
+    from hpcsweep.files.sweep_record import SweepRecord, TrialRecord, now_iso, write_sweep_record
+    from hpcsweep.train import model as model_lib
+
+    write_sweep_record(SweepRecord(str(tmp_path), "local", now_iso(), [
+        TrialRecord(0, [f"model.peft={peft}"], str(trial), None, now_iso())]))
+    out = tmp_path / "export"
+    assert cli.main([str(tmp_path), "--trial", "0", "--checkpoint", "last", "--out", str(out),
+                     *(["--merge"] if peft == "lora" else [])]) == 0
+    assert {"modeling_deepseek.py", "configuration_deepseek.py", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    exported = json.loads((out / "config.json").read_text())
+    assert (exported["rope_scaling"], exported["use_cache"], exported["torch_dtype"]) == (None, True, "float32")
+    checkpoint = max((trial / "checkpoints").glob("step*"))
+    ids = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(2))
+    reloaded = model_lib.build_model(ModelConfig(path=str(out), trust_remote_code=True), seed=0).eval()
+    with torch.no_grad():
+        expected_logits = load_trial_model(trial_config(trial), checkpoint)(input_ids=ids).logits
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected_logits, rtol=1e-5, atol=1e-5)
+
+
+def wrapped_count(net: torch.nn.Module, folder: Path) -> int:
+    wrapped = lora.apply_lora(net, trial_model(folder, 2, True), seed=0)
+    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+
+
+def test_a_loaded_folder_with_its_own_code_has_the_buffers_its_code_computes(tmp_path, code):
+    # transformers 5 loads on the meta device and leaves non-persistent buffers (the rotary inv_freq) to
+    # _init_weights, which code written for transformers 4 does not compute them in: they were garbage.
+    from hpcsweep.train import model as model_lib
+
+    folder = folder_with_weights(tmp_path / "moe", code)
+    built = model_lib.build_model(ModelConfig(path=str(folder), trust_remote_code=True), seed=0)
+    constructed = dict(remote_code_model(folder, meta=False).named_buffers())  # __init__ on the CPU, in full
+    loaded = {name: buffer for name, buffer in built.named_buffers() if name.endswith("inv_freq")}
+    assert loaded and all(torch.equal(buffer, constructed[name]) for name, buffer in loaded.items())
