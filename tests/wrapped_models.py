@@ -138,16 +138,26 @@ class DeepseekMLP(nn.Module):
 
 
 class MoEGate(nn.Module):
+    """DeepSeek's gate's signature: batch x time x hidden in; (topk_idx, topk_weight, aux_loss) out, the
+    aux loss (alpha x sum_i f_i P_i over the batch) reported in training, not trained on here."""
+
     def __init__(self, config):
         super().__init__()
         self.top_k, self.norm_topk_prob = config.num_experts_per_tok, config.norm_topk_prob
+        self.n_routed_experts, self.alpha = config.n_routed_experts, getattr(config, "aux_loss_alpha", 0.0)
         self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size))
 
-    def forward(self, x):
-        weights, chosen = F.linear(x, self.weight).softmax(dim=-1).topk(self.top_k, dim=-1)
+    def forward(self, hidden):
+        scores = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight).softmax(dim=-1)
+        weights, chosen = scores.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return chosen, weights
+        aux_loss = None
+        if self.training and self.alpha > 0:
+            share = torch.bincount(chosen.flatten(), minlength=self.n_routed_experts).float()
+            share = share / (chosen.numel() / self.n_routed_experts)
+            aux_loss = (share * scores.mean(0)).sum() * self.alpha
+        return chosen, weights, aux_loss
 
 
 class DeepseekMoE(nn.Module):
@@ -161,7 +171,7 @@ class DeepseekMoE(nn.Module):
 
     def forward(self, hidden):
         x = hidden.reshape(-1, hidden.shape[-1])
-        chosen, weights = self.gate(x)
+        chosen, weights, _ = self.gate(hidden)
         y = torch.zeros_like(x)
         for index, expert in enumerate(self.experts):
             token, slot = (chosen == index).nonzero(as_tuple=True)

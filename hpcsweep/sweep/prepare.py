@@ -92,6 +92,14 @@ def check_pretrained_model(trial: TrialConfig, folder: ModelFolder | None) -> No
     if folder is None:
         return
     check_model_folder(folder, trust_remote_code=model.trust_remote_code, random_init=model.random_init)
+    if folder.needs_remote_code and model.moe.aux_loss_coef is not None:
+        # Its own code routes and adds its own balance loss (hpcsweep.train.own_gate_stats): a coefficient
+        # given here would train nothing, and the user would believe it did.
+        raise ValueError(
+            f"model.moe.aux_loss_coef={model.moe.aux_loss_coef} is not allowed with {folder.key}: it runs its "
+            f"own model code, which adds its own balance loss at its config.json's aux_loss_alpha "
+            f"({folder.config.get('aux_loss_alpha')}); leave the key null (change aux_loss_alpha in a copy of the "
+            "folder, never to 0)")
     if folder.vocab_size is None:
         raise ValueError(f"{folder.key} is not allowed: its config.json has no integer vocab_size")
     limit = folder.max_position_embeddings

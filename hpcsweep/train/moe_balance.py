@@ -17,7 +17,8 @@ routing code is copied and the model is asked for nothing when it is dense.
   paper's equation and torchtitan's pre-step hook do (torchtitan also centres the update; the paper
   does not, nor do we). The bias is a persistent buffer, so it is in every checkpoint. Under LoRA the
   update is off: an adapter export cannot carry a changed base buffer.
-- **Router statistics** of each log window (``hpcsweep.train.router_stats``).
+- **Router statistics** of each log window (``hpcsweep.train.router_stats``); for a model whose own
+  code routes, from its gates alone (``hpcsweep.train.own_gate_stats``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from hpcsweep.config import ModelConfig
 from hpcsweep.train import router_stats
 from hpcsweep.train.distributed import WorldInfo
+from hpcsweep.train.own_gate_stats import OwnGateStats, own_gates
 
 log = logging.getLogger(__name__)
 
@@ -246,11 +248,21 @@ class NoBalance:
         return {}
 
 
-def attach(net: torch.nn.Module, cfg: ModelConfig) -> RouterBalance | NoBalance:
+def attach(net: torch.nn.Module, cfg: ModelConfig) -> RouterBalance | OwnGateStats | NoBalance:
     """The balance of ``net``'s routers per ``cfg.moe`` (``NoBalance`` for a dense model), its hooks
-    registered. Call after LoRA is applied and before DDP or FSDP wraps the model."""
+    registered. A model whose own code routes (``MoEGate``s that transformers does not record) gets
+    router statistics alone (``hpcsweep.train.own_gate_stats``): its code trains its own balance. Call
+    after LoRA is applied and before DDP or FSDP wraps the model."""
     routers = _routers(net)
     if not routers:
+        gates = own_gates(net)
+        config = getattr(net.get_base_model() if hasattr(net, "get_base_model") else net, "config", None)
+        if gates:
+            alpha = float(getattr(config, "aux_loss_alpha", 0.0) or 0.0)
+            log.info("router balance: %d MoE layers routed by the model's own code, which adds its own balance "
+                     "loss (aux_loss_alpha %g in its config.json); model.moe.* does not apply; router "
+                     "statistics from its gates", len(gates), alpha)
+            return OwnGateStats(gates, alpha)
         if any(name in type(m).__name__.lower() for m in net.modules() for name in ("moegate", "router")):
             log.warning("router balance: this model's routers are not recorded by transformers; "
                         "model.moe.* does not apply and no router statistics are kept")

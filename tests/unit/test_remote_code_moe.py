@@ -225,6 +225,15 @@ def test_a_deepseek_moe_folder_with_its_own_code_trains_as_a_trial_under_transfo
     net = remote_code_model(folder)
     expected = (wrapped_count(net, folder) if peft == "lora" else sum(p.numel() for p in net.parameters()))
     assert planned == expected
+    # Its own gates route, and their choices are the router statistics: every token reaches top_k experts
+    # in each MoE layer (layers 1 and 2), and the code's own balance loss is reported without its alpha.
+    router = metrics["router"]
+    tokens = 2 * 2 * 16 * TINY["num_experts_per_tok"]  # a window: 2 steps of 2 x 16 tokens
+    assert {layer: stats["tokens"] for layer, stats in router["layers"].items()} == {"1": tokens, "2": tokens}
+    assert (router["experts"], router["top_k"], router["bias_update_rate"]) == (4, 2, 0.0)
+    assert router["aux_loss_coef"] == TINY.get("aux_loss_alpha", 0.001) and router["aux_loss"] > 0
+    assert router["aux_loss"] == pytest.approx(sum(stats["aux_loss"] for stats in router["layers"].values()))
+    assert 1.0 <= router["max_mean_load"] <= 4 / 2
     # The folder itself is left as published.
     assert json.loads((folder / "config.json").read_text())["use_cache"] is True
 
@@ -266,3 +275,19 @@ def test_a_loaded_folder_with_its_own_code_has_the_buffers_its_code_computes(tmp
     constructed = dict(remote_code_model(folder, meta=False).named_buffers())  # __init__ on the CPU, in full
     loaded = {name: buffer for name, buffer in built.named_buffers() if name.endswith("inv_freq")}
     assert loaded and all(torch.equal(buffer, constructed[name]) for name, buffer in loaded.items())
+
+
+def test_an_aux_loss_coefficient_for_a_folder_whose_code_routes_is_refused_naming_its_own(tmp_path):
+    from hpcsweep.config import trial_config_from_dict
+    from hpcsweep.model.folder import read_model_folder
+    from hpcsweep.sweep.prepare import check_pretrained_model
+
+    folder = folder_with_weights(tmp_path / "moe", None)
+    (folder / "tokenizer.json").write_text("{}")  # what the folder check looks for; nothing loads it here
+    def trial(**moe):
+        return trial_config_from_dict({"model": {"path": str(folder), "trust_remote_code": True, "moe": moe},
+                                       "data": {"seq_len": 16}})
+    check_pretrained_model(trial(), read_model_folder(str(folder)))  # null: the code's own, accepted
+    with pytest.raises(ValueError, match=r"^model\.moe\.aux_loss_coef=0\.01 is not allowed with model\.path=.*: it "
+                                         r"runs its own model code, .* aux_loss_alpha \(0\.001\); leave the key null"):
+        check_pretrained_model(trial(aux_loss_coef=0.01), read_model_folder(str(folder)))
