@@ -12,6 +12,11 @@ INTERFACE_VARIABLES = {
     "HPCSWEEP_BUDGET_POLL_S": "hpcsweep/trial/budget_watch.py: a site's sacct poll interval for budgets",
 }
 """Every ``HPCSWEEP_`` variable the package reads, and where it is documented."""
+NAMED_VARIABLES = {
+    "HPCSWEEP_TRIAL_DIR": "slurm/train.sbatch",
+}
+"""``HPCSWEEP_`` variables the package only names, for the user to set (status's line that resumes a stopped
+batch trial), and the script that reads them."""
 
 
 def hpcsweep_variables() -> dict[str, set[str]]:
@@ -24,7 +29,8 @@ def hpcsweep_variables() -> dict[str, set[str]]:
 
 
 def test_only_the_documented_interface_variables_are_named_in_the_package():
-    unexpected = {name: files for name, files in hpcsweep_variables().items() if name not in INTERFACE_VARIABLES}
+    unexpected = {name: files for name, files in hpcsweep_variables().items()
+                  if name not in INTERFACE_VARIABLES and name not in NAMED_VARIABLES}
     assert unexpected == {}, "a setting travels by environment variable: put it in the attempt (hpcsweep.trial.attempt)"
 
 
@@ -34,3 +40,8 @@ def test_each_interface_variable_is_documented_where_it_is_read():
         module = where.split(":")[0]
         assert module in found.get(name, set()), f"{name} is no longer read in {module}"
         assert re.search(rf'{name}"\n"""|``{name}', (REPO / module).read_text()), f"{name} has no docstring in {module}"
+
+
+def test_each_named_variable_is_read_by_its_script():
+    for name, script in NAMED_VARIABLES.items():
+        assert f"${{{name}" in (REPO / script).read_text(), f"{script} no longer reads {name}"
