@@ -6,6 +6,7 @@ Commands are argument lists (never a shell), every call has a timeout, and a fai
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,11 @@ def controller_reachable(timeout: float = 10.0) -> tuple[bool, str]:
     """
     if shutil.which("sbatch") is None:
         return False, "sbatch is not on PATH"
+    named = os.environ.get("SLURM_CONF")
+    if named and not os.path.isfile(named):
+        # Slurm's commands cannot start without the file SLURM_CONF names; scontrol would spend about a
+        # minute retrying before it said so, and this check its whole timeout.
+        return False, f"no Slurm controller (SLURM_CONF={named} is no file)"
     try:
         out = run_slurm(["scontrol", "ping"], timeout=timeout)
     except SlurmCommandError:

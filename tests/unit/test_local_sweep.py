@@ -24,7 +24,9 @@ def test_local_sweep_runs_every_trial_and_writes_sweep_json(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     (line,) = [line for line in output.splitlines() if "controller" in line or "scontrol" in line]
-    assert line.endswith("] no Slurm controller: running locally"), output
+    # Said at once: the file SLURM_CONF names is not there, so no Slurm command can run (scontrol would
+    # retry for about a minute before it said so).
+    assert line.endswith("] no Slurm controller (SLURM_CONF=/nonexistent/slurm.conf is no file): running locally"), output
     assert "resolve_ctls_from_dns_srv" not in output and "configuration source" not in output
 
     (sweep_file,) = tmp_path.glob("multirun/*/*/sweep.json")
