@@ -161,6 +161,18 @@ def max_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
     return _reduce_ints(world, values, dist.ReduceOp.MAX)
 
 
+def take_sums(world: WorldInfo, *totals: torch.Tensor) -> list[torch.Tensor]:
+    """Each of ``totals`` summed over all ranks (one all_reduce each, on copies), and the totals
+    themselves set to zero: a window's running sums taken and begun afresh. A collective."""
+    summed = [total.clone() for total in totals]
+    if world.world_size > 1:
+        for total in summed:
+            dist.all_reduce(total)
+    for total in totals:
+        total.zero_()
+    return summed
+
+
 def sum_over_ranks(world: WorldInfo, values: Sequence[int]) -> list[int]:
     """Each of ``values``' sums over all ranks, in one collective."""
     return _reduce_ints(world, values, dist.ReduceOp.SUM)

@@ -175,7 +175,7 @@ def adapter_flops_per_token(net: torch.nn.Module) -> float:
     from peft.tuners.lora import LoraLayer, ParamWrapper
 
     top_k = getattr(net.config, "num_experts_per_tok", None)
-    routed = _routed_experts(net.config)
+    routed = model.routed_experts(net.config) or 1
     active = 0.0
     for name, module in net.named_modules():
         if not isinstance(module, LoraLayer):
@@ -188,8 +188,3 @@ def adapter_flops_per_token(net: torch.nn.Module) -> float:
         for adapters in (module.lora_A, module.lora_B):
             active += share * sum(p.numel() for layer in adapters.values() for p in layer.parameters())
     return 6 * active
-
-
-def _routed_experts(config: PretrainedConfig) -> int:
-    """Routed experts per MoE layer of ``config`` (1 for a dense model)."""
-    return next((getattr(config, name) for name in model._EXPERT_COUNTS if getattr(config, name, None)), 1)

@@ -102,21 +102,27 @@ def _from_folder(cfg: ModelConfig, seed: int, attn_implementation: str, dtype: t
     if cfg.trust_remote_code:
         remote_code.provide_removed_names()
     config = AutoConfig.from_pretrained(cfg.path, local_files_only=True, trust_remote_code=cfg.trust_remote_code)
+    own_code = bool(getattr(config, "auto_map", None))
     remote_code.prepare_remote_config(config)
     if cfg.random_init:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, **options)
     else:
         model = AutoModelForCausalLM.from_pretrained(cfg.path, config=config, local_files_only=True, **options)
-        if getattr(config, "auto_map", None):
+        if own_code:
             remote_code.restore_computed_buffers(model, config, dtype)
-    if getattr(config, "auto_map", None):
+    if own_code:
         remote_code.tied_weights_as_mapping(model)
     return model
 
 
 _EXPERT_COUNTS = ("n_routed_experts", "num_local_experts", "num_experts")
 """Where a transformers config keeps its routed experts per MoE layer (DeepSeek, Mixtral, Qwen-MoE)."""
+
+
+def routed_experts(config: PretrainedConfig) -> int | None:
+    """Routed experts per MoE layer of ``config``; None for a dense model."""
+    return next((getattr(config, name) for name in _EXPERT_COUNTS if getattr(config, name, None)), None)
 
 
 def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:
@@ -136,7 +142,7 @@ def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:
     with torch.device("meta"):
         # The kernel changes no parameter; eager needs no package and no device to be chosen.
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=remote, attn_implementation="eager")
-    experts = next((getattr(config, name) for name in _EXPERT_COUNTS if getattr(config, name, None)), None)
+    experts = routed_experts(config)
     active = 0.0
     for name, param in model.named_parameters():
         if "embed_tokens" in name:

@@ -24,7 +24,6 @@ routing code is copied and the model is asked for nothing when it is dense.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +32,10 @@ import torch.distributed as dist
 
 from hpcsweep.config import ModelConfig
 from hpcsweep.train import router_stats
-from hpcsweep.train.distributed import WorldInfo
+from hpcsweep.train.distributed import WorldInfo, take_sums
 from hpcsweep.train.own_gate_stats import OwnGateStats, own_gates
 
 log = logging.getLogger(__name__)
-
-_LAYER = re.compile(r"layers\.(\d+)\.")
 
 
 @dataclass
@@ -82,8 +79,8 @@ def _routers(net: torch.nn.Module) -> list[Router]:
     routers = []
     for name, module in base.named_modules():
         if isinstance(module, router_class):
-            match = _LAYER.search(name + ".")
-            routers.append(Router(layer=int(match.group(1)) if match else len(routers), module=module,
+            layer = router_stats.layer_of(name)
+            routers.append(Router(layer=len(routers) if layer is None else layer, module=module,
                                   experts=module.weight.shape[0], top_k=int(module.top_k)))
     return routers
 
@@ -219,12 +216,7 @@ class RouterBalance:
         """The statistics of the log window (counts over every rank, aux loss averaged over ranks), then a fresh window.
 
         A collective: every rank calls it at the same step."""
-        aux, counts = self.window_aux.clone(), self.window_counts.clone()
-        if world.world_size > 1:
-            dist.all_reduce(counts)
-            dist.all_reduce(aux)
-        self.window_counts.zero_()
-        self.window_aux.zero_()
+        counts, aux = take_sums(world, self.window_counts, self.window_aux)
         loads = {r.layer: counts[row, : r.experts].tolist() for row, r in enumerate(self.routers)}
         sums = aux.tolist()
         forwards = sums[1]

@@ -13,19 +13,16 @@ own balance, with its own coefficient.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hpcsweep.train import router_stats
-from hpcsweep.train.distributed import WorldInfo
+from hpcsweep.train.distributed import WorldInfo, take_sums
 
 GATE_CLASS = "MoEGate"
 """The class name DeepSeek's own code gives its routers."""
-_LAYER = re.compile(r"layers\.(\d+)\.")
 
 
 @dataclass
@@ -57,8 +54,8 @@ def own_gates(net: torch.nn.Module) -> list[OwnGate]:
         experts, top_k = getattr(module, "n_routed_experts", None), getattr(module, "top_k", None)
         if not experts or not top_k:
             continue
-        match = _LAYER.search(name + ".")
-        gates.append(OwnGate(layer=int(match.group(1)) if match else len(gates), module=module,
+        layer = router_stats.layer_of(name)
+        gates.append(OwnGate(layer=len(gates) if layer is None else layer, module=module,
                              experts=int(experts), top_k=int(top_k)))
     return gates
 
@@ -104,12 +101,7 @@ class OwnGateStats:
 
     def window_report(self, world: WorldInfo) -> dict[str, Any]:
         """The log window's statistics, then a fresh window. A collective: every rank calls it at the same step."""
-        counts, aux = self.window_counts.clone(), self.window_aux.clone()
-        if world.world_size > 1:
-            dist.all_reduce(counts)
-            dist.all_reduce(aux)
-        self.window_counts.zero_()
-        self.window_aux.zero_()
+        counts, aux = take_sums(world, self.window_counts, self.window_aux)
         loads = {g.layer: counts[row, : g.experts].tolist() for row, g in enumerate(self.gates)}
         sums = aux.tolist()
         forwards = sums[0]

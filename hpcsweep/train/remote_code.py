@@ -2,7 +2,7 @@
 transformers 4, run under transformers 5.
 
 DeepSeek-MoE-16B's ``modeling_deepseek.py``, the headline model of this product, fails under
-transformers 5 in three ways, each seen with that code:
+transformers 5 in five ways, each seen with that code:
 
 1. it imports ``is_torch_fx_available`` from ``transformers.utils.import_utils``, which transformers 5
    removed: an ``ImportError`` before the model exists;

@@ -9,8 +9,17 @@ layer's and ``idle_fraction`` is over every layer's experts together. The record
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def layer_of(module_name: str) -> int | None:
+    """The decoder layer a router's module name puts it in (``model.layers.3.mlp.gate``: 3); None without one."""
+    match = _LAYER.search(module_name + ".")
+    return int(match.group(1)) if match else None
 
 
 def max_mean_load(counts: Sequence[int]) -> float | None:
