@@ -111,8 +111,19 @@ def proc_status(pid: int) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
 
 
-def _stop_all(job_id: str) -> list[int]:
-    """SIGSTOP every task process of the job, those it starts meanwhile included; return them once stopped."""
+def _not_stopped(pids: Sequence[int]) -> dict[int, str]:
+    """Each of ``pids`` that is not stopped yet, with its state (a process that is gone counts as stopped)."""
+    states = {pid: proc_status(pid).get("State", "T") for pid in pids}
+    return {pid: state for pid, state in states.items() if not state.startswith(("T", "Z", "X"))}
+
+
+def _stop_all(job_id: str, deadline: float) -> list[int]:
+    """SIGSTOP every task process of the job, those it starts meanwhile included; return them once stopped.
+
+    A SIGSTOP takes effect when the process next leaves the kernel: one in uninterruptible I/O (a
+    checkpoint's fsync on a loaded disk, state D) stops only once that I/O ends, which once took longer
+    than a fixed 30 s on CI. So the wait is the caller's own ``deadline``, and a miss names the
+    processes and their states."""
     held: list[int] = []
     while new := [pid for pid in task_processes(job_id) if pid not in held]:
         for pid in new:
@@ -121,8 +132,10 @@ def _stop_all(job_id: str) -> list[int]:
             except ProcessLookupError:
                 continue
             held.append(pid)
-        wait_for(lambda: all(proc_status(pid).get("State", "T").startswith(("T", "Z", "X")) for pid in held),
-                 timeout=30, what=f"job {job_id}'s task processes to stop", interval=0.005)
+        while running := _not_stopped(held):
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {job_id}'s task processes did not stop before the deadline: {running}")
+            time.sleep(0.005)
     return held
 
 
@@ -153,7 +166,7 @@ def held_at_step(job_id: str, trial_dir: Path, step: int, timeout: float) -> tup
     """
     deadline, moment, last = time.monotonic() + timeout, 0.02, None
     while True:
-        held = _stop_all(job_id)
+        held = _stop_all(job_id, deadline)
         now = metrics_step(trial_dir)
         if held and now >= step:
             return held, now
