@@ -86,10 +86,22 @@ def trial_plan(
     return shape, setup, plan_memory(shape, setup)
 
 
+def tasks_refusal(trial: SweepTrial, setup: TrainingSetup) -> str | None:
+    """The refusal line of a trial with tasks that ``trainer.parallel=auto`` shards with FSDP (task scores
+    run on each rank's whole model; ``trainer.parallel=fsdp`` itself is refused by ``check_tasks``)."""
+    names = trial.app_config[0].tasks.names
+    if setup.parallel != "fsdp" or not names:
+        return None
+    return (f"trial #{trial.num}: tasks.names={names} is not allowed here: trainer.parallel=auto chose FSDP (the "
+            "trial does not fit a GPU with DDP), and task scores run on each rank's whole model; drop tasks.names, "
+            "or make the trial fit with DDP (model.peft=lora, trainer.grad_checkpointing=true)")
+
+
 def memory_refusals(
     trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory, records: SweepModelRecords
 ) -> tuple[list[str], list[str]]:
-    """The refusal line of each trial that does not fit ``gpu``, and one plan line per distinct plan.
+    """The refusal line of each trial that does not fit ``gpu`` (or has tasks where it needs FSDP), and one
+    plan line per distinct plan.
 
     ``app_config`` of each trial is hpcsweep's ``(TrialConfig, ResumeConfig)``; a trial that asks
     for no GPU is not checked.
@@ -104,6 +116,8 @@ def memory_refusals(
         planned.append((trial.num, plan_line(plan, setup, gpu)))
         if not fits(plan, gpu):
             refused.append(refusal_line(trial.num, shape, setup, plan, gpu, gpus_asked(trial.allocation, params)))
+        elif (line := tasks_refusal(trial, setup)) is not None:
+            refused.append(line)
     return refused, grouped_plan_lines(planned)
 
 

@@ -60,7 +60,8 @@ def unknown_names(wanted: Iterable[str], known: Iterable[str]) -> list[str]:
 def check_tasks(trial: TrialConfig, *, lm_eval_installed: bool | None = None) -> None:
     """Raise ``ValueError`` naming the key when a trial's tasks cannot run: lm-eval missing (with the
     pip line), no tokenizer, no such folder, a name no YAML file there defines (with the list), or
-    FSDP (rank 0 alone cannot run a sharded model)."""
+    FSDP (every rank scores on its whole model: a sharded one cannot); ``trainer.parallel=auto`` that
+    chooses FSDP is refused with the memory plan (``hpcsweep.sweep.memory_check.tasks_refusal``)."""
     tasks: TasksConfig = trial.tasks
     if not tasks.names:
         return
@@ -73,7 +74,7 @@ def check_tasks(trial: TrialConfig, *, lm_eval_installed: bool | None = None) ->
         raise ValueError(f"tasks.names={tasks.names} is not allowed: task scores need a tokenizer, "
                          "from model.path or data.tokenizer")
     if trial.trainer.parallel == "fsdp":
-        raise ValueError("trainer.parallel='fsdp' is not allowed with tasks.names: task scores run on rank 0's "
+        raise ValueError("trainer.parallel='fsdp' is not allowed with tasks.names: task scores run on each rank's "
                          "whole model; use trainer.parallel=ddp (or auto, where the trial fits a GPU)")
     folder = Path(str(tasks.include_path)).expanduser()
     if not folder.is_dir():

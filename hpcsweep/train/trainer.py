@@ -100,8 +100,9 @@ class Trainer:
             cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation, model_record)
         self.parallel = parallel.resolve_parallel(tcfg, ddp_fits=memory_record.planned_parallel(memory_plan) != "fsdp")
         if self.parallel == "fsdp" and cfg.tasks.names:
+            # The login node refuses this already (hpcsweep.sweep.memory_check), where its GPU's memory is known.
             raise ValueError("tasks.names is not allowed with FSDP (trainer.parallel=auto chose it: the trial does not "
-                             "fit a GPU with DDP): task scores run on rank 0's whole model")
+                             "fit a GPU with DDP): task scores run on each rank's whole model")
         self.net = parallel.wrap_model(
             self.model, world, self.parallel, tcfg, facts=self.device_facts, precision=self.choices.precision,
             find_unused_parameters=find_unused, fixed_buckets=gpu_choices.fixed_buckets(
@@ -118,7 +119,8 @@ class Trainer:
         # best_val_loss is reported whatever early stopping watches.
         self.best_val = optim.EarlyStopping(0, 0.0)
         self.task_scorer = task_scores.build_task_scorer(
-            cfg.tasks, tokenizer_folder(cfg.data, cfg.model), self.is_writer, trust_remote_code=cfg.model.trust_remote_code)
+            cfg.tasks, tokenizer_folder(cfg.data, cfg.model), rank=world.rank, world_size=world.world_size,
+            trust_remote_code=cfg.model.trust_remote_code)
         self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
                                       base_model=trained_state.base_model_identity(cfg.model, model_record))
         self.save_schedule = SaveSchedule(
@@ -435,11 +437,10 @@ class Trainer:
         return bool(tasks.names) and task_scores.is_due(self.step, tasks.every, self.cfg.trainer.max_steps)
 
     def log_tasks(self) -> bool:
-        """Run the tasks on rank 0 (the other ranks wait for its scores), report them; True when early stopping says stop."""
-        scores = None
-        if self.task_scorer is not None:
-            with optim.autocast_context(self.choices.precision, self.world.device):
-                scores = self.task_scorer.score(self.model)
+        """Score the tasks, each rank its share (rank 0 sends the gathered scores to all), report them; True when
+        early stopping says stop. The step hooks run again meanwhile (with this step): the hang watchdog's heartbeat."""
+        with optim.autocast_context(self.choices.precision, self.world.device):
+            scores = self.task_scorer.score(self.model, heartbeat=lambda: [hook(self, self.step) for hook in self.hooks])
         scores = broadcast_object(self.world, scores)
         with self.step_timer.phase("logging"):
             self.logger.log(task_scores.tensorboard_scalars(scores), self.step)

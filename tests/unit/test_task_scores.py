@@ -285,3 +285,43 @@ def test_val_accuracy_counts_next_token_hits_and_leaves_out_targets_that_take_no
     targets = torch.tensor([[-100, 1, 2, 2]])  # the first is a prompt token (chat data): not counted
     assert accuracy_counts(logits, targets).tolist() == [2.0, 3.0]
     assert accuracy_counts(logits, torch.full((1, 4), -100)).tolist() == [0.0, 0.0]
+
+
+def test_two_ranks_score_half_the_requests_each_heartbeat_and_give_rank_0_the_scores_of_one_rank(tmp_path, fact_files):
+    import os
+    import subprocess
+    import sys
+
+    from .test_trainer_ddp import free_port
+
+    model, _, _, root = fact_files
+    tasks = write_fact_task(tmp_path / "tasks")
+    script = Path(__file__).resolve().parent.parent / "task_scoring_ranks.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+           f"--master-port={free_port()}", str(script), str(tmp_path), str(model), str(tasks)]
+    repo = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1",
+                                    "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    # 16 questions x 4 choices: each rank ran its 8 questions' requests and heartbeat meanwhile.
+    assert rank0["requests"] == rank1["requests"] == 32 and rank0["beats"] >= 1 and rank1["beats"] >= 1
+    assert rank1["scores"] is None and set(rank0["scores"]) == {TASK}
+    assert rank0["scores"] == rank0["alone"]
+    assert rank0["training"] and rank1["training"]  # the model goes back to train mode
+
+
+def test_a_trial_with_tasks_that_auto_shards_with_fsdp_is_refused_before_submit():
+    from hpcsweep.sweep.memory_check import check_memory_plans
+
+    from .test_memory_plan import BIG, sweep_trial
+
+    tasks = {"tasks": {"names": [TASK], "include_path": "t"}}
+    # 8 GPUs on each of 2 nodes: BIG fits with FSDP only, so trainer.parallel=auto takes it.
+    with pytest.raises(ValueError) as refused:
+        check_memory_plans([sweep_trial(0, {}), sweep_trial(3, {**BIG, **tasks}, nodes=2)],
+                           {"gpus_per_node": 8}, ["gpu:a100:8"])
+    assert str(refused.value).startswith(f"trial #3: tasks.names=['{TASK}'] is not allowed here: trainer.parallel=auto "
+                                         "chose FSDP (the trial does not fit a GPU with DDP)")
+    check_memory_plans([sweep_trial(3, BIG, nodes=2), sweep_trial(4, tasks)], {"gpus_per_node": 8}, ["gpu:a100:8"])
