@@ -97,7 +97,7 @@ def sample_packing(steps: int, seq_len: int, rows: int) -> None:
 
     torch.set_num_threads(1)
     tokens, mask, starts, lengths = skewed_samples(4000, seq_len)
-    sources = {packing: SampleRows(tokens, mask, starts, lengths, seq_len=seq_len, packing=packing, seed=0, split=0)
+    sources = {packing: SampleRows(tokens, mask, starts, lengths, seq_len=seq_len, packing=packing, seed=0, split=0, pad_id=0)
                for packing in (True, False)}
     cfg = ModelConfig(arch="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
                       num_heads=4, num_kv_heads=4, max_position_embeddings=max(512, seq_len))

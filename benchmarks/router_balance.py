@@ -46,7 +46,7 @@ def step_seconds(balanced: bool, steps: int) -> float:
         logits = net(input_ids=inputs).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), inputs[:, 1:].flatten())
         (loss + balance.take_aux_loss()).backward()
-        balance.before_optimizer_step(ONE)
+        balance.after_optimizer_step(ONE)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 10 == 0:

@@ -40,7 +40,7 @@ def main(out: Path, steps: int, rate: float) -> None:
         balance.take_aux_loss()
         before = bias.tolist()
         counts = balance.step_counts[0].tolist()
-        balance.before_optimizer_step(world)
+        balance.after_optimizer_step(world)
         record.append({"counts": counts, "before": before, "after": bias.tolist()})
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()

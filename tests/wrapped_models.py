@@ -102,11 +102,14 @@ no balance loss: what it is for is the layout LoRA meets. It keeps the five habi
 transformers 5 breaks (hpcsweep.train.remote_code): it imports is_torch_fx_available, it reads a
 non-None rope_scaling as a scaling with a ["type"], with use_cache it wraps the past in
 DynamicCache.from_legacy_cache, it declares its tied weights as a list, and it computes its rotary
-inv_freq, a non-persistent buffer, in __init__ (not in _init_weights)."""
+inv_freq, a non-persistent buffer, in __init__ (not in _init_weights). Like that code's eager path, it
+takes attention_mask (2D, or 4D of 1 and 0) through _prepare_4d_causal_attention_mask, and rotates by
+position_ids: what hpcsweep's packed rows reach it through (hpcsweep.train.sample_attention)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask
 from transformers.modeling_outputs import CausalLMOutput
 from transformers.utils.import_utils import is_torch_fx_available
 
@@ -197,18 +200,19 @@ class DeepseekAttention(nn.Module):
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def rotate(self, x):
-        angles = torch.arange(x.shape[-2], dtype=torch.float32, device=x.device)[:, None] * self.inv_freq
-        cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
+    def rotate(self, x, position_ids):
+        angles = position_ids[:, None, :, None].float() * self.inv_freq
+        cos, sin = angles.cos().repeat(1, 1, 1, 2).to(x.dtype), angles.sin().repeat(1, 1, 1, 2).to(x.dtype)
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
-    def forward(self, x):
+    def forward(self, x, attention_mask, position_ids):
         b, t, _ = x.shape
         q, k, v = (proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
-        q, k = self.rotate(q), self.rotate(k)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        q, k = self.rotate(q, position_ids), self.rotate(k, position_ids)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask.to(q.dtype),
+                                             enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -222,8 +226,8 @@ class DeepseekDecoderLayer(nn.Module):
         self.input_layernorm = DeepseekRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = DeepseekRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x):
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x, attention_mask, position_ids):
+        x = x + self.self_attn(self.input_layernorm(x), attention_mask, position_ids)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -244,14 +248,18 @@ class DeepseekModel(DeepseekPreTrainedModel):
         self.norm = DeepseekRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
 
-    def forward(self, input_ids, use_cache=None):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
         if (use_cache if use_cache is not None else self.config.use_cache):
             from transformers.cache_utils import DynamicCache
 
             DynamicCache.from_legacy_cache(None)  # as DeepSeek's own forward does with a cache
+        b, t = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, t)
         x = self.embed_tokens(input_ids)
+        attention_mask = _prepare_4d_causal_attention_mask(attention_mask, (b, t), x, 0)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, attention_mask, position_ids)
         return self.norm(x)
 
 
@@ -267,8 +275,8 @@ class DeepseekForCausalLM(DeepseekPreTrainedModel):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(self, input_ids, labels=None, use_cache=None, **kwargs):
-        logits = self.lm_head(self.model(input_ids, use_cache=use_cache)).float()
+    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None, use_cache=None):
+        logits = self.lm_head(self.model(input_ids, attention_mask, position_ids, use_cache=use_cache)).float()
         loss = None if labels is None else F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
         return CausalLMOutput(loss=loss, logits=logits)
 '''

@@ -71,6 +71,15 @@ class TrainingSetup:
     device: str = "cuda"
     fused_attention: bool = True
     """sdpa or flash attention (no score matrix kept); false: eager attention, which keeps it."""
+    flash_attention: bool = False
+    """The kernel is flash-attention (``model.attn_implementation=flash_attention_2``, or ``auto`` resolved
+    to it on a node): packed rows run as variable-length sequences, no mask. ``auto`` on the login node
+    plans SDPA's mask, the larger of the two."""
+    packed_rows: bool = False
+    """``data.packing``: rows of several samples, kept apart by a mask unless the kernel is flash
+    (``hpcsweep.train.sample_attention``)."""
+    own_code: bool = False
+    """The model folder's own code builds its mask (``auto_map``)."""
     from_scratch: bool = False
     """No pretrained weights (a built-in model, or ``model.random_init=true``): training, not fine-tuning."""
     loss_chunk_tokens: int | None = None
@@ -204,8 +213,20 @@ def activation_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     layers = [per["attention"] + (per["moe_mlp"] if shape.is_moe_layer(i) else per["dense_mlp"])
               for i in range(shape.num_layers)]
     inside = max(layers) + 4 * shape.hidden_size * shape.num_layers if setup.grad_checkpointing else sum(layers)
-    mask = 0 if setup.fused_attention else 4 * setup.batch_size * setup.seq_len**2  # eager's causal mask
+    mask = mask_entry_bytes(setup) * setup.batch_size * setup.seq_len**2
     return int(tokens * (inside + per["head"]) + mask)
+
+
+def mask_entry_bytes(setup: TrainingSetup) -> int:
+    """Bytes per entry of the ``batch x seq_len x seq_len`` attention mask a forward holds (alive until
+    its backward): eager's float mask (its own causal one, or hpcsweep's for packed rows), 4 B; a model's
+    own code given packed rows, its 1/0 mask and the additive one it makes of it, 8 B; SDPA given packed
+    rows, hpcsweep's boolean mask, 1 B; none for flash, nor for SDPA on whole rows (its causal flag)."""
+    if setup.packed_rows and setup.own_code:
+        return 8
+    if not setup.fused_attention:
+        return 4
+    return 1 if setup.packed_rows and not setup.flash_attention else 0
 
 
 def head_takes_loss(shape: ModelShape, setup: TrainingSetup) -> bool:

@@ -31,7 +31,8 @@ def setup_of_trial(
 
     ``precision=auto`` is bf16 on a GPU with bf16 tensor cores, else fp32 (as
     ``hpcsweep.train.gpu_choices`` resolves it); ``model.attn_implementation=auto`` is fused on
-    CUDA, eager on CPU. ``model.lora.target_modules=null`` counts adapters on the architecture's
+    CUDA (SDPA's mask planned for packed rows, where flash-attention needs none), eager on CPU and for
+    packed rows of a model whose own code builds its mask. ``model.lora.target_modules=null`` counts adapters on the architecture's
     targets (``hpcsweep.model.lora_targets``), and the routed experts' unless ``model.lora.experts=false``.
     ``trainer.loss_chunk_tokens`` absent: the loss over the whole batch's fp32 logits. ``record``: the
     pretrained folder as read once (``mapped_weights_bytes``).
@@ -42,6 +43,8 @@ def setup_of_trial(
         precision = "bf16" if device == "cuda" and bf16 else "fp32"
     targets = model.lora.target_modules
     attention = model.attn_implementation
+    packed = bool(getattr(data, "packing", False))
+    own_code = bool(model.path) and (read_model_folder(model.path) if record is None else record).needs_remote_code
     return TrainingSetup(
         precision=precision, optimizer=trainer.optimizer, momentum=trainer.momentum,
         peft=model.peft, lora_rank=model.lora.r,
@@ -49,7 +52,8 @@ def setup_of_trial(
         lora_experts=getattr(model.lora, "experts", True),
         grad_checkpointing=trainer.grad_checkpointing, batch_size=data.batch_size, seq_len=data.seq_len,
         parallel=trainer.parallel, world_size=world_size, device=device,
-        fused_attention=attention != "eager" and (attention != "auto" or device == "cuda"),
+        fused_attention=attention != "eager" and (attention != "auto" or (device == "cuda" and not (packed and own_code))),
+        flash_attention=attention == "flash_attention_2", packed_rows=packed, own_code=own_code,
         from_scratch=not model.path or bool(getattr(model, "random_init", False)),
         loss_chunk_tokens=getattr(trainer, "loss_chunk_tokens", None),
         reshard_after_forward=getattr(trainer, "fsdp_reshard_after_forward", True),

@@ -19,8 +19,13 @@ class Batch:
     position_ids: torch.Tensor | None
     loss_tokens: int
     """Targets that take the loss."""
+    real: torch.Tensor | None = None
+    """True where a position holds a sample's token, False on padding (None: every position does)."""
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device``."""
-        positions = None if self.position_ids is None else self.position_ids.to(device)
-        return Batch(self.inputs.to(device), self.targets.to(device), positions, self.loss_tokens)
+        def moved(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        return Batch(self.inputs.to(device), self.targets.to(device), moved(self.position_ids), self.loss_tokens,
+                     moved(self.real))

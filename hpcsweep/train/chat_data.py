@@ -49,7 +49,7 @@ class SampleCorpus:
         arrays = source.batch(first, rows)
         targets = torch.from_numpy(arrays.targets)
         return Batch(torch.from_numpy(arrays.inputs), targets, torch.from_numpy(arrays.position_ids),
-                     int((targets != IGNORE).sum()))
+                     int((targets != IGNORE).sum()), torch.from_numpy(arrays.real))
 
     def fill_rate(self) -> float:
         """Useful positions over row positions of the training rows (their first epoch)."""
@@ -63,9 +63,11 @@ def split_samples(count: int, val_fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(order[held_out:]), np.sort(order[:held_out])
 
 
-def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str) -> SampleCorpus:
+def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str, *,
+                     trust_remote_code: bool = False) -> SampleCorpus:
     """The chat corpus ``cfg`` names, from its cache entry; ``ValueError`` naming the key when the entry
-    is missing, or its vocabulary is larger than the model's."""
+    is missing, or its vocabulary is larger than the model's. ``tokenizer`` (loaded with
+    ``trust_remote_code``) gives the padding's id."""
     assert cfg.files is not None
     corpus = text_corpus(cfg.files, tokenizer, cfg.cache_dir, "data.tokenizer",
                          chat_rendering(cfg.chat_template, cfg.train_on))
@@ -95,19 +97,22 @@ def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str) -> 
         raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(starts)} usable sample(s) at "
                          f"data.seq_len={cfg.seq_len}, at least 2 are needed")
     log.info("chat data: %s; %d left out with no loss token", selection.summary(cfg), int((~takes_loss).sum()))
-    return sample_corpus(tokens, mask, starts, lengths, cfg, header.vocab_size, dropped)
+    from hpcsweep.train.text_tokens import load_tokenizer, pad_token_id
+
+    pad_id = pad_token_id(load_tokenizer(tokenizer, trust_remote_code=trust_remote_code))
+    return sample_corpus(tokens, mask, starts, lengths, cfg, header.vocab_size, pad_id, dropped)
 
 
 def sample_corpus(tokens: np.ndarray, mask: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray,
-                  cfg: DataConfig, vocab_size: int, dropped: int = 0) -> SampleCorpus:
+                  cfg: DataConfig, vocab_size: int, pad_id: int, dropped: int = 0) -> SampleCorpus:
     """The samples at ``starts`` (``lengths`` tokens each) of ``tokens``, split into training and
-    validation, as rows (``mask`` None: every target takes the loss)."""
+    validation, as rows (``mask`` None: every target takes the loss; padding holds ``pad_id``)."""
     train_ids, val_ids = split_samples(len(starts), cfg.val_fraction, cfg.seed)
     log.info("%d training and %d validation samples, %s", len(train_ids), len(val_ids),
              "packed into rows" if cfg.packing else "one a row, padded")
 
     def rows(ids: np.ndarray, split: str) -> SampleRows:
         return SampleRows(tokens, mask, starts[ids], lengths[ids], seq_len=cfg.seq_len, packing=bool(cfg.packing),
-                          seed=cfg.seed, split=_SPLITS[split])
+                          seed=cfg.seed, split=_SPLITS[split], pad_id=pad_id)
 
     return SampleCorpus(rows(train_ids, "train"), rows(val_ids, "val"), vocab_size, dropped)

@@ -101,7 +101,7 @@ def load_corpus(
         from hpcsweep.train.chat_data import load_chat_corpus
 
         assert tokenizer is not None
-        return load_chat_corpus(cfg, model_vocab_size, tokenizer)
+        return load_chat_corpus(cfg, model_vocab_size, tokenizer, trust_remote_code=trust_remote_code)
     if cfg.kind == "synthetic":
         tokens = markov_corpus(model_vocab_size, cfg.synthetic_tokens, cfg.seed)
         vocab_size = model_vocab_size

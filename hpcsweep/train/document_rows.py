@@ -41,12 +41,13 @@ def document_corpus(
     """The text corpus ``tokens`` (its cache entry, tokenized by ``tokenizer``, which loads with
     ``trust_remote_code``) as packed rows of its documents; ``ValueError`` naming ``data.files`` when it
     holds fewer than 2."""
-    from hpcsweep.train.text_tokens import load_tokenizer
+    from hpcsweep.train.text_tokens import load_tokenizer, pad_token_id
 
-    eos = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code).eos_token_id
+    loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code)
+    eos = loaded.eos_token_id
     starts, lengths = document_pieces(np.flatnonzero(np.asarray(tokens) == eos) + 1, cfg.seq_len)
     if len(starts) < 2:
         raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(starts)} document(s), at least 2 are needed "
                          "with data.packing=true (a training and a validation one)")
     log.info("text documents: %d pieces of at most data.seq_len=%d + 1 tokens", len(starts), cfg.seq_len)
-    return sample_corpus(tokens, None, starts, lengths, cfg, vocab_size)
+    return sample_corpus(tokens, None, starts, lengths, cfg, vocab_size, pad_token_id(loaded))

@@ -87,7 +87,8 @@ def resolve_deterministic(setting: bool | str, facts: DeviceFacts) -> bool:
 
 
 def resolve_attention(
-    setting: str, facts: DeviceFacts, *, precision: str, deterministic: bool, flash_available: bool
+    setting: str, facts: DeviceFacts, *, precision: str, deterministic: bool, flash_available: bool,
+    packing: bool = False, own_code: bool = False,
 ) -> str:
     """``model.attn_implementation``; ``auto``: eager on CPU, flash-attention 2 or SDPA on CUDA.
 
@@ -96,7 +97,20 @@ def resolve_attention(
     ``torch.use_deterministic_algorithms`` PyTorch picks its deterministic backward kernels.
     flash-attention 2 (the ``flash_attn`` package, not a dependency) runs only in bf16/fp16, and
     its backward is deterministic only on request, so ``auto`` takes it only on the fast path.
+
+    Packed rows (``packing``, ``data.packing``) are kept apart by ``hpcsweep.train.sample_attention``:
+    flash-attention as variable-length sequences (no mask, the fastest with packing), SDPA by a
+    boolean mask (which rules out its own flash backend; the memory-efficient one runs), eager by a
+    float one. A model whose own code builds its mask (``own_code``: DeepSeek-MoE's) reads only a
+    padding mask on its flash path, so packed rows run it eager, and flash is refused.
     """
+    if packing and own_code:
+        if setting == "flash_attention_2":
+            raise ValueError("model.attn_implementation='flash_attention_2' is not allowed with data.packing=true on "
+                             "a folder with its own model code (auto_map): its flash path cannot be told where "
+                             "packed samples end; use auto or eager, or data.packing=false")
+        if setting == "auto":
+            return "eager"
     if setting == "auto":
         if facts.type != "cuda":
             return "eager"
@@ -116,8 +130,10 @@ def resolve_attention(
     return setting
 
 
-def choose(trainer: TrainerConfig, model: ModelConfig, facts: DeviceFacts, *, flash_available: bool) -> GpuChoices:
-    """Every choice for one trial on one device."""
+def choose(trainer: TrainerConfig, model: ModelConfig, facts: DeviceFacts, *, flash_available: bool,
+           packing: bool = False, own_code: bool = False) -> GpuChoices:
+    """Every choice for one trial on one device (``packing``: ``data.packing``; ``own_code``: the model
+    folder ships the code that builds its attention mask)."""
     precision = resolve_precision(trainer.precision, facts)
     deterministic = resolve_deterministic(trainer.deterministic, facts)
     return GpuChoices(
@@ -126,7 +142,7 @@ def choose(trainer: TrainerConfig, model: ModelConfig, facts: DeviceFacts, *, fl
         deterministic=deterministic,
         attn_implementation=resolve_attention(
             model.attn_implementation, facts, precision=precision, deterministic=deterministic,
-            flash_available=flash_available,
+            flash_available=flash_available, packing=packing, own_code=own_code,
         ),
     )
 

@@ -44,7 +44,7 @@ def worker_memory_plan(cfg: Any, world_size: int, device: torch.device, precisio
         return {"verdict": "not planned", "error": str(err)}
     setup = replace(
         setup_of_trial(cfg, world_size=world_size, device=device.type, record=model_record),
-        precision=precision, fused_attention=attention != "eager",
+        precision=precision, fused_attention=attention != "eager", flash_attention=attention.startswith("flash"),
     )
     if setup.parallel == "auto":
         setup = replace(setup, parallel=resolve_parallel(shape, setup, gpu))

@@ -27,6 +27,8 @@ from transformers import (
 )
 
 from hpcsweep.config import ModelConfig
+from hpcsweep.model.folder import read_model_folder
+from hpcsweep.model.record import ModelRecord
 from hpcsweep.train import remote_code
 
 
@@ -114,6 +116,14 @@ def _from_folder(cfg: ModelConfig, seed: int, attn_implementation: str, dtype: t
     if own_code:
         remote_code.tied_weights_as_mapping(model)
     return model
+
+
+def own_code(cfg: ModelConfig, record: ModelRecord | None = None) -> bool:
+    """Whether ``model.path`` ships the model's own code (``auto_map``), as ``record`` holds the folder
+    (without one, read now); a built-in model never does."""
+    if cfg.path is None:
+        return False
+    return (read_model_folder(cfg.path) if record is None else record).needs_remote_code
 
 
 _EXPERT_COUNTS = ("n_routed_experts", "num_local_experts", "num_experts")

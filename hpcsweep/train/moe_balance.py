@@ -11,8 +11,11 @@ routing code is copied and the model is asked for nothing when it is dense.
   sequence-wise with ``seq_aux``, the default of their configs), DeepSeek-V3's complementary
   sequence-wise loss on its normalised sigmoid scores, and for Mixtral and Qwen-MoE transformers'
   ``load_balancing_loss_func``.
+- **Only sample tokens route the balance**: the trainer hands each forward's ``routed_tokens`` (which
+  positions hold a sample, and which sample), so padding adds no load, no aux loss and no bias count,
+  and each packed sample is a sequence of its own for ``seq_aux``.
 - **DeepSeek-V3's aux-loss-free update** (``model.moe.bias_update_rate``, routers with an
-  ``e_score_correction_bias``): before each optimizer step the tokens per expert of the step, summed
+  ``e_score_correction_bias``): after each optimizer step the tokens per expert of the step, summed
   over every rank in one all_reduce, move each bias by ``rate x sign(mean load - load)``, as the
   paper's equation and torchtitan's pre-step hook do (torchtitan also centres the update; the paper
   does not, nor do we). The bias is a persistent buffer, so it is in every checkpoint. Under LoRA the
@@ -23,6 +26,7 @@ routing code is copied and the model is asked for nothing when it is dense.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +36,7 @@ import torch.distributed as dist
 
 from hpcsweep.config import ModelConfig
 from hpcsweep.train import router_stats
+from hpcsweep.train.batch import Batch
 from hpcsweep.train.distributed import WorldInfo, take_sums
 from hpcsweep.train.own_gate_stats import OwnGateStats, own_gates
 
@@ -99,13 +104,62 @@ def effective_aux_loss_coef(cfg: ModelConfig, config: Any) -> float:
     return float(own or 0.0)
 
 
-def deepseek_aux_loss(router: Router, *, seq_aux: bool) -> torch.Tensor:
-    """One layer's DeepSeek balance loss (without alpha), as their ``MoEGate`` computes it.
+@dataclass(frozen=True)
+class RoutedTokens:
+    """Which tokens of a forward are a sample's, and whose: only these route a balance (padding never does)."""
+
+    real: torch.Tensor | None
+    """``rows x seq_len`` booleans, False on padding; None: every token is a sample's."""
+    sample: torch.Tensor
+    """Each token's sample, flattened (``rows x seq_len``; numbered 0 .. ``samples - 1`` over the batch)."""
+    samples: int
+
+
+def routed_tokens(batch: Batch, device: torch.device) -> RoutedTokens:
+    """The tokens of ``batch`` (on the CPU, where the count of samples is read without a device sync) that
+    route, on ``device``: each packed sample is a sequence of its own (its position ids start at 0),
+    each row of windows one sequence; a row's padding (``Batch.real`` False) routes nothing."""
+    rows, length = batch.inputs.shape
+    if batch.position_ids is None:
+        sample, samples = torch.arange(rows).repeat_interleave(length), rows
+    else:
+        starts = (batch.position_ids == 0).flatten()
+        sample, samples = starts.cumsum(0) - 1, int(starts.sum())
+    real = None if batch.real is None else batch.real.to(device)
+    return RoutedTokens(real, sample.to(device), samples)
+
+
+def whole_rows(router: Router) -> RoutedTokens:
+    """Every token of a router's record routes, each row of its forward one sequence (no batch said otherwise)."""
+    tokens, rows = router.chosen.shape[0], router.sequences
+    sample = torch.arange(rows, device=router.chosen.device).repeat_interleave(tokens // rows)
+    return RoutedTokens(None, sample, rows)
+
+
+def _weights(tokens: RoutedTokens, like: torch.Tensor) -> torch.Tensor:
+    """1 for a token that routes, 0 for padding, flattened, in ``like``'s dtype and on its device."""
+    if tokens.real is None:
+        return torch.ones(tokens.sample.shape[0], dtype=like.dtype, device=like.device)
+    return tokens.real.flatten().to(like.dtype)
+
+
+def expert_counts(router: Router, tokens: RoutedTokens) -> torch.Tensor:
+    """The tokens each expert of ``router``'s record got from ``tokens``' samples (padding left out), int64;
+    no host sync (a weighted ``index_add_``, not a boolean selection)."""
+    weights = _weights(tokens, router.chosen)
+    counts = torch.zeros(router.experts, dtype=torch.int64, device=router.chosen.device)
+    return counts.index_add_(0, router.chosen.flatten(), weights.repeat_interleave(router.chosen.shape[-1]))
+
+
+def deepseek_aux_loss(router: Router, tokens: RoutedTokens, *, seq_aux: bool) -> torch.Tensor:
+    """One layer's DeepSeek balance loss (without alpha), as their ``MoEGate`` computes it, over the
+    sample tokens of ``tokens`` alone.
 
     Scores are the softmax of the logits (DeepSeek-MoE, V2), or for a V3 router (one with a bias) the
     sigmoid scores normalised per token (the paper's sequence-wise loss). ``f_i`` is expert i's share of
     the choices times ``experts``; the loss is ``sum_i f_i x P_i`` with ``P_i`` its mean score, per
-    sequence and then averaged with ``seq_aux``, over the whole batch without.
+    sequence and then averaged over the sequences with ``seq_aux`` (each packed sample one sequence,
+    as it would be run alone), over the whole batch without.
     """
     logits, chosen, experts = router.logits.float(), router.chosen, router.experts
     if router.bias is not None:
@@ -113,37 +167,47 @@ def deepseek_aux_loss(router: Router, *, seq_aux: bool) -> torch.Tensor:
         scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
     else:
         scores = logits.softmax(dim=-1)
-    sequences = router.sequences if seq_aux else 1
-    scores = scores.view(sequences, -1, experts)
-    choices = chosen.reshape(sequences, -1)
-    counts = torch.zeros(sequences, experts, device=scores.device).scatter_add_(
-        1, choices, torch.ones(choices.shape, device=scores.device))
-    share = counts / (choices.shape[1] / experts)
-    return (share * scores.mean(dim=1)).sum(dim=1).mean()
+    weights = _weights(tokens, scores)
+    sample = tokens.sample if seq_aux else torch.zeros_like(tokens.sample)
+    sequences, top_k = (tokens.samples if seq_aux else 1), chosen.shape[-1]
+    zeros = functools.partial(torch.zeros, dtype=scores.dtype, device=scores.device)
+    size = zeros(sequences).index_add_(0, sample, weights)
+    score_sums = zeros(sequences, experts).index_add_(0, sample, scores * weights[:, None])
+    counts = zeros(sequences * experts).index_add_(
+        0, (sample[:, None] * experts + chosen).flatten(), weights.repeat_interleave(top_k)).view(sequences, experts)
+    held = size > 0  # a run of padding alone is no sequence
+    size = size.clamp(min=1)[:, None]
+    per_sequence = (counts / (size * top_k / experts) * score_sums / size).sum(dim=1)
+    return (per_sequence * held).sum() / held.sum().clamp(min=1)
 
 
-def aux_losses(routers: list[Router], config: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The balance loss of one forward over ``routers``' records, without the coefficient, and each
-    layer's own (a vector, one per router).
+def aux_losses(routers: list[Router], config: Any, tokens: RoutedTokens | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The balance loss of one forward over ``routers``' records and ``tokens``' samples (None: every
+    token, each row a sequence), without the coefficient, and each layer's own (a vector, one per router).
 
     DeepSeek's loss is the sum of its layers'. Switch's (Mixtral, Qwen-MoE) is taken over every layer's
-    choices at once, as transformers computes it; a layer's own is the same function of that layer alone,
-    a statistic only (no gradient)."""
+    choices at once, as transformers computes it, its padding left out through the attention mask that
+    function takes; a layer's own is the same function of that layer alone, a statistic only (no gradient)."""
     if aux_loss_family(config) == "switch":
         from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
-        overall = load_balancing_loss_func(tuple(r.logits for r in routers), routers[0].experts, routers[0].top_k)
+        mask = None if tokens is None else tokens.real
+        overall = load_balancing_loss_func(tuple(r.logits for r in routers), routers[0].experts, routers[0].top_k,
+                                           mask)
         with torch.no_grad():
-            per_layer = torch.stack([load_balancing_loss_func((r.logits,), r.experts, r.top_k) for r in routers])
+            per_layer = torch.stack([load_balancing_loss_func((r.logits,), r.experts, r.top_k, mask)
+                                     for r in routers])
         return overall, per_layer
     seq_aux = bool(getattr(config, "seq_aux", True))
-    per_layer = torch.stack([deepseek_aux_loss(r, seq_aux=seq_aux) for r in routers])
+    per_layer = torch.stack([deepseek_aux_loss(r, whole_rows(r) if tokens is None else tokens, seq_aux=seq_aux)
+                             for r in routers])
     return per_layer.sum(), per_layer
 
 
-def aux_loss(routers: list[Router], config: Any) -> torch.Tensor:
+def aux_loss(routers: list[Router], config: Any, tokens: RoutedTokens | None = None) -> torch.Tensor:
     """The balance loss of one forward over ``routers``' records, without the coefficient."""
-    return aux_losses(routers, config)[0]
+    return aux_losses(routers, config, tokens)[0]
 
 
 @dataclass
@@ -175,23 +239,25 @@ class RouterBalance:
         for router in self.routers:
             router.module.register_forward_hook(router.record)
 
-    def take_aux_loss(self) -> torch.Tensor | float:
+    def take_aux_loss(self, tokens: RoutedTokens | None = None) -> torch.Tensor | float:
         """After a training forward: the weighted balance loss to add to it (0.0 when off), and count
-        the tokens each expert got. Call once per forward; a forward with no record gives 0.0."""
+        the tokens each expert got, from ``tokens``' samples alone (``routed_tokens`` of the forward's
+        batch; None: every token, each row a sequence). Call once per forward; a forward with no record
+        gives 0.0."""
         if any(r.logits is None for r in self.routers):
             return 0.0
         with torch.no_grad():
             counts = torch.zeros_like(self.step_counts)
             for row, router in enumerate(self.routers):
-                counts[row, : router.experts] = torch.bincount(router.chosen.flatten(), minlength=router.experts)
+                counts[row, : router.experts] = expert_counts(router, whole_rows(router) if tokens is None else tokens)
             self.step_counts += counts
             self.window_counts += counts
         if self.aux_loss_coef > 0:
-            loss, per_layer = aux_losses(self.routers, self.config)
+            loss, per_layer = aux_losses(self.routers, self.config, tokens)
             weighted = self.aux_loss_coef * loss
         else:
             with torch.no_grad():
-                loss, per_layer = aux_losses(self.routers, self.config)
+                loss, per_layer = aux_losses(self.routers, self.config, tokens)
             weighted = 0.0
         one = torch.ones(1, dtype=torch.float64, device=self.window_aux.device)
         self.window_aux += torch.cat([loss.detach().double().view(1), one, per_layer.detach().double()])
@@ -199,10 +265,12 @@ class RouterBalance:
             router.logits = router.chosen = None
         return weighted
 
-    def before_optimizer_step(self, world: WorldInfo) -> None:
+    def after_optimizer_step(self, world: WorldInfo, *, skipped: bool = False) -> None:
         """DeepSeek-V3's bias update from the step's tokens per expert summed over every rank (one
-        all_reduce), then a fresh step. Every rank computes the same update from the same sums."""
-        if self.bias_update_rate > 0:
+        all_reduce), then a fresh step. Every rank computes the same update from the same sums, so the
+        replicas' biases stay equal with no broadcast. A step the fp16 scaler ``skipped`` (its gradients
+        were not finite) moves no bias, as it moved no weight."""
+        if self.bias_update_rate > 0 and not skipped:
             counts = self.step_counts.clone()
             if world.world_size > 1:
                 dist.all_reduce(counts)
@@ -230,10 +298,10 @@ class RouterBalance:
 class NoBalance:
     """A dense model's (or one whose routers transformers does not record): nothing to balance or report."""
 
-    def take_aux_loss(self) -> float:
+    def take_aux_loss(self, tokens: RoutedTokens | None = None) -> float:
         return 0.0
 
-    def before_optimizer_step(self, world: WorldInfo) -> None:
+    def after_optimizer_step(self, world: WorldInfo, *, skipped: bool = False) -> None:
         pass
 
     def window_report(self, world: WorldInfo) -> dict[str, Any]:

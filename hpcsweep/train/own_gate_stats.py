@@ -14,12 +14,15 @@ own balance, with its own coefficient.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hpcsweep.train import router_stats
 from hpcsweep.train.distributed import WorldInfo, take_sums
+
+if TYPE_CHECKING:
+    from hpcsweep.train.moe_balance import RoutedTokens
 
 GATE_CLASS = "MoEGate"
 """The class name DeepSeek's own code gives its routers."""
@@ -80,14 +83,20 @@ class OwnGateStats:
         for gate in self.gates:
             gate.module.register_forward_hook(gate.record)
 
-    def take_aux_loss(self) -> float:
-        """After a training forward: count the tokens each expert got; 0.0, the code adds its own loss."""
+    def take_aux_loss(self, tokens: RoutedTokens | None = None) -> float:
+        """After a training forward: count the tokens each expert got from ``tokens``' samples (None: every
+        token; padding is left out); 0.0, the code adds its own loss (over every token it routes: its
+        gates are not told which are padding)."""
         if any(g.chosen is None for g in self.gates):
             return 0.0
         with torch.no_grad():
             for row, gate in enumerate(self.gates):
-                self.window_counts[row, : gate.experts] += torch.bincount(
-                    gate.chosen.flatten().to(self.window_counts.device), minlength=gate.experts)
+                chosen = gate.chosen.reshape(-1, gate.top_k).to(self.window_counts.device)
+                real = (torch.ones(chosen.shape[0], dtype=torch.int64, device=chosen.device) if tokens is None
+                        or tokens.real is None else tokens.real.flatten().to(chosen.device, torch.int64))
+                self.window_counts[row, : gate.experts] += torch.zeros(
+                    gate.experts, dtype=torch.int64, device=chosen.device).index_add_(
+                    0, chosen.flatten(), real.repeat_interleave(gate.top_k))
             if self.alpha > 0 and all(g.aux_loss is not None for g in self.gates):
                 layers = torch.stack([g.aux_loss.detach().double().to(self.window_aux.device) for g in self.gates])
                 self.window_aux += torch.cat([torch.ones(1, dtype=torch.float64, device=self.window_aux.device),
@@ -96,7 +105,7 @@ class OwnGateStats:
             gate.chosen = gate.aux_loss = None
         return 0.0
 
-    def before_optimizer_step(self, world: WorldInfo) -> None:
+    def after_optimizer_step(self, world: WorldInfo, *, skipped: bool = False) -> None:
         pass  # no bias to update: the code's gates have none that hpcsweep moves
 
     def window_report(self, world: WorldInfo) -> dict[str, Any]:

@@ -2,11 +2,11 @@
 
 A sample of ``n`` tokens fills ``n - 1`` positions of a row: its inputs are its first ``n - 1`` tokens,
 its targets its last ``n - 1``, a target being ``IGNORE`` where the sample's mask is 0. Its position
-ids run ``0 .. n - 2``, restarting at each sample; the row's padding is one more run of positions from 0,
-with ``IGNORE`` targets. transformers reads a restart of the position ids as the start of another
-sequence (``masking_utils.find_packed_sequence_indices``), and builds the attention from them: causal
-within a sample and nothing across samples, with sdpa and eager as a block-diagonal mask, with flash
-attention as variable-length sequences. So a packed row computes what its samples compute run alone.
+ids run ``0 .. n - 2``, restarting at each sample; the row's padding (the tokenizer's pad id) is one more
+run of positions from 0, with ``IGNORE`` targets, and is marked as no sample's (``RowBatch.real``), so it
+routes no token of a MoE balance. The trainer tells the attention where each sample starts from the
+restarts (``hpcsweep.train.sample_attention``: a block-diagonal mask, or flash attention's
+variable-length sequences), so a packed row computes what its samples compute run alone.
 
 Which samples share a row is a pure function of ``(seed, split, epoch)``: each epoch visits the
 samples in a seeded order, and each goes into the first of the last ``OPEN_ROWS`` rows that has room
@@ -58,6 +58,8 @@ class RowBatch:
     targets: np.ndarray
     """``IGNORE`` where no loss is taken."""
     position_ids: np.ndarray
+    real: np.ndarray
+    """True where a position holds a sample's token, False on padding."""
     used: int
     """Positions that hold a sample's token (not padding)."""
 
@@ -66,11 +68,12 @@ class SampleRows:
     """The rows of one split of a chat corpus, epoch after epoch.
 
     ``tokens`` and ``mask`` are the entry's arrays (memory-mapped; ``mask`` None: every target takes
-    the loss); ``starts`` and ``lengths`` the split's samples in them.
+    the loss); ``starts`` and ``lengths`` the split's samples in them; ``pad_id`` the tokenizer's
+    (``hpcsweep.train.text_tokens.pad_token_id``).
     """
 
     def __init__(self, tokens: np.ndarray, mask: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray,
-                 *, seq_len: int, packing: bool, seed: int, split: int, pad_id: int = 0) -> None:
+                 *, seq_len: int, packing: bool, seed: int, split: int, pad_id: int) -> None:
         self.tokens, self.mask, self.starts, self.lengths = tokens, mask, starts, lengths
         self.seq_len, self.packing, self.seed, self.split, self.pad_id = seq_len, packing, seed, split, pad_id
         self._epoch_rows = functools.lru_cache(maxsize=2)(self._rows_of_epoch)
@@ -107,6 +110,7 @@ class SampleRows:
         inputs = np.full(shape, self.pad_id, dtype=np.int64)
         targets = np.full(shape, IGNORE, dtype=np.int64)
         positions = np.empty(shape, dtype=np.int64)
+        real = np.zeros(shape, dtype=bool)
         used = 0
         for r in range(rows):
             at = 0
@@ -120,5 +124,6 @@ class SampleRows:
                 positions[r, at : at + n - 1] = np.arange(n - 1)
                 at += n - 1
             positions[r, at:] = np.arange(self.seq_len - at)
+            real[r, :at] = True
             used += at
-        return RowBatch(inputs, targets, positions, used)
+        return RowBatch(inputs, targets, positions, real, used)

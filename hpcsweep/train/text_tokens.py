@@ -59,6 +59,13 @@ def load_tokenizer(folder: str, *, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id a row's padding holds: the tokenizer's pad token, else its EOS (Llama 3's and many
+    published tokenizers have no pad token). Padding takes no loss, no attention from a sample and no
+    routed load; its id is still what the model embeds there."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def piece_tokens(tokenizer: Any, piece: Piece) -> np.ndarray:
     """The ids of every document of ``piece``, each followed by EOS (int64)."""
     documents = read_documents(piece)
@@ -146,7 +153,7 @@ def prepare_requested(request: dict[str, Any], workers: int) -> Path:
     ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with, or
     when it is too small for a trial."""
     chat = request.get("chat")
-    rendering = chat_rendering(chat["template"], chat["train_on"]) if chat else None
+    rendering = chat_rendering(chat["template"], chat["train_on"], chat.get("template_kwargs")) if chat else None
     corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer", rendering,
                          trust_remote_code=bool(request.get("trust_remote_code")))
     if request.get("key") and corpus.key != request["key"]:

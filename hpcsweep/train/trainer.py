@@ -29,7 +29,7 @@ from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
-from hpcsweep.train import head_loss, moe_balance, router_stats, step_timer, task_scores, trackers
+from hpcsweep.train import head_loss, moe_balance, router_stats, sample_attention, step_timer, task_scores, trackers
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
@@ -81,11 +81,15 @@ class Trainer:
         self.is_writer = world.rank == metrics.logging_rank(world.world_size)
         self.device_facts = gpu_choices.device_facts(world.device)
         self.choices = gpu_choices.choose(
-            tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available()
+            tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available(),
+            packing=bool(cfg.data.packing), own_code=model.own_code(cfg.model, model_record),
         )
         self.backend_before = gpu_choices.apply_backend_settings(self.choices, world.device.type)
-        weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none", device=world.device)
-        self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation, weights_dtype).to(world.device)
+        self.weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none",
+                                              device=world.device)
+        self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation,
+                                       self.weights_dtype).to(world.device)
+        self.own_code = model.own_code(cfg.model, model_record)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
         self.balance = moe_balance.attach(self.model, cfg.model)
         self.head_loss = head_loss.attach(self.model, tcfg.loss_kernel, tcfg.loss_chunk_tokens, world.device.type)
@@ -224,19 +228,25 @@ class Trainer:
 
     # ----- steps -------------------------------------------------------------------------------
 
-    def _logits(self, net: torch.nn.Module, inputs: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
-        with optim.autocast_context(self.choices.precision, self.world.device):
-            return net(input_ids=inputs, position_ids=position_ids).logits
+    def _attention(self, batch: Batch) -> dict[str, Any]:
+        """What a forward of ``batch`` (still on the CPU) passes besides its inputs and position ids: the
+        samples of a packed row kept apart by hpcsweep (``hpcsweep.train.sample_attention``), no KV cache."""
+        return sample_attention.forward_kwargs(batch.position_ids, self.choices.attn_implementation,
+                                               own_code=self.own_code, dtype=self.weights_dtype,
+                                               device=self.world.device)
 
-    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, net: torch.nn.Module,
-              position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def _logits(self, net: torch.nn.Module, batch: Batch, attention: dict[str, Any]) -> torch.Tensor:
+        with optim.autocast_context(self.choices.precision, self.world.device):
+            return net(input_ids=batch.inputs, position_ids=batch.position_ids, **attention).logits
+
+    def _loss(self, batch: Batch, attention: dict[str, Any], net: torch.nn.Module) -> torch.Tensor:
         if self.head_loss is not None:  # the head takes the loss, a chunk of logits at a time
-            with self.head_loss.taking(targets) as taken:
-                self._logits(net, inputs, position_ids)
+            with self.head_loss.taking(batch.targets) as taken:
+                self._logits(net, batch, attention)
             return taken.loss
-        logits = self._logits(net, inputs, position_ids)
+        logits = self._logits(net, batch, attention)
         # The logits are this step's alone: their gradient may take their place (hpcsweep.train.loss).
-        return chunked_cross_entropy(logits, targets, self.cfg.trainer.loss_chunk_tokens, overwrite_logits=True)
+        return chunked_cross_entropy(logits, batch.targets, self.cfg.trainer.loss_chunk_tokens, overwrite_logits=True)
 
     def loss_divisors(self, batches: Sequence[Batch]) -> list[float]:
         """What each micro-batch's mean loss is divided by, so the step's loss (and gradient, once DDP
@@ -261,22 +271,28 @@ class Trainer:
         ]
         for micro, (batch, divisor) in enumerate(zip(batches, self.loss_divisors(batches))):
             self.step_timer.enter("data")
+            attention = self._attention(batch)
+            routed = moe_balance.routed_tokens(batch, world.device)
             batch = batch.to(world.device)
             self.step_timer.enter("compute")
             last = micro == tcfg.grad_accum - 1
             # Gradients are reduced once, on the last micro-step.
             with parallel.gradient_sync(self.net, sync=last):
-                loss = self._loss(batch.inputs, batch.targets, self.net, batch.position_ids) / divisor
+                loss = self._loss(batch, attention, self.net) / divisor
                 # The router balance loss trains, but train/loss stays the LM loss that val/loss compares with.
-                self.scaler.scale(loss + self.balance.take_aux_loss() / tcfg.grad_accum).backward()
+                aux = self.balance.take_aux_loss(routed)
+                self.scaler.scale(loss + aux / tcfg.grad_accum).backward()
             total += loss.detach()
         self.step_timer.enter("optimizer")
         self.scaler.unscale_(self.optimizer)
         max_norm = tcfg.grad_clip if tcfg.grad_clip > 0 else math.inf
         grad_norm = parallel.clip_grad_norm(self.model, max_norm)
-        self.balance.before_optimizer_step(world)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        # A step the fp16 scaler skipped (inf or NaN gradients, its scale lowered) moved no weight: it moves no bias.
+        skipped = scale is not None and self.scaler.get_scale() < scale
+        self.balance.after_optimizer_step(world, skipped=skipped)
         if self.grad_comm:
             self.grad_comm.after_step(self.model)
         self.optimizer.zero_grad(set_to_none=True)
@@ -286,13 +302,15 @@ class Trainer:
         return total, grad_norm
 
     def _loss_and_accuracy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The loss of one validation batch, and ``(correct, counted)`` next-token predictions
+        """The loss of one validation batch (on the CPU), and ``(correct, counted)`` next-token predictions
         (targets of -100 take no part in either)."""
+        attention = self._attention(batch)
+        batch = batch.to(self.world.device)
         if self.head_loss is not None:  # a chunk of logits at a time, as in training: no more memory than a step
             with self.head_loss.scoring(batch.targets) as scored:
-                self._logits(self.model, batch.inputs, batch.position_ids)
+                self._logits(self.model, batch, attention)
             return scored.loss, scored.accuracy_counts
-        logits = self._logits(self.model, batch.inputs, batch.position_ids)
+        logits = self._logits(self.model, batch, attention)
         loss = chunked_cross_entropy(logits, batch.targets, self.cfg.trainer.loss_chunk_tokens)
         return loss, metrics.accuracy_counts(logits, batch.targets)
 
@@ -311,7 +329,6 @@ class Trainer:
                 for micro in range(tcfg.grad_accum)
             ]
             for batch, divisor in zip(batches, self.loss_divisors(batches)):
-                batch = batch.to(world.device)
                 # Each evaluation batch weighs as a step: by its targets (windows: 1, as they all hold as many).
                 loss, batch_counts = self._loss_and_accuracy(batch)
                 total += loss * (tcfg.grad_accum / divisor)

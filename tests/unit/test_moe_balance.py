@@ -35,7 +35,7 @@ def train(model, balance, steps: int, *, lr: float = 1e-3, window: int = 20) -> 
     reports = []
     for step in range(1, steps + 1):
         (forward_loss(model, batch(generator)) + balance.take_aux_loss()).backward()
-        balance.before_optimizer_step(ONE)
+        balance.after_optimizer_step(ONE)
         optimizer.step()
         optimizer.zero_grad()
         if step % window == 0:
@@ -170,7 +170,7 @@ def test_the_v3_bias_moves_by_the_rate_toward_the_mean_load_each_step():
     forward_loss(model, batch(torch.Generator().manual_seed(0))).backward()
     balance.take_aux_loss()
     load = balance.step_counts[0].float()
-    balance.before_optimizer_step(ONE)
+    balance.after_optimizer_step(ONE)
     expected = 0.001 * torch.sign(load.mean() - load)
     assert torch.equal(bias, before + expected)
     # Each expert moves by the rate, up when under the mean load, down when over it (0 exactly at it).

@@ -291,3 +291,23 @@ def test_an_aux_loss_coefficient_for_a_folder_whose_code_routes_is_refused_namin
     with pytest.raises(ValueError, match=r"^model\.moe\.aux_loss_coef=0\.01 is not allowed with model\.path=.*: it "
                                          r"runs its own model code, .* aux_loss_alpha \(0\.001\); leave the key null"):
         check_pretrained_model(trial(aux_loss_coef=0.01), read_model_folder(str(folder)))
+
+
+def test_a_packed_row_reaches_the_models_own_code_as_a_mask_its_samples_kept_apart(tmp_path, code):
+    """A folder's own code builds its mask itself (``_prepare_4d_causal_attention_mask``): hpcsweep gives it
+    the 1/0 mask of the row's samples, and each sample's logits are its own run alone."""
+    from hpcsweep.train import sample_attention
+
+    net = remote_code_model(make_deepseek_moe_folder(tmp_path / "tiny", TINY, code), meta=False).eval()
+    ids = torch.randint(2, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2))
+    position_ids = torch.tensor([list(range(5)) + list(range(7)), list(range(9)) + list(range(3))])
+    kwargs = sample_attention.forward_kwargs(position_ids, "eager", own_code=True, dtype=torch.float32,
+                                             device=torch.device("cpu"))
+    with torch.no_grad():
+        packed = net(input_ids=ids, position_ids=position_ids, **kwargs).logits
+        for row, cut in ((0, 5), (1, 9)):
+            for lo, hi in ((0, cut), (cut, 12)):
+                alone = net(input_ids=ids[row : row + 1, lo:hi], use_cache=False).logits[0]
+                torch.testing.assert_close(packed[row, lo:hi], alone, rtol=0, atol=1e-5)
+        leaked = net(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+    assert (leaked - packed).abs().max() > 1e-4  # without the mask the second samples read the first

@@ -61,7 +61,7 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_a_packed_row_of_three_samples_has_their_loss_and_gradients_run_alone(arch, attn):
     tokens, mask, starts, lengths = three_samples()
-    rows = SampleRows(tokens, mask, starts, lengths, seq_len=SEQ_LEN, packing=True, seed=0, split=0)
+    rows = SampleRows(tokens, mask, starts, lengths, seq_len=SEQ_LEN, packing=True, seed=0, split=0, pad_id=0)
     assert rows.epoch_size(0) == 1
     row = rows.batch(0, 1)
     assert sorted(rows.row_samples(0).tolist()) == [0, 1, 2] and row.used == sum(LENGTHS) - 3
@@ -91,7 +91,7 @@ def test_a_packed_row_of_three_samples_has_their_loss_and_gradients_run_alone(ar
 def test_without_position_ids_the_samples_of_a_row_would_see_each_other():
     """The check above can fail: the same row without its position ids is one long sequence."""
     tokens, mask, starts, lengths = three_samples()
-    row = SampleRows(tokens, mask, starts, lengths, seq_len=SEQ_LEN, packing=True, seed=0, split=0).batch(0, 1)
+    row = SampleRows(tokens, mask, starts, lengths, seq_len=SEQ_LEN, packing=True, seed=0, split=0, pad_id=0).batch(0, 1)
     model = model_of("llama", "sdpa")
     with torch.no_grad():
         apart = loss_of(model, torch.from_numpy(row.inputs), torch.from_numpy(row.targets),
@@ -102,7 +102,7 @@ def test_without_position_ids_the_samples_of_a_row_would_see_each_other():
 
 def test_unpacked_rows_are_one_sample_each_padded_and_padding_takes_no_loss():
     tokens, mask, starts, lengths = three_samples()
-    rows = SampleRows(tokens, mask, starts, lengths, seq_len=SEQ_LEN, packing=False, seed=0, split=0)
+    rows = SampleRows(tokens, mask, starts, lengths, seq_len=SEQ_LEN, packing=False, seed=0, split=0, pad_id=0)
     assert rows.epoch_size(0) == 3
     batch = rows.batch(0, 3)
     for r in range(3):
