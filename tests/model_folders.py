@@ -68,6 +68,23 @@ def train_tokenizer(documents: Sequence[str], vocab_size: int = 384):
     )
 
 
+SIZE_KEYS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+    "n_routed_experts", "n_shared_experts", "num_local_experts", "num_experts", "num_experts_per_tok",
+    "first_k_dense_replace", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "qk_head_dim", "layer_types",  # derived: the query-key width, and one attention kind per layer
+    # Group-limited routing splits the routed experts into n_group groups and keeps topk_group of them:
+    # both shrink with the expert count (8 groups of 256 experts cannot split 4).
+    "n_group", "topk_group",
+    # The token ids are the tokenizer's (a folder's config names its own tokenizer's BOS, EOS and pad).
+    "bos_token_id", "eos_token_id", "pad_token_id",
+})
+"""The config keys a test folder may shrink or set from its tokenizer: sizes only. Every other key keeps its
+config class's default, which mirrors the published model (``use_cache``, rope, router settings, tied
+embeddings): folders saved otherwise once hid packed samples attending to each other from every test.
+A test that needs another key changed passes it with the reason beside it."""
+
 TINY_DEEPSEEK = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -87,10 +104,19 @@ TINY_DEEPSEEK = dict(
     v_head_dim=16,
     n_group=1,
     topk_group=1,
-    tie_word_embeddings=False,
-    use_cache=False,
 )
-"""A DeepseekV3 of about 0.13M parameters (vocabulary 384): MLA attention, one dense layer then one MoE layer."""
+"""A DeepseekV3 of about 0.13M parameters (vocabulary 384): MLA attention, one dense layer then one MoE layer.
+Sizes only (``SIZE_KEYS``); the rest is ``DeepseekV3Config``'s defaults, ``use_cache=True`` among them."""
+
+
+def changed_keys(config) -> dict[str, tuple]:
+    """The keys of ``config`` (a transformers config) outside ``SIZE_KEYS`` whose value differs from its class's
+    default, each with ``(default, value)``; what save_pretrained records of itself is left out."""
+    recorded = {"transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path"}
+    defaults = type(config)().to_dict()
+    values = config.to_dict()
+    return {key: (defaults.get(key), value) for key, value in values.items()
+            if key not in SIZE_KEYS | recorded and defaults.get(key) != value}
 
 
 def make_model_folder(
@@ -102,6 +128,7 @@ def make_model_folder(
     vocab_size: int = 384,
     seed: int = 0,
     max_shard_size: str | None = None,
+    why: str | None = None,
     **config_overrides,
 ) -> Path:
     """A pretrained DeepseekV3 folder at ``folder``, as ``save_pretrained`` writes one.
@@ -109,8 +136,13 @@ def make_model_folder(
     ``weights=False`` leaves a config-only folder (random init at train time); ``tokenizer=False``
     leaves the tokenizer out. The tokenizer is trained on ``documents`` (default: the corpus of
     ``corpus_documents()``), and the model's vocabulary is the tokenizer's. ``max_shard_size``
-    (``"100KB"``) writes sharded safetensors with an index. Returns ``folder``.
+    (``"100KB"``) writes sharded safetensors with an index. ``config_overrides`` shrink sizes
+    (``SIZE_KEYS``); any other key is refused unless ``why`` says why the test needs it. Returns ``folder``.
     """
+    others = sorted(set(config_overrides) - SIZE_KEYS)
+    if others and not why:
+        raise ValueError(f"make_model_folder: {others} are not sizes; a folder keeps its config class's defaults "
+                         "unless why= says why the test needs another value")
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 

@@ -14,9 +14,9 @@ DEEPSEEK = dict(
     vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
     num_key_value_heads=2, n_routed_experts=16, num_experts_per_tok=2, n_shared_experts=1,
     moe_intermediate_size=16, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4,
-    qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1, use_cache=False, tie_word_embeddings=False,
-    max_position_embeddings=64,
+    qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1, max_position_embeddings=64,
 )
+"""Sizes only: every other key keeps the config class's default (``use_cache`` true, as published)."""
 
 
 def tiny_moe(kind: str, seed: int = 0, **overrides) -> torch.nn.Module:
@@ -38,12 +38,12 @@ def tiny_moe(kind: str, seed: int = 0, **overrides) -> torch.nn.Module:
         return Qwen2MoeForCausalLM(Qwen2MoeConfig(**{
             "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "moe_intermediate_size": 16,
             "shared_expert_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "use_cache": False,
+            "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
             "max_position_embeddings": 64, **overrides}))
     return MixtralForCausalLM(MixtralConfig(**{
         "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
-        "use_cache": False, "max_position_embeddings": 64, **overrides}))
+        "max_position_embeddings": 64, **overrides}))
 
 
 def skew_router(model: torch.nn.Module, kind: str) -> None:

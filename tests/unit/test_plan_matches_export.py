@@ -34,7 +34,7 @@ def llama_folder(folder: Path) -> Path:
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, use_cache=False,
+        num_key_value_heads=2, max_position_embeddings=64,
     )).save_pretrained(folder)
     return folder
 
