@@ -128,6 +128,7 @@ def make_model_folder(
     vocab_size: int = 384,
     seed: int = 0,
     max_shard_size: str | None = None,
+    chat_markers: bool = False,
     why: str | None = None,
     **config_overrides,
 ) -> Path:
@@ -136,7 +137,9 @@ def make_model_folder(
     ``weights=False`` leaves a config-only folder (random init at train time); ``tokenizer=False``
     leaves the tokenizer out. The tokenizer is trained on ``documents`` (default: the corpus of
     ``corpus_documents()``), and the model's vocabulary is the tokenizer's. ``max_shard_size``
-    (``"100KB"``) writes sharded safetensors with an index. ``config_overrides`` shrink sizes
+    (``"100KB"``) writes sharded safetensors with an index. ``chat_markers`` adds the turn markers of real
+    chat templates as special tokens (``tests.chat_fixtures.MARKERS``), so those templates render with the
+    folder's own tokenizer. ``config_overrides`` shrink sizes
     (``SIZE_KEYS``); any other key is refused unless ``why`` says why the test needs it. Returns ``folder``.
     """
     others = sorted(set(config_overrides) - SIZE_KEYS)
@@ -148,6 +151,10 @@ def make_model_folder(
 
     documents = list(corpus_documents() if documents is None else documents)
     tok = train_tokenizer(documents, vocab_size=vocab_size)
+    if chat_markers:
+        from tests.chat_fixtures import MARKERS
+
+        tok.add_special_tokens({"additional_special_tokens": list(MARKERS)})
     settings = {**TINY_DEEPSEEK, **config_overrides}
     config = DeepseekV3Config(
         vocab_size=len(tok),

@@ -90,8 +90,10 @@ def wrap_model(
         return model
     if not world.is_distributed:
         return model
-    # Buffers (rotary tables, the routing bias) never change: no sync before each forward. They are
-    # equal on every rank from the start, so the sync at construction changes nothing; the older
+    # Buffers stay equal on every rank without a sync before each forward: rotary tables never change,
+    # and DeepSeek-V3's routing bias changes by an update every rank computes alike from counts summed over
+    # all ranks (hpcsweep.train.moe_balance). They are equal from the start, so the sync at construction
+    # changes nothing (a broadcast from rank 0 each step would only repeat what each rank has); the older
     # spelling, broadcast_buffers=False, filled every worker's log with a deprecation warning.
     ddp = DistributedDataParallel(model, forward_sync_buffers=False, find_unused_parameters=find_unused_parameters)
     if fixed_buckets:
