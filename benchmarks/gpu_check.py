@@ -29,6 +29,9 @@ Telemetry: the large trial's metrics.json must hold NVML samples of its GPU (``t
 trainer's own sampler and thread: the check prints them and the cost of one sample, and FAILs if the
 utilisation is null. On CPU (``--smoke``) the trial's telemetry must come from the CPU sampler, with
 the reason, and the matmul case is skipped, saying why.
+Packed rows (``benchmarks/gpu_check_packing.py``): 8 rows of packed samples on each attention kernel the
+device has (eager, SDPA, and flash-attention 2 where ``flash_attn`` is installed, run variable-length with
+hpcsweep's cumulative lengths) give each sample the logits it has alone.
 Last, the ~125M model with ``trainer.profile_steps=[2,3]`` and ``profile_memory``: a Perfetto trace of
 exactly those steps holding CUDA kernels, and a CUDA allocator snapshot.
 
@@ -88,6 +91,7 @@ from hpcsweep.train.step_timer import PHASES as STEP_PHASES  # noqa: E402
 from hpcsweep.train.worker import EXIT_OK, EXIT_STOPPED, run_trial  # noqa: E402
 from tests.model_folders import TINY_DEEPSEEK, make_model_folder  # noqa: E402
 from benchmarks.gpu_check_loss import loss_check, loss_line  # noqa: E402
+from benchmarks.gpu_check_packing import packing_check, packing_lines  # noqa: E402
 
 BUDGET_S = 600
 """The whole check, on one GPU: 10 minutes."""
@@ -778,6 +782,15 @@ def run_checks(plan: Plan, workdir: Path, start: float | None = None) -> Section
         return loss
 
     run("loss", loss_part, lambda loss: [loss_line(loss)])
+
+    def packing_part() -> dict[str, Any]:
+        release_gpu_memory(plan)
+        packing = packing_check(torch.device(plan.device))
+        if packing["failed"]:
+            raise CheckFailed("; ".join(packing_lines(packing)))
+        return packing
+
+    run("packing", packing_part, packing_lines)
     run("full_finetune", lambda: full_finetune_check(plan, workdir, lora), full_finetune_lines)
     run("memory", lambda: memory_check(plan, sections))
     return sections
