@@ -246,3 +246,28 @@ def test_a_worker_given_gpus_it_cannot_use_fails_at_once_and_says_why(tmp_path, 
     assert metrics["status"] == "failed"
     assert "torch.version.cuda is None" in metrics["error"][0]
     assert not (trial / "checkpoints").exists()  # refused before anything was built
+
+
+@pytest.mark.parametrize(
+    ("setting", "facts", "flash", "own_code", "expected"),
+    [
+        ("auto", H100, True, False, "flash_attention_2"),  # variable-length sequences: no mask at all
+        ("auto", H100, False, False, "sdpa"),  # a boolean mask
+        ("auto", CPU, False, False, "eager"),
+        ("auto", H100, True, True, "eager"),  # a folder's own code: its flash path reads only a padding mask
+        ("eager", H100, True, True, "eager"),
+    ],
+)
+def test_packed_rows_choose_a_kernel_that_keeps_samples_apart(setting, facts, flash, own_code, expected):
+    chosen = gpu_choices.resolve_attention(setting, facts, precision="bf16", deterministic=False,
+                                           flash_available=flash, packing=True, own_code=own_code)
+    assert chosen == expected
+
+
+def test_flash_attention_with_packing_on_a_folders_own_code_is_refused():
+    with pytest.raises(ValueError, match=r"model.attn_implementation='flash_attention_2' is not allowed with "
+                                         r"data.packing=true on a folder with its own model code"):
+        gpu_choices.resolve_attention("flash_attention_2", H100, precision="bf16", deterministic=False,
+                                      flash_available=True, packing=True, own_code=True)
+    assert gpu_choices.resolve_attention("flash_attention_2", H100, precision="bf16", deterministic=False,
+                                         flash_available=True, packing=False, own_code=True) == "flash_attention_2"

@@ -560,3 +560,23 @@ def test_the_plans_trainable_count_is_what_the_trainers_lora_trains(arch, expert
     planned = plan_memory(trial_setup.shape_of_trial(cfg.model),
                           trial_setup.setup_of_trial(cfg, world_size=1, device="cpu")).trainable_parameters
     assert trains == planned
+
+
+@pytest.mark.parametrize(
+    ("setup_changes", "entry_bytes"),
+    [
+        ({}, 0),  # SDPA on whole rows: its causal flag, no mask
+        ({"packed_rows": True}, 1),  # SDPA on packed rows: a boolean B x T x T mask
+        ({"packed_rows": True, "flash_attention": True}, 0),  # flash: variable-length sequences
+        ({"fused_attention": False}, 4),  # eager's own float mask
+        ({"fused_attention": False, "packed_rows": True}, 4),  # hpcsweep's float mask in its place
+        ({"fused_attention": False, "packed_rows": True, "own_code": True}, 8),  # a 1/0 mask and its additive copy
+    ],
+)
+def test_the_plan_counts_the_attention_mask_a_forward_holds(setup_changes, entry_bytes):
+    shape = shape_from_model_config(ModelConfig(arch="llama"))
+    base = TrainingSetup(precision="bf16", batch_size=16, seq_len=4096)
+    plain = plan_memory(shape, replace(base, fused_attention=setup_changes.get("fused_attention", True)))
+    planned = plan_memory(shape, replace(base, **setup_changes))
+    eager_mask = 0 if setup_changes.get("fused_attention", True) else 4 * 16 * 4096**2
+    assert planned.activations - (plain.activations - eager_mask) == entry_bytes * 16 * 4096**2
