@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcsweep.model.lora_targets import adapts_module
+from hpcsweep.model.expert_count import routed_expert_count
+from hpcsweep.model.lora_targets import EXPERT_PARAMETERS, adapts_module
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2")
 """``config.json`` ``model_type`` values laid out as Llama: GQA attention and a gated MLP."""
@@ -132,7 +133,7 @@ def _shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
         return ModelShape(arch="llama", **common)
     if model_type == "mixtral":
         return ModelShape(
-            arch="llama", **common, n_routed_experts=config["num_local_experts"],
+            arch="llama", **common, n_routed_experts=routed_expert_count(config),
             num_experts_per_tok=config["num_experts_per_tok"], moe_intermediate_size=config["intermediate_size"],
             sparse_layers=tuple(range(layers)),
         )
@@ -141,13 +142,13 @@ def _shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
         step = config.get("decoder_sparse_step") or 1
         return ModelShape(
             arch="llama", **common, attention_bias=bool(config.get("qkv_bias", True)),
-            n_routed_experts=config["num_experts"], num_experts_per_tok=config["num_experts_per_tok"],
+            n_routed_experts=routed_expert_count(config), num_experts_per_tok=config["num_experts_per_tok"],
             moe_intermediate_size=config["moe_intermediate_size"],
             shared_intermediate_size=config["shared_expert_intermediate_size"], shared_expert_gate=True,
             sparse_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
         )
     experts = dict(
-        n_routed_experts=config.get("n_routed_experts") or 0,
+        n_routed_experts=routed_expert_count(config),
         num_experts_per_tok=config.get("num_experts_per_tok") or 0,
         moe_intermediate_size=config.get("moe_intermediate_size") or 0,
         shared_intermediate_size=(config.get("moe_intermediate_size") or 0) * (config.get("n_shared_experts") or 0),
@@ -240,8 +241,8 @@ def _moe_mlp(shape: ModelShape) -> list[tuple[str, int, int, float]]:
     weights = [("mlp.gate", 0, experts * h, 1.0)]
     if shape.fused_experts:
         # [E, 2I, h] and [E, h, I]
-        weights += [("mlp.experts.gate_up_proj", 0, experts * 2 * width * h, share),
-                    ("mlp.experts.down_proj", 0, experts * width * h, share)]
+        gate_up, down = EXPERT_PARAMETERS
+        weights += [(gate_up, 0, experts * 2 * width * h, share), (down, 0, experts * width * h, share)]
     else:
         weights += [(name, i, o, share) for e in range(experts)
                     for name, i, o in _mlp(f"mlp.experts.{e}.", h, width)]

@@ -13,7 +13,6 @@ trains silently on CPU.
 from __future__ import annotations
 
 import importlib.util
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -21,6 +20,7 @@ from typing import Literal
 import torch
 
 from hpcsweep.config import ModelConfig, TrainerConfig
+from hpcsweep.model import lora_targets
 
 BF16_MIN_CAPABILITY = (8, 0)
 """bf16 (and TF32) tensor cores arrived with Ampere (A100: 8.0); older GPUs emulate bf16 slowly."""
@@ -147,9 +147,6 @@ def choose(trainer: TrainerConfig, model: ModelConfig, facts: DeviceFacts, *, fl
     )
 
 
-_PER_EXPERT_MODULE = re.compile(r"\.experts\.\d+\.")
-
-
 def find_unused_parameters(parameter_names: Iterable[str]) -> bool:
     """DDP's ``find_unused_parameters``: only where a parameter can go without a gradient in a step.
 
@@ -157,7 +154,7 @@ def find_unused_parameters(parameter_names: Iterable[str]) -> bool:
     token chose them. transformers 5 holds all experts of a layer in one tensor, which always gets a
     gradient. (Exact resume needs fixed gradient buckets, not the search: ``parallel.fix_buckets``.)
     """
-    return any(_PER_EXPERT_MODULE.search(name) for name in parameter_names)
+    return any(lora_targets.is_routed_expert_module(name) for name in parameter_names)
 
 
 def fixed_buckets(*, deterministic: bool, grad_comm: str, find_unused: bool) -> bool:

@@ -27,6 +27,7 @@ from transformers import (
 )
 
 from hpcsweep.config import ModelConfig
+from hpcsweep.model.expert_count import routed_expert_count
 from hpcsweep.model.folder import read_model_folder
 from hpcsweep.model.record import ModelRecord
 from hpcsweep.train import remote_code
@@ -126,13 +127,9 @@ def own_code(cfg: ModelConfig, record: ModelRecord | None = None) -> bool:
     return (read_model_folder(cfg.path) if record is None else record).needs_remote_code
 
 
-_EXPERT_COUNTS = ("n_routed_experts", "num_local_experts", "num_experts")
-"""Where a transformers config keeps its routed experts per MoE layer (DeepSeek, Mixtral, Qwen-MoE)."""
-
-
 def routed_experts(config: PretrainedConfig) -> int | None:
     """Routed experts per MoE layer of ``config``; None for a dense model."""
-    return next((getattr(config, name) for name in _EXPERT_COUNTS if getattr(config, name, None)), None)
+    return routed_expert_count(config) or None
 
 
 def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:

@@ -14,15 +14,13 @@ own balance, with its own coefficient.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hpcsweep.train import router_stats
 from hpcsweep.train.distributed import WorldInfo, take_sums
-
-if TYPE_CHECKING:
-    from hpcsweep.train.moe_balance import RoutedTokens
+from hpcsweep.train.routed_tokens import RoutedTokens
 
 GATE_CLASS = "MoEGate"
 """The class name DeepSeek's own code gives its routers."""

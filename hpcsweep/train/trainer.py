@@ -31,6 +31,7 @@ from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
 from hpcsweep.train import head_loss, moe_balance, router_stats, sample_attention, step_timer, task_scores, trackers
 from hpcsweep.train.profiling import StepProfiler
+from hpcsweep.train.routed_tokens import routed_tokens
 from hpcsweep.train.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.loss import chunked_cross_entropy
@@ -272,7 +273,7 @@ class Trainer:
         for micro, (batch, divisor) in enumerate(zip(batches, self.loss_divisors(batches))):
             self.step_timer.enter("data")
             attention = self._attention(batch)
-            routed = moe_balance.routed_tokens(batch, world.device)
+            routed = routed_tokens(batch, world.device)
             batch = batch.to(world.device)
             self.step_timer.enter("compute")
             last = micro == tcfg.grad_accum - 1

@@ -12,6 +12,7 @@ from hpcsweep.train import moe_balance, sample_attention
 from hpcsweep.train.batch import Batch
 from hpcsweep.train.distributed import WorldInfo
 from hpcsweep.train.packing import SampleRows
+from hpcsweep.train.routed_tokens import routed_tokens
 
 from ..moe_models import skew_router, tiny_moe
 
@@ -58,7 +59,7 @@ def run_rows(model, balance, batch: Batch) -> torch.Tensor:
     kwargs = sample_attention.forward_kwargs(batch.position_ids, "eager", own_code=False, dtype=torch.float32,
                                              device=torch.device("cpu"))
     model(input_ids=batch.inputs, position_ids=batch.position_ids, **kwargs)
-    return balance.take_aux_loss(moe_balance.routed_tokens(batch, torch.device("cpu")))
+    return balance.take_aux_loss(routed_tokens(batch, torch.device("cpu")))
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
