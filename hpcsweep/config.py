@@ -33,12 +33,16 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
             _fail(key, value, "one of " + ", ".join(repr(c) for c in choices))
         return value
     if origin in (typing.Union, types.UnionType):
+        mappings = [o for o in typing.get_args(annotation) if typing.get_origin(o) is dict]
+        if isinstance(value, Mapping) and len(mappings) == 1:
+            # A mapping can only be the mapping option: its own error names the entry at fault.
+            return _check_type(key, value, mappings[0])
         errors = []
         for option in typing.get_args(annotation):
             try:
                 return _check_type(key, value, option)
             except ValueError as err:
-                errors.append(str(err).split(": ", 1)[1])
+                errors.append(str(err).split(" is not allowed: ", 1)[1])
         _fail(key, value, " or ".join(errors))
     if annotation is type(None):
         if value is not None:
@@ -346,6 +350,16 @@ def _model_defaults() -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
+CHAT_TEMPLATE_OWN_NAMES = (
+    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "conversation",
+    "conversations", "chat_template", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "bos_token", "eos_token",
+    "unk_token", "sep_token", "pad_token", "cls_token", "mask_token", "additional_special_tokens",
+)
+"""Names that ``data.chat_template_kwargs`` may not set: what ``apply_chat_template`` takes itself, and the
+variables that it (the messages, the generation prompt) or the tokenizer (its special tokens) gives the template."""
+
+
 @dataclass(kw_only=True)
 class DataConfig:
     """Where training tokens come from and how they are batched."""
@@ -392,6 +406,13 @@ class DataConfig:
     """``kind=chat``: what becomes of a sample longer than a row (more than ``seq_len + 1`` tokens):
     ``drop`` leaves it out (the count is printed), ``truncate`` keeps its first ``seq_len + 1`` tokens,
     ``refuse`` stops the sweep before any trial starts, naming its file and line."""
+    chat_template_kwargs: dict[str, bool | int | float | str | None] | None = None
+    """``kind=chat``: variables the chat template reads, its switches (``{enable_thinking: false}`` for
+    Qwen 3), given to it wherever it renders: the samples, their cache key, ``chat_prompt`` (a task's
+    prompt), the export's model card. Values are true/false, numbers, strings or null; a name must be
+    one the template reads (checked before any job), not one transformers or hpcsweep sets
+    (``CHAT_TEMPLATE_OWN_NAMES``). null (not {}: Hydra could then only merge into it, never set it whole) or
+    {}: the template's own defaults."""
     packing: bool | None = None
     """Pack whole samples (``kind=chat``) or documents (``kind=text``, a long one cut into row-sized
     pieces) into ``seq_len`` rows, each apart: its position ids restart and it attends to no other.
@@ -405,6 +426,15 @@ class DataConfig:
                  "false unless data.kind=text or data.kind=chat (packing needs sample boundaries)")
         _require(self.max_samples is None or self.max_samples >= 2, "data.max_samples", self.max_samples,
                  "null or an integer >= 2 (a training and a validation sample)")
+        _require(not self.chat_template_kwargs or self.kind == "chat", "data.chat_template_kwargs",
+                 self.chat_template_kwargs, "null or {} unless data.kind=chat (only chat samples are rendered by a template)")
+        for name, value in (self.chat_template_kwargs or {}).items():
+            _require(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None and name not in CHAT_TEMPLATE_OWN_NAMES,
+                     "data.chat_template_kwargs", self.chat_template_kwargs,
+                     f"names of template variables ({name!r} is not one: a name is letters, digits and _, and not "
+                     "one that transformers or hpcsweep gives the template: " + ", ".join(CHAT_TEMPLATE_OWN_NAMES) + ")")
+            _require(not isinstance(value, float) or math.isfinite(value), f"data.chat_template_kwargs.{name}", value,
+                     "a finite number (the value is part of the JSON cache key and the model card)")
         if self.kind == "file":
             _require(bool(self.path), "data.path", self.path, "a token file path when data.kind=file")
         if self.kind in ("text", "chat"):

@@ -1,7 +1,7 @@
 """Chat corpora and tokenizers with chat templates, for tests and benchmarks.
 
-``deepseek_v3_tokenizer`` unpacks DeepSeek-V3's real tokenizer files, chat template included
-(``tests/data/README.md`` says where they come from). ``chat_tokenizer_folder`` is a small tokenizer
+``deepseek_v3_tokenizer`` and ``qwen3_tokenizer`` unpack DeepSeek-V3's and Qwen 3's real tokenizer
+files, chat templates included (``tests/data/README.md`` says where they come from). ``chat_tokenizer_folder`` is a small tokenizer
 trained on the test's own text (``tests.model_folders``) for models with a vocabulary of hundreds; it
 has no template of its own, and ``NAMED_TEMPLATE`` (Qwen 3's real one) is what a user would name with
 ``data.chat_template``. No template here is hand-written.
@@ -27,9 +27,19 @@ NAMED_TEMPLATE = REAL_TEMPLATES["qwen3"].read_text()
 
 def deepseek_v3_tokenizer(folder: Path) -> Path:
     """DeepSeek-V3's ``tokenizer.json`` and ``tokenizer_config.json``, unpacked into ``folder``."""
+    return _unpack_tokenizer("deepseek_v3_tokenizer.tar.xz", folder)
+
+
+def qwen3_tokenizer(folder: Path) -> Path:
+    """Qwen 3's ``tokenizer.json`` and ``tokenizer_config.json`` (its chat template ``REAL_TEMPLATES["qwen3"]``),
+    unpacked into ``folder``."""
+    return _unpack_tokenizer("qwen3_tokenizer.tar.xz", folder)
+
+
+def _unpack_tokenizer(archive_name: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     # The two files by name (not extractall: its ``filter`` needs Python >= 3.11.4, Debian 12 has 3.11.2).
-    with tarfile.open(DATA / "deepseek_v3_tokenizer.tar.xz") as archive:
+    with tarfile.open(DATA / archive_name) as archive:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             member = next(m for m in archive.getmembers() if m.isfile() and Path(m.name).name == name)
             (folder / name).write_bytes(archive.extractfile(member).read())

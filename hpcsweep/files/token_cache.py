@@ -3,7 +3,8 @@
 An entry is ``CACHE_DIR/KEY/tokens.bin`` plus its header ``tokens.json`` (``hpcsweep.files.token_file``).
 A ``data=chat`` entry also holds ``mask.bin`` (uint8, 1 where the loss is taken), ``offsets.bin`` (int64,
 each sample's first token, then the total) and ``sources.bin`` (int64 pairs: each sample's file index
-and line), and its key also hashes the chat template file and ``data.train_on``.
+and line), and its key also hashes the chat template file, ``data.train_on`` and
+``data.chat_template_kwargs``.
 ``KEY`` hashes the tokenizer folder's files (their names and bytes) and the corpus files' absolute
 paths, sizes and modification times, so a changed tokenizer or a touched file makes a new entry, and
 the order the globs list files in does not matter (documents are read in path order).
@@ -19,8 +20,9 @@ import hashlib
 import json
 import os
 from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 TOKENIZER_FILES = (
@@ -100,6 +102,26 @@ def has_chat_template(folder: str | os.PathLike[str]) -> bool:
     return isinstance(config, dict) and bool(config.get("chat_template"))
 
 
+def chat_template_texts(folder: str | os.PathLike[str]) -> list[str]:
+    """The text of every chat template the tokenizer folder carries (``has_chat_template``'s places; a
+    ``tokenizer_config.json`` may hold a list of named ones); empty when it carries none."""
+    root = Path(folder)
+    texts = []
+    if (root / "chat_template.jinja").is_file():
+        texts.append((root / "chat_template.jinja").read_text(encoding="utf-8"))
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        try:
+            config = json.loads((root / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        found = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(found, str):
+            texts.append(found)
+        elif isinstance(found, list):
+            texts.extend(t["template"] for t in found if isinstance(t, dict) and isinstance(t.get("template"), str))
+    return texts
+
+
 def glob_patterns(files: str | Sequence[str]) -> list[str]:
     """``data.files`` as a list of globs (a single glob may be given as a string)."""
     return [files] if isinstance(files, str) else list(files)
@@ -134,19 +156,27 @@ class ChatRendering:
     """The SHA-256 of ``template_path``'s bytes (the tokenizer's own is in the tokenizer's hash)."""
     train_on: str
     """``data.train_on``: ``assistant`` or ``all``."""
+    template_kwargs: tuple[tuple[str, Any], ...] = field(default=())
+    """``data.chat_template_kwargs``, sorted by name (a tuple, so a rendering can be a cache key of its own)."""
+
+    def template_variables(self) -> dict[str, Any]:
+        """``template_kwargs`` as the mapping the template is rendered with."""
+        return dict(self.template_kwargs)
 
 
-def chat_rendering(template_path: str | None, train_on: str) -> ChatRendering:
-    """``ChatRendering`` of ``data.chat_template`` and ``data.train_on``; ``TokenCacheError`` naming
-    ``data.chat_template`` when it is not a readable file."""
+def chat_rendering(template_path: str | None, train_on: str,
+                   template_kwargs: Mapping[str, Any] | None = None) -> ChatRendering:
+    """``ChatRendering`` of ``data.chat_template``, ``data.train_on`` and ``data.chat_template_kwargs``;
+    ``TokenCacheError`` naming ``data.chat_template`` when it is not a readable file."""
+    kwargs = tuple(sorted((template_kwargs or {}).items()))
     if template_path is None:
-        return ChatRendering(None, None, train_on)
+        return ChatRendering(None, None, train_on, kwargs)
     path = os.path.abspath(os.path.expanduser(template_path))
     try:
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError as err:
         raise TokenCacheError(f"data.chat_template={template_path!r} is not allowed: {err.strerror}") from None
-    return ChatRendering(path, digest, train_on)
+    return ChatRendering(path, digest, train_on, kwargs)
 
 
 def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile], chat: ChatRendering | None = None) -> str:
@@ -158,6 +188,9 @@ def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile], chat: ChatRender
     }
     if chat is not None:
         described["chat"] = {"template_sha256": chat.template_sha256, "train_on": chat.train_on}
+        if chat.template_kwargs:
+            # Only when set: the entries rendered before the key existed keep their names.
+            described["chat"]["template_kwargs"] = chat.template_variables()
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
 

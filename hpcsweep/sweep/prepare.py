@@ -6,7 +6,9 @@ A trial whose dir already holds a checkpoint is checked against the config it wa
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +16,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpcsweep.config import ResumeConfig, TrialConfig, check_corpus_fits, tokenizer_folder, trial_config_from_dict
-from hpcsweep.files.token_cache import TokenCacheError, has_chat_template, tokenizer_sha256
+from hpcsweep.config import (
+    CHAT_TEMPLATE_OWN_NAMES,
+    ResumeConfig,
+    TrialConfig,
+    check_corpus_fits,
+    tokenizer_folder,
+    trial_config_from_dict,
+)
+from hpcsweep.files.token_cache import TokenCacheError, chat_template_texts, has_chat_template, tokenizer_sha256
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.corpus_checks import check_corpus_may_fit, check_tokenizer_has_eos
@@ -196,16 +205,53 @@ def check_text_corpus(trial: TrialConfig, model_vocab_size: int, vocab_key: str 
 
 
 def check_chat_corpus(trial: TrialConfig) -> None:
-    """A ``data.kind=chat`` trial's tokenizer has a chat template (or ``data.chat_template`` names one),
-    and its cache entry, once written, holds no sample it refuses (``data.overlong=refuse``)."""
+    """A ``data.kind=chat`` trial's tokenizer has a chat template (or ``data.chat_template`` names one)
+    that reads every variable ``data.chat_template_kwargs`` sets, and its cache entry, once written, holds
+    no sample it refuses (``data.overlong=refuse``)."""
     corpus = sweep_text_corpus(trial)
     if trial.data.chat_template is None and not has_chat_template(corpus.tokenizer_folder):
         raise ValueError(
             f"data.chat_template=null is not allowed: the tokenizer in {corpus.tokenizer_folder} has no chat "
             "template (tokenizer_config.json's chat_template, or chat_template.jinja); name a Jinja file"
         )
+    if trial.data.chat_template_kwargs:
+        assert corpus.chat is not None
+        source = corpus.chat.template_path or corpus.tokenizer_folder
+        reads = _template_reads(corpus.chat.template_path, corpus.chat.template_sha256 or corpus.tokenizer_sha256,
+                                corpus.tokenizer_folder)
+        for name in trial.data.chat_template_kwargs:
+            if name not in reads:
+                its_own = ", ".join(sorted(reads - set(CHAT_TEMPLATE_OWN_NAMES) - _TRANSFORMERS_GLOBALS)) or "none"
+                raise ValueError(
+                    f"data.chat_template_kwargs.{name} is not allowed: the chat template of {source} never reads "
+                    f"{name} (the variables it reads that the key may set: {its_own})"
+                )
     if corpus.is_cached():
         checked_samples(trial)
+
+
+_TRANSFORMERS_GLOBALS = frozenset({"raise_exception", "strftime_now", "namespace", "range", "dict", "lipsum",
+                                   "cycler", "joiner"})
+"""Names a template reads that transformers or Jinja defines, not the user."""
+
+
+@functools.cache
+def _template_reads(template_path: str | None, sha256: str, folder: str) -> frozenset[str]:
+    """The names the chat template (``template_path``'s, else every one of ``folder``'s) reads without
+    setting them; once per template (``sha256``) in this login-node command."""
+    import jinja2
+    import jinja2.meta
+
+    texts = [Path(template_path).read_text(encoding="utf-8")] if template_path else chat_template_texts(folder)
+    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    names: set[str] = set()
+    for text in texts:
+        try:
+            names |= jinja2.meta.find_undeclared_variables(environment.parse(text))
+        except jinja2.TemplateSyntaxError:
+            # A tag of transformers' own ({% generation %}): every name the text has, read or not.
+            names |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    return frozenset(names)
 
 
 def check_resumes(trials: Sequence[PreparedTrial], records: SweepModelRecords | None = None) -> None:

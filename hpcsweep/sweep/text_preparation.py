@@ -64,19 +64,20 @@ def _text_corpus(files: tuple[str, ...], folder: str, cache_dir: str, tokenizer_
 
 
 @functools.cache
-def _chat_rendering(template_path: str | None, train_on: str) -> ChatRendering:
-    return chat_rendering(template_path, train_on)
+def _chat_rendering(template_path: str | None, train_on: str, template_kwargs: tuple[tuple[str, Any], ...]) -> ChatRendering:
+    return chat_rendering(template_path, train_on, dict(template_kwargs))
 
 
 def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
     """The ``TextCorpus`` of a ``data.kind=text`` or ``chat`` trial, globbed and hashed once per distinct
-    (files, tokenizer, cache dir, template, train_on) in this login-node command, not once per trial of a
+    (files, tokenizer, cache dir, template, its variables, train_on) in this login-node command, not once per trial of a
     1,000-trial sweep."""
     data = trial.data
     folder = tokenizer_folder(data, trial.model)
     assert data.files is not None and folder is not None  # DataConfig and TrialConfig check both
     key = "data.tokenizer" if data.tokenizer else "model.path"
-    chat = _chat_rendering(data.chat_template, data.train_on) if data.kind == "chat" else None
+    variables = tuple(sorted((data.chat_template_kwargs or {}).items()))
+    chat = _chat_rendering(data.chat_template, data.train_on, variables) if data.kind == "chat" else None
     return _text_corpus(tuple(glob_patterns(data.files)), folder, data.cache_dir, key, chat,
                         trial.model.trust_remote_code)
 
@@ -165,7 +166,7 @@ def preparation_request(
     """The job's request file: for each corpus, its files as found at submit, its tokenizer, the cache
     entry it must write (a corpus changed since is refused), and what its trials need of its token count
     (``sample_needs``), which the job checks exactly once it has counted them; for a chat corpus also its
-    template, ``train_on`` and the sample selections of ``trials`` to check once it is written; and
+    template, the template's variables, ``train_on`` and the sample selections of ``trials`` to check once it is written; and
     ``trust_remote_code`` when its tokenizer may run the code its folder ships."""
     requests = []
     for c in corpora:
@@ -176,6 +177,8 @@ def preparation_request(
         if c.chat is not None:
             request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on,
                                "checks": sample_checks(c, trials)}
+            if c.chat.template_kwargs:
+                request["chat"]["template_kwargs"] = c.chat.template_variables()
         requests.append(request)
     return json.dumps(requests, indent=2) + "\n"
 

@@ -70,7 +70,7 @@ def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str, *,
     ``trust_remote_code``) gives the padding's id."""
     assert cfg.files is not None
     corpus = text_corpus(cfg.files, tokenizer, cfg.cache_dir, "data.tokenizer",
-                         chat_rendering(cfg.chat_template, cfg.train_on))
+                         chat_rendering(cfg.chat_template, cfg.train_on, cfg.chat_template_kwargs))
     if not corpus.is_cached():
         raise ValueError(
             f"data.files={cfg.files!r} is not allowed: no token cache entry {corpus.entry} for it (the corpus, "

@@ -14,12 +14,17 @@ and after the end-of-turn token that follows it: the special token right after t
 whitespace only (DeepSeek's ``<｜end▁of▁sentence｜>``, ChatML's ``<|im_end|>``, Llama 3's ``<|eot_id|>``).
 What the template adds after that (a newline, the next turn's header) is not the model's to write. A
 token takes the loss when it starts inside a turn's span, or is its end-of-turn token.
+
+Every render gives the template the same variables, ``data.chat_template_kwargs`` (its switches: Qwen 3's
+``enable_thinking``), so where a turn starts is where the template, so switched, has the model start.
+``chat_prompt`` is that same render of a question alone, up to where the answer starts: the text a task
+must ask to ask what training taught.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,12 +85,31 @@ def load_chat_tokenizer(folder: str, template_path: str | None, *, trust_remote_
     return tokenizer, None
 
 
-def renderer(tokenizer: Any, template: str | None) -> Render:
-    """The template's text of a list of messages."""
+def renderer(tokenizer: Any, template: str | None, template_kwargs: Mapping[str, Any] | None = None) -> Render:
+    """The template's text of a list of messages, rendered with the variables ``template_kwargs``
+    (``data.chat_template_kwargs``) besides those transformers gives it."""
+    variables = dict(template_kwargs or {})
+
     def render(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, **variables)
     return render
+
+
+def chat_prompt(tokenizer: str, question: str, *, system: str | None = None, chat_template: str | None = None,
+                chat_template_kwargs: Mapping[str, Any] | None = None, trust_remote_code: bool = False) -> str:
+    """The text before the answer to the user turn ``question`` (after a ``system`` turn, when given),
+    rendered as a ``data=chat`` trial renders its samples: by the tokenizer folder ``tokenizer``
+    (``data.tokenizer``, else ``model.path``), with ``chat_template`` (``data.chat_template``; None: the
+    tokenizer's own) and ``chat_template_kwargs`` (``data.chat_template_kwargs``), up to where the
+    template has the model start to write. A task's ``doc_to_text`` is this text with ``question``
+    ``{{question}}``: the model is then asked exactly as it was taught, its answers' loss having started
+    there (what the template has the model write after the generation prompt, as Qwen 3's empty
+    ``<think></think>`` without ``enable_thinking: false``, took the loss and so is its to write)."""
+    loaded, template = load_chat_tokenizer(tokenizer, chat_template, trust_remote_code=trust_remote_code)
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": question}]
+    return renderer(loaded, template, chat_template_kwargs)(messages, True)
 
 
 def assistant_spans(render: Render, messages: list[dict[str, str]], where: str) -> tuple[str, list[Span]]:

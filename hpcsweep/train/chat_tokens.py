@@ -75,7 +75,8 @@ def piece_samples(tokenizer: Any, render: Any, train_on: str, end_of_turn: set[i
 def _init_worker(folder: str, rendering: ChatRendering, trust_remote_code: bool) -> None:
     global _worker
     tokenizer, template = load_chat_tokenizer(folder, rendering.template_path, trust_remote_code=trust_remote_code)
-    _worker = (tokenizer, renderer(tokenizer, template), rendering.train_on, special_ids(tokenizer))
+    _worker = (tokenizer, renderer(tokenizer, template, rendering.template_variables()), rendering.train_on,
+               special_ids(tokenizer))
 
 
 def _render_in_worker(piece: Piece) -> RenderedPiece:
@@ -129,7 +130,8 @@ def write_chat_files(corpus: TextCorpus, staging: Path, workers: int, piece_byte
                                     corpus.tokenizer_sha256))
     header.update(kind="chat", samples=samples, mask=MASK_NAME, offsets=OFFSETS_NAME, sources=SOURCES_NAME,
                   files=[f.path for f in corpus.files], train_on=corpus.chat.train_on,
-                  chat_template=corpus.chat.template_path or "the tokenizer's own")
+                  chat_template=corpus.chat.template_path or "the tokenizer's own",
+                  chat_template_kwargs=corpus.chat.template_variables())
     header_path(staging / TOKENS_NAME).write_text(json.dumps(header, indent=2) + "\n")
     log.info("rendered %d samples of %d files with %s: %d tokens, %d of them taking the loss (%d workers)",
              samples, len(corpus.files), corpus.tokenizer_folder, count,
