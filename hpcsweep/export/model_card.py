@@ -40,6 +40,9 @@ class CardFacts:
     """The base runs its own code (an ``auto_map``): every load passes ``trust_remote_code=True``."""
     dtype: str | None = None
     """The main dtype of the model weights written (``bfloat16``), None when only an adapter is."""
+    chat: Mapping[str, Any] | None = None
+    """A ``data=chat`` trial's rendering: ``chat_template`` (``data.chat_template``, None: the tokenizer's
+    own) and ``chat_template_kwargs`` (``data.chat_template_kwargs``); None for other data."""
 
 
 _WHAT = {
@@ -76,6 +79,27 @@ def _value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return "-" if value is None else str(value)
+
+
+def chat_section(chat: Mapping[str, Any]) -> list[str]:
+    """The card's lines on how a ``data=chat`` trial's samples were rendered, so its users prompt it so."""
+    template = f"the Jinja file `{chat['chat_template']}`" if chat.get("chat_template") else "the tokenizer's own chat template"
+    variables = dict(chat.get("chat_template_kwargs") or {})
+    switches = "".join(f", {name}={value!r}" for name, value in sorted(variables.items()))
+    shown = json.dumps(variables, sort_keys=True)
+    return [
+        "## Prompt it as it was trained",
+        "",
+        f"Trained on chat samples rendered with {template}"
+        + (f" and the template variables `{shown}` (`data.chat_template_kwargs`)" if variables else
+           ", its variables at their defaults")
+        + "; the loss began where the template's generation prompt ends. Render prompts the same way:",
+        "",
+        "```python",
+        f"prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False{switches})",
+        "```",
+        "",
+    ]
 
 
 def model_card(facts: CardFacts, out: str) -> str:
@@ -138,6 +162,7 @@ def model_card(facts: CardFacts, out: str) -> str:
         *([] if not facts.trust_remote_code else [
             "", "The base model runs its own code (`auto_map`): pass `trust_remote_code=True` to every load."]),
         "",
+        *([] if facts.chat is None else chat_section(facts.chat)),
         "## Files",
         "",
         *(f"- `{name}`" for name in facts.files),

@@ -108,6 +108,8 @@ def export_trial(source: ExportSource, sweep_dir: Path, out: Path, options: Expo
             base_model_path=base_name, model_config=dataclasses.asdict(cfg.model),
             code=_code_version(source.trial.trial_dir), files=[*files, CARD_FILE],
             trust_remote_code=base.remote_code, dtype=dtype,
+            chat=None if cfg.data.kind != "chat" else {"chat_template": cfg.data.chat_template,
+                                                      "chat_template_kwargs": cfg.data.chat_template_kwargs},
         )
         (temp / CARD_FILE).write_text(model_card(facts, str(out)))
         if resolved.exists():
