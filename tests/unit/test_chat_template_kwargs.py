@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from tests.chat_fixtures import qwen3_tokenizer, write_chat_corpus
 
 from .test_compose import loader_and_master
 
+REPO = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of Hungary?"
 ANSWER = "Budapest"
 NO_THINKING = {"enable_thinking": False}
@@ -146,3 +148,16 @@ def test_the_model_card_says_how_to_prompt_as_trained():
             in text)
     plain = "\n".join(chat_section({"chat_template": "/t/llama3.jinja", "chat_template_kwargs": None}))
     assert "the Jinja file `/t/llama3.jinja`, its variables at their defaults" in plain
+
+
+def test_the_docs_helper_prints_the_example_tasks_prompt(tmp_path):
+    # task-scores.md's call on its example: the example model's tokenizer (scripts/make-example-model's special
+    # tokens) and the template its sweep names give exactly the task's doc_to_text.
+    import yaml
+
+    from tests.model_folders import train_tokenizer
+    from tests.task_fixtures import CHAT_TEMPLATE
+
+    train_tokenizer(["the ball of anna is red."], vocab_size=270).save_pretrained(tmp_path / "tok")
+    task = yaml.safe_load((REPO / "docs/user/examples/facts/tasks/facts.yaml").read_text(encoding="utf-8"))
+    assert chat_prompt(str(tmp_path / "tok"), "{{question}}", chat_template=str(CHAT_TEMPLATE)) == task["doc_to_text"]
