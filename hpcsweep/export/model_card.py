@@ -42,7 +42,8 @@ class CardFacts:
     """The main dtype of the model weights written (``bfloat16``), None when only an adapter is."""
     chat: Mapping[str, Any] | None = None
     """A ``data=chat`` trial's rendering: ``chat_template`` (``data.chat_template``, None: the tokenizer's
-    own) and ``chat_template_kwargs`` (``data.chat_template_kwargs``); None for other data."""
+    own), ``chat_template_kwargs`` (``data.chat_template_kwargs``), and ``prompt`` (a user turn ``{{question}}``
+    rendered so) or ``prompt_missing`` (why not); None for other data."""
 
 
 _WHAT = {
@@ -99,7 +100,18 @@ def chat_section(chat: Mapping[str, Any]) -> list[str]:
         f"prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False{switches})",
         "```",
         "",
+        *_prompt_lines(chat),
     ]
+
+
+def _prompt_lines(chat: Mapping[str, Any]) -> list[str]:
+    if chat.get("prompt") is not None:
+        return ["A user turn `{{question}}` is then this text, which the answer follows directly "
+                "(`hpcsweep.train.chat_render.chat_prompt`; a task's `doc_to_text`):", "", "```text", chat["prompt"],
+                "```", ""]
+    if chat.get("prompt_missing"):
+        return [f"(A user turn's prompt could not be rendered where this was exported: {chat['prompt_missing']}.)", ""]
+    return []
 
 
 def model_card(facts: CardFacts, out: str) -> str:

@@ -80,6 +80,27 @@ def base_folder(identity: dict[str, Any], typed: str | None, trust_remote_code: 
     return BaseFolder(path, typed, tensors, export_dtypes.folder_dtype(config, tensors), remote)
 
 
+def chat_facts(data: Any, base_path: Path | None, remote_code: bool) -> dict[str, Any]:
+    """How a ``data=chat`` trial rendered its samples, for the card: ``data.chat_template``,
+    ``data.chat_template_kwargs``, and ``prompt``, a user turn ``{{question}}`` as the trial would be asked it
+    (``chat_prompt``), or ``prompt_missing`` saying why it cannot be rendered here."""
+    from hpcsweep.train.chat_render import chat_prompt
+    from hpcsweep.train.text_documents import CorpusError
+
+    facts: dict[str, Any] = {"chat_template": data.chat_template, "chat_template_kwargs": data.chat_template_kwargs}
+    folder = data.tokenizer or (None if base_path is None else str(base_path))
+    if folder is None:
+        facts["prompt_missing"] = "no tokenizer folder is recorded"
+        return facts
+    try:
+        facts["prompt"] = chat_prompt(folder, "{{question}}", chat_template=data.chat_template,
+                                      chat_template_kwargs=data.chat_template_kwargs, trust_remote_code=remote_code)
+    except (OSError, CorpusError) as err:
+        # Where the export runs, the tokenizer or template file the trial named may not be (a relative path).
+        facts["prompt_missing"] = str(err)
+    return facts
+
+
 def export_trial(source: ExportSource, sweep_dir: Path, out: Path, options: ExportOptions) -> list[str]:
     """Write ``source``'s checkpoint to ``out`` (absent or empty); return the names of the files written."""
     cfg = trial_config(source.trial.trial_dir)
@@ -108,8 +129,7 @@ def export_trial(source: ExportSource, sweep_dir: Path, out: Path, options: Expo
             base_model_path=base_name, model_config=dataclasses.asdict(cfg.model),
             code=_code_version(source.trial.trial_dir), files=[*files, CARD_FILE],
             trust_remote_code=base.remote_code, dtype=dtype,
-            chat=None if cfg.data.kind != "chat" else {"chat_template": cfg.data.chat_template,
-                                                      "chat_template_kwargs": cfg.data.chat_template_kwargs},
+            chat=None if cfg.data.kind != "chat" else chat_facts(cfg.data, base.path, base.remote_code),
         )
         (temp / CARD_FILE).write_text(model_card(facts, str(out)))
         if resolved.exists():

@@ -4,6 +4,7 @@ the export's model card; bad values stop the sweep on the login node."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 from pathlib import Path
@@ -16,6 +17,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from hpcsweep.config import CHAT_TEMPLATE_OWN_NAMES, trial_config_from_dict, trial_config_to_dict
 from hpcsweep.export.model_card import chat_section
+from hpcsweep.export.writer import chat_facts
 from hpcsweep.files.token_cache import MASK_NAME, chat_rendering, text_corpus
 from hpcsweep.files.token_file import read_token_header
 from hpcsweep.sweep.compose import SweepComposer
@@ -141,13 +143,20 @@ def test_the_switches_sweep_from_the_command_line_and_are_part_of_the_trial_iden
         "data.chat_template_kwargs={enable_thinking: false} (now {enable_thinking: true})"]
 
 
-def test_the_model_card_says_how_to_prompt_as_trained():
-    text = "\n".join(chat_section({"chat_template": None, "chat_template_kwargs": NO_THINKING}))
+def test_the_model_card_says_how_to_prompt_as_trained(tmp_path, qwen3):
+    data = trial_config_from_dict(composed(tmp_path, qwen3, chat_template_kwargs=NO_THINKING)).data
+    facts = chat_facts(data, None, False)
+    assert facts["prompt"] == chat_prompt(str(qwen3), "{{question}}", chat_template_kwargs=NO_THINKING)
+    text = "\n".join(chat_section(facts))
     assert 'the template variables `{"enable_thinking": false}`' in text
     assert ("apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=False)"
             in text)
-    plain = "\n".join(chat_section({"chat_template": "/t/llama3.jinja", "chat_template_kwargs": None}))
-    assert "the Jinja file `/t/llama3.jinja`, its variables at their defaults" in plain
+    assert "```text\n<|im_start|>user\n{{question}}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n\n```" in text
+    # Exported where the template file the trial named is not: the card says so, the export goes on.
+    elsewhere = dataclasses.replace(data, chat_template="/moved/llama3.jinja", chat_template_kwargs=None)
+    plain = "\n".join(chat_section(chat_facts(elsewhere, None, False)))
+    assert "the Jinja file `/moved/llama3.jinja`, its variables at their defaults" in plain
+    assert "(A user turn's prompt could not be rendered where this was exported: [Errno 2] No such file" in plain
 
 
 def test_the_docs_helper_prints_the_example_tasks_prompt(tmp_path):
