@@ -2,7 +2,8 @@
 
 Per MoE layer and overall: ``max_mean_load``, the most loaded expert's tokens over the mean expert's
 (1.0 is perfect balance; ``experts / top_k`` means every token went to the same ``top_k`` experts),
-``idle_fraction``, the share of experts that got no token, and ``aux_loss``, the balance loss. Overall, ``max_mean_load`` is the worst
+``idle_fraction``, the share of experts that got no token, and ``aux_loss``, the balance loss; per layer
+also ``loads``, each expert's tokens (what the collapse rule reads). Overall, ``max_mean_load`` is the worst
 layer's and ``idle_fraction`` is over every layer's experts together. The record is metrics.json's
 ``router``; ``tensorboard_scalars`` gives its ``moe/*`` scalars. ``hpcsweep.results.routing`` reads it.
 """
@@ -41,7 +42,7 @@ def window_stats(
     rank), ``layer_aux_loss`` each layer to its own balance loss (the window's mean; None: no forward)."""
     layers = {
         str(layer): {"max_mean_load": max_mean_load(counts), "idle_fraction": idle_fraction(counts),
-                     "tokens": int(sum(counts)),
+                     "tokens": int(sum(counts)), "loads": [int(c) for c in counts],
                      "aux_loss": None if layer_aux_loss is None else layer_aux_loss.get(layer)}
         for layer, counts in sorted(loads.items())
     }

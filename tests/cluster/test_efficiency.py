@@ -67,5 +67,5 @@ def test_report_efficiency_flags_the_moe_trial_whose_routing_collapsed(tmp_path,
     assert loads[collapsed] == 4.0 and all(load < 4.0 for num, load in loads.items() if num != collapsed), loads
     flagged = {int(m.group(1)): line for line in lines if (m := re.match(r"#(\d+): ", line))}
     assert list(flagged) == [collapsed], "\n".join(lines)
-    assert flagged[collapsed] == (f"#{collapsed}: routing collapsed: 75% of experts got no token, the most loaded "
-                                  "expert got 4.0x the mean")
+    assert flagged[collapsed] == (f"#{collapsed}: routing collapsed: layer 1: 6 of 8 experts got under 10% of the "
+                                  "mean load, the most loaded expert got 4.00x the mean (ceiling 4)")

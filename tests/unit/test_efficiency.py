@@ -15,6 +15,7 @@ from hpcsweep.results.efficiency import (
 )
 from hpcsweep.results.event_reader import ScalarSeries
 from hpcsweep.results.heatmap import heatmap_path, time_unit, utilisation_grid
+from hpcsweep.train import router_stats
 
 from .sweep_fixtures import make_sweep, metrics
 
@@ -289,16 +290,61 @@ def test_report_plot_writes_the_heatmap_beside_the_plot(efficiency_sweep, tmp_pa
 # ----- MoE routing ----------------------------------------------------------------------------------
 
 
-def router(max_mean_load: float, idle_fraction: float) -> dict:
-    """metrics.json's ``router`` (hpcsweep.train.router_stats), its overall figures."""
-    return {"max_mean_load": max_mean_load, "idle_fraction": idle_fraction, "aux_loss": 1.2, "layers": {}}
+# issue 38: a LoRA trial of an 8-expert top-2 DeepSeek-V3 folder routed one layer's tokens so, and the
+# old rule (max/mean >= 4.0, or half the experts idle over every layer) said nothing at max/mean 3.99.
+COLLAPSED = [0, 0, 1, 0, 2047, 0, 2047, 1]
+BASE = [374, 546, 260, 329, 398, 452, 1212, 525]
+"""The same layer in the base model."""
+
+
+def router(*layers: list[int], top_k: int = 2) -> dict:
+    """metrics.json's ``router`` of a window whose MoE layers 1, 2, ... got these tokens per expert."""
+    return router_stats.window_stats(dict(enumerate(layers, start=1)), top_k=top_k, aux_loss=1.2,
+                                     aux_loss_coef=0.0, bias_update_rate=0.0)
+
+
+def without_loads(record: dict) -> dict:
+    """``record`` as a trial from before the per-layer ``loads`` wrote it."""
+    layers = {n: {k: v for k, v in layer.items() if k != "loads"} for n, layer in record["layers"].items()}
+    return {**record, "layers": layers}
+
+
+def overall_only(max_mean_load: float, idle_fraction: float) -> dict:
+    """A record with no per-layer figures: its overall figures stand for one layer."""
+    return {"max_mean_load": max_mean_load, "idle_fraction": idle_fraction, "experts": 8, "top_k": 2, "layers": {}}
+
+
+ISSUE_38 = ("routing collapsed: layer 2: 6 of 8 experts got under 10% of the mean load, the most loaded expert "
+            "got 4.00x the mean (ceiling 4)")
 
 
 @pytest.mark.parametrize("record, flagged", [
-    (router(1.3, 0.0), None),
-    (router(3.9, 0.49), None),
-    (router(4.0, 0.0), "routing collapsed: the most loaded expert got 4.0x the mean"),
-    (router(2.0, 0.5), "routing collapsed: 50% of experts got no token"),
+    (router(BASE, COLLAPSED, BASE), ISSUE_38),
+    (router(BASE, BASE, BASE), None),
+    # Starving, not idle: 4 of 8 under a tenth of the mean, though each got tokens and max/mean is 1.95.
+    (router([40, 40, 40, 40, 1000, 1000, 1000, 936]), "routing collapsed: layer 1: 4 of 8 experts got under "
+                                                      "10% of the mean load"),
+    (router([60, 60, 60, 800, 800, 800, 800, 716]), None),  # 3 of 8 starve: uneven, not collapsed
+    # One expert chosen by 90% of the tokens (8 experts, top-2: max/mean 3.6 of a ceiling of 4), none starved.
+    (router([1844, 300, 300, 300, 300, 300, 300, 452]), "routing collapsed: layer 1: the most loaded expert got "
+                                                         "3.60x the mean (ceiling 4)"),
+    (router([1800, 300, 300, 300, 300, 300, 300, 496]), None),
+    # 4 experts, top-2 (the built-in model): a total collapse idles 2, half.
+    (router([1024, 1024, 0, 0]), "routing collapsed: layer 1: 2 of 4 experts got under 10% of the mean load, "
+                                 "the most loaded expert got 2.00x the mean (ceiling 2)"),
+    # 4 experts, top-3: a total collapse idles 1; a busy expert is no sign (each token picks 3 of 4).
+    (router([1024, 1024, 1024, 0], top_k=3), "routing collapsed: layer 1: 1 of 4 experts got under 10% of "
+                                             "the mean load"),
+    (router([1024, 1024, 700, 324], top_k=3), None),
+    # Records from before the per-layer loads: an idle expert starves.
+    (without_loads(router(BASE, [0, 0, 0, 0, 0, 0, 2048, 2048])), "routing collapsed: layer 2: 6 of 8 experts "
+                                                                  "got under 10% of the mean load, the most loaded "
+                                                                  "expert got 4.00x the mean (ceiling 4)"),
+    (without_loads(router(BASE, COLLAPSED)), "routing collapsed: layer 2: 4 of 8 experts got under 10% of the "
+                                             "mean load, the most loaded expert got 4.00x the mean (ceiling 4)"),
+    (overall_only(4.0, 0.0), "routing collapsed: the most loaded expert got 4.00x the mean (ceiling 4)"),
+    (overall_only(2.0, 0.5), "routing collapsed: 4 of 8 experts got under 10% of the mean load"),
+    (overall_only(3.5, 0.25), None),
     (None, None),
 ])
 def test_a_collapsed_router_is_flagged_on_the_trial_alone(record, flagged):

@@ -206,8 +206,9 @@ def test_under_lora_the_v3_bias_stays_and_the_aux_loss_reaches_the_adapters():
 def test_window_statistics_per_layer_and_overall():
     stats = router_stats.window_stats({1: [30, 10, 0, 0], 3: [10, 10, 10, 10]}, top_k=2, aux_loss=1.5,
                                       aux_loss_coef=0.001, bias_update_rate=0.0, layer_aux_loss={1: 0.9, 3: 0.6})
-    assert stats["layers"] == {"1": {"max_mean_load": 3.0, "idle_fraction": 0.5, "tokens": 40, "aux_loss": 0.9},
-                               "3": {"max_mean_load": 1.0, "idle_fraction": 0.0, "tokens": 40, "aux_loss": 0.6}}
+    assert stats["layers"] == {
+        "1": {"max_mean_load": 3.0, "idle_fraction": 0.5, "tokens": 40, "loads": [30, 10, 0, 0], "aux_loss": 0.9},
+        "3": {"max_mean_load": 1.0, "idle_fraction": 0.0, "tokens": 40, "loads": [10, 10, 10, 10], "aux_loss": 0.6}}
     assert (stats["max_mean_load"], stats["idle_fraction"], stats["experts"]) == (3.0, 0.25, 4)
     assert router_stats.tensorboard_scalars(stats) == {
         "moe/max_mean_load": 3.0, "moe/idle_fraction": 0.25, "moe/aux_loss": 1.5,
