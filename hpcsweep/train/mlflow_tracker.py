@@ -35,7 +35,9 @@ METRIC_BATCH = 1000
 FLUSH_EVERY_S = 15.0
 """Scalars are sent at most this often (and when the run ends or pauses): one store round trip costs
 tens of ms of CPU (SQLAlchemy, HTTP), which at every log window of a small model's fast steps was a
-6 % slowdown (``benchmarks/tracker_cost.py``). A trial killed outright loses at most this much."""
+6 % slowdown (``benchmarks/tracker_cost.py``). The sends run on the tracker's own thread
+(``hpcsweep.train.tracker_thread``), so a slow server holds up no step. A trial killed outright loses at
+most this much."""
 PARAM_LENGTH = 6000
 """MLflow's longest param value (``MAX_PARAM_VAL_LENGTH``); longer values are cut."""
 FINAL_STATUS = {"failed": "FAILED", "running": "KILLED"}
@@ -103,10 +105,12 @@ class MlflowLogger(Logger):
             self.flush()
 
     def flush(self) -> None:
-        """Send the scalars logged since the last flush."""
-        pending, self.pending, self.flushed_at = self.pending, [], time.monotonic()
+        """Send the scalars logged since the last flush (on the tracker's thread: ``tracker_thread``)."""
+        pending, self.pending = self.pending, []
         for start in range(0, len(pending), METRIC_BATCH):
             self.client.log_batch(self.run_id, metrics=pending[start : start + METRIC_BATCH], synchronous=True)
+        # From the end of the send: behind a slow server, the scalars queued meanwhile go in one batch.
+        self.flushed_at = time.monotonic()
 
     def finish(self, status: str, summary: Mapping[str, Any]) -> None:
         from mlflow.entities import Metric, RunTag

@@ -4,7 +4,10 @@ Compute nodes often reach no internet, so on a Slurm node the run is offline by 
 (``logging.wandb.mode=auto``): wandb writes it under the trial dir (``TRIAL_DIR/wandb/offline-run-*``)
 and ``python -m hpcsweep.status``/``report`` print the one ``wandb sync`` command that uploads the
 whole sweep from a login node. Runs of a sweep share a W&B group (the sweep dir). The run id is kept
-in the trial dir, so a requeued trial continues its run (``resume="allow"``).
+in the trial dir, so a requeued trial continues its run (``resume="allow"``). ``wandb.init`` runs on the
+trial's thread; ``log`` and ``finish`` on the tracker's own (``hpcsweep.train.tracker_thread``): a
+``finish`` that waits on an unreachable online server (90 s and more) costs the trial
+``trackers.FINISH_WAIT_S`` at most.
 """
 
 from __future__ import annotations

@@ -180,3 +180,160 @@ def test_a_local_sweep_with_no_network_writes_offline_wandb_runs_and_survives_a_
     assert report.returncode == 0, report.stderr
     assert (f"W&B runs offline: upload them from a login node with: wandb sync --include-offline "
             f"{sweep_dir}/*/wandb/offline-run-*") in report.stderr
+
+
+class SlowProxy:
+    """A TCP proxy on a loopback port that holds each answer ``delay_s`` before passing it on (holding the
+    request instead would trip uvicorn's 5 s keep-alive timeout on a pooled connection)."""
+
+    def __init__(self, target_port: int, delay_s: float) -> None:
+        import threading
+
+        self.target_port, self.delay_s = target_port, delay_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the server has gone at the test's end
+                client.close()
+                continue
+            last = {"from": "server"}  # a server chunk after the client spoke starts an answer
+            threading.Thread(target=self._pump, args=(client, server, "client", last), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, "server", last), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, side: str, last: dict) -> None:
+        import time
+
+        try:
+            while data := source.recv(65536):
+                if side == "server" and last["from"] == "client":
+                    time.sleep(self.delay_s)
+                last["from"] = side
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real ``mlflow server`` on a loopback port; its port."""
+    import urllib.request
+
+    port = closed_port()
+    server = subprocess.Popen(
+        [shutil.which("mlflow") or "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import time
+
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start in 120 s"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_an_mlflow_server_that_answers_after_5_s_costs_a_step_nothing_and_the_end_its_bounded_wait(
+        tmp_path, mlflow_server, monkeypatch):
+    import statistics
+    import time
+
+    import mlflow  # noqa: F401 - imported before the timing, as a trial has long before its steps
+    import torch
+    from mlflow import MlflowClient
+
+    from hpcsweep.train import mlflow_tracker, trackers
+
+    # A flush at almost every step: synchronous, each would hold the step 5 s.
+    monkeypatch.setattr(mlflow_tracker, "FLUSH_EVERY_S", 0.3)
+    proxy = SlowProxy(mlflow_server, delay_s=5.0)
+    uri = f"http://127.0.0.1:{proxy.port}"
+    trial_dir = make_trial_dir(tmp_path, 0, ["model.lr=1e-3"])
+    slow = build_loggers(LoggingConfig(backends=["tensorboard", "mlflow"], mlflow=MlflowConfig(tracking_uri=uri)),
+                         rank=0, world_size=1, tb_dir=trial_dir / "tb", trial_dir=trial_dir, nodes=["node1"], env={})
+    plain_dir = make_trial_dir(tmp_path / "plain", 0, [])
+    plain = build_loggers(LoggingConfig(backends=["tensorboard"]), rank=0, world_size=1, tb_dir=plain_dir / "tb",
+                          trial_dir=plain_dir, nodes=["node1"], env={})
+    # Its start (4 round trips: 20 s here) overlaps the model's load and first steps in a trial; here it is
+    # waited for, so that the end's sends fit the bounded wait and can be checked on the server.
+    deadline = time.monotonic() + 90
+    while not slow.active["mlflow"].started:
+        assert slow.active["mlflow"].error is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    torch.set_num_threads(1)
+    weights = torch.randn(256, 256)
+    times: dict[str, list[float]] = {"plain": [], "slow": []}
+    step = 0
+    for _ in range(4):  # the contenders alternate, 15 steps each a round
+        for name, loggers in (("plain", plain), ("slow", slow)):
+            for _ in range(15):
+                step += 1
+                start = time.perf_counter()
+                x = weights
+                for _ in range(40):
+                    x = torch.tanh(x @ weights)
+                loggers.log({"train/loss": float(x.mean()), "perf/mfu": None}, step)
+                times[name].append(time.perf_counter() - start)
+    ratio = statistics.median(times["slow"][15:]) / statistics.median(times["plain"][15:])
+    assert ratio <= 1.05, (ratio, times)
+    plain.finish("completed", {"step": step})
+    plain.close()
+    ended = time.monotonic()
+    slow.finish("completed", {"step": step, "best_val_loss": 0.5})
+    fields = slow.report_fields()
+    slow.close()
+    assert time.monotonic() - ended <= trackers.FINISH_WAIT_S + 2
+    # Behind the slow server every scalar arrived, and the run ended, within the wait.
+    record = fields["trackers"]["mlflow"]
+    assert record["status"] == "ok", record
+    client = MlflowClient(tracking_uri=f"http://127.0.0.1:{mlflow_server}")
+    run = client.get_run(record["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["hpcsweep.status"] == "completed"
+    assert len(client.get_metric_history(record["run_id"], "train/loss")) == 60  # the slow contender's steps
+
+
+def test_a_tracker_that_never_answers_costs_the_end_of_a_trial_the_bounded_wait_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from hpcsweep.train import trackers
+    from hpcsweep.train.metrics import Logger
+
+    class Stuck(Logger):
+        def finish(self, status, summary):
+            threading.Event().wait()  # a server that never answers
+
+    monkeypatch.setattr(trackers, "FINISH_WAIT_S", 1.0)
+    trial_dir = make_trial_dir(tmp_path, 0, [])
+    loggers = trackers.Trackers(trial_dir, None, {"stuck": Stuck})
+    loggers.log({"train/loss": 1.0}, 1)
+    start = time.monotonic()
+    loggers.finish("completed", {"step": 1})
+    loggers.close()
+    assert time.monotonic() - start < 1.9
+    assert loggers.report_fields()["trackers"]["stuck"]["status"] == "failed"
+    assert "had not ended 1 s after the trial's end" in loggers.report_fields()["trackers"]["stuck"]["error"]
