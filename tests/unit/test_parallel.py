@@ -166,3 +166,30 @@ def test_local_sgd_state_holds_this_ranks_own_model_and_optimizer(one_rank_group
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), own_model.parameters()))
     moments = [optimizer.state[p]["exp_avg_sq"] for p in model.parameters()]
     assert all(torch.equal(a, own_optimizer.state[p]["exp_avg_sq"]) for a, p in zip(moments, own_model.parameters()))
+
+
+def test_an_fsdp_step_whose_head_takes_the_loss_is_quiet_and_trains(one_rank_group):
+    """FSDP2 warns that the root returned a view (the head's stand-in for the logits): a false alarm
+    (parallel.quiet_root_view_warning), silenced for the root alone."""
+    import warnings
+
+    from hpcsweep.train import head_loss
+    from hpcsweep.train.distributed import WorldInfo
+
+    model = build_model(ModelConfig(arch="llama"), seed=0)
+    taking = head_loss.attach(model, "torch", 0, "cpu")
+    assert taking is not None
+    inputs = torch.randint(0, model.config.vocab_size, (2, 8))
+    world = WorldInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net = parallel.wrap_model(model, world, "fsdp", TrainerConfig(parallel="fsdp"), facts=CPU,
+                                  precision="fp32", find_unused_parameters=False)
+        with taking.taking(inputs) as taken:
+            net(input_ids=inputs)
+        taken.loss.backward()
+        # A decoder layer's view is not silenced: only the root's stand-in is known to be harmless.
+        warnings.warn(f"FSDP2-wrapped module ({type(model.model.layers[0]).__name__}) returned a view tensor.")
+    assert [str(w.message) for w in caught] == [
+        f"FSDP2-wrapped module ({type(model.model.layers[0]).__name__}) returned a view tensor."]
+    assert model.lm_head.weight.grad is not None and model.model.layers[0].mlp.up_proj.weight.grad is not None

@@ -183,6 +183,27 @@ def test_a_stalling_task_score_stops_the_trial_offline_and_training_is_unchanged
     assert plain["weights_sha256"] == stalled["weights_sha256"]
 
 
+def test_task_runs_log_no_lm_eval_warning_and_leave_its_logger_as_it_was(fact_files, caplog, monkeypatch):
+    """lm-eval warns at each HFLM built around a model in memory ("`pretrained` model kwarg is not of
+    type `str`", 14 times in a sweep's task runs): a trial that scores right logs none of it."""
+    import logging
+
+    from hpcsweep.config import TasksConfig
+    from hpcsweep.train.task_scores import TaskScorer
+    from transformers import AutoModelForCausalLM
+
+    model_dir, _, task_dir, _ = fact_files
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    scorer = TaskScorer(TasksConfig(names=[TASK], include_path=str(task_dir)), str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    before = logging.getLogger("lm_eval").level
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            assert set(scorer.score(model)) == {TASK}
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")] == []
+    assert logging.getLogger("lm_eval").level == before
+
+
 def task_sweep(sweep_dir: Path) -> None:
     make_sweep(sweep_dir, [
         (["model.lr=1e-4"], metrics("completed", best=2.0, val_accuracy=0.30, tasks={TASK: {"acc": 0.25}})),
