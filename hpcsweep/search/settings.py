@@ -45,6 +45,9 @@ class SearchSettings:
     grace_period_s: int = 300
     warm_start: tuple[str, ...] = ()
     """Earlier sweep dirs whose finished trials seed the study when it is created (``hpcsweep.search.warm_start``)."""
+    pruner_startup_trials: int | None = None
+    """The median pruner's start-up where the sweeper lowered it (:func:`with_pruner_startup`), not a
+    ``hydra.sweeper`` key; None: ``n_startup_trials``, as the sampler's."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "warm_start", _sweep_dirs(self.warm_start))
@@ -72,6 +75,11 @@ class SearchSettings:
             )
         if not self.objective:
             raise ValueError("hydra.sweeper.objective='' is not allowed: a metrics.json key such as best_val_loss")
+        if self.pruner != "none" and self.n_trials == 1 and not self.warm_start:
+            raise ValueError(
+                f"hydra.sweeper.pruner={self.pruner} is not allowed with n_trials=1: a pruner stops a trial "
+                "by the trials beside it, and one trial has none; set pruner=none, more n_trials or warm_start"
+            )
 
 
 def _sweep_dirs(value: Any) -> tuple[str, ...]:
@@ -107,6 +115,22 @@ def with_trial_steps(settings: SearchSettings, steps: Sequence[tuple[int, int]])
     if settings.pruner == "sha" and settings.min_resource is None:
         return replace(settings, min_resource=first)
     return settings
+
+
+def median_startup(settings: SearchSettings) -> int:
+    """The trials that must complete before the median pruner prunes (warm-start trials count)."""
+    return settings.n_startup_trials if settings.pruner_startup_trials is None else settings.pruner_startup_trials
+
+
+def with_pruner_startup(settings: SearchSettings) -> SearchSettings:
+    """``settings`` with the median pruner's start-up lowered where ``n_startup_trials`` leaves it no
+    trial to prune: Optuna's median pruner acts once that many trials have completed, so at 5 (the
+    default) a search of 4 trials never prunes. Lowered to a quarter of ``n_trials`` (at least 1), for
+    the pruner alone: TPE and CMA-ES keep ``n_startup_trials`` random trials. Finished ``warm_start``
+    trials count towards the start-up too, so lowering it there changes nothing they already pass."""
+    if settings.pruner != "median" or settings.n_startup_trials < settings.n_trials:
+        return settings
+    return replace(settings, pruner_startup_trials=max(1, settings.n_trials // 4))
 
 
 def settings_from_mapping(raw: Mapping[str, Any]) -> SearchSettings:

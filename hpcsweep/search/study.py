@@ -32,7 +32,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from hpcsweep.files.metric_keys import metric_value
-from hpcsweep.search.settings import STUDY_NAME, SearchFiles, SearchSettings
+from hpcsweep.search.settings import STUDY_NAME, SearchFiles, SearchSettings, median_startup
 from hpcsweep.search.space import Dimension, SearchSpace
 from hpcsweep.search.warm_start import SeedTrial
 
@@ -145,7 +145,7 @@ def build_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
     """The pruner; every process builds the same one from the same settings."""
     if settings.pruner == "median":
         return optuna.pruners.MedianPruner(
-            n_startup_trials=settings.n_startup_trials, n_warmup_steps=settings.n_warmup_steps
+            n_startup_trials=median_startup(settings), n_warmup_steps=settings.n_warmup_steps
         )
     if settings.pruner == "sha":
         return optuna.pruners.SuccessiveHalvingPruner(

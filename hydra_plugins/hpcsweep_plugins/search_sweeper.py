@@ -50,6 +50,7 @@ class SearchSweeper(Sweeper):
             SearchPlan,
             read_plan,
             settings_from_mapping,
+            with_pruner_startup,
             with_trial_steps,
             write_plan,
         )
@@ -63,7 +64,7 @@ class SearchSweeper(Sweeper):
         try:
             asked = settings_from_mapping(self.conf)
             space = parse_space([*params, *arguments])
-            settings = with_trial_steps(asked, check_space(self, asked, space))
+            settings = with_pruner_startup(with_trial_steps(asked, check_space(self, asked, space)))
             plan = same_search(read_plan(files), SearchPlan(asked, space), SearchPlan(settings, space))
             settings = plan.settings
             # A study is seeded once, when it is created: a rerun resumes it without its earlier sweeps.
@@ -97,7 +98,9 @@ class SearchSweeper(Sweeper):
 
 
 def pruner_summary(settings: Any) -> str:
-    """The pruner and its rungs, for the submit's log line."""
+    """The pruner and its rungs, or when the median pruner starts, for the submit's log line."""
+    if settings.pruner == "median":
+        return f"median ({median_start(settings)})"
     if settings.pruner == "hyperband":
         rungs = f"from step {settings.min_resource or 1} to {settings.max_resource or 'the first finished trial'}"
     elif settings.pruner == "sha":
@@ -105,6 +108,22 @@ def pruner_summary(settings: Any) -> str:
     else:
         return settings.pruner
     return f"{settings.pruner} (rungs {rungs}, reduction factor {settings.reduction_factor})"
+
+
+def median_start(settings: Any) -> str:
+    """After how many trials the median pruner prunes, and from which step."""
+    from hpcsweep.search.settings import median_startup
+
+    startup = median_startup(settings)
+    said = f"prunes once {startup} trial{'s have' if startup != 1 else ' has'} completed"
+    if settings.pruner_startup_trials is not None:
+        said += (f": n_startup_trials={settings.n_startup_trials} lowered to {startup} for the pruner, as "
+                 f"{settings.n_trials} trials would leave it none to prune")
+    else:
+        said += f" (n_startup_trials={startup})"
+    if settings.warm_start:
+        said += ", warm-start trials included"
+    return said + (f", after step {settings.n_warmup_steps}" if settings.n_warmup_steps else "")
 
 
 def same_search(before: Any, asked: Any, plan: Any) -> Any:

@@ -186,3 +186,29 @@ def test_the_history_panel_marks_pruned_trials_and_draws_the_best_so_far(search)
     (best_line,) = ax.lines
     assert list(best_line.get_ydata()) == [3.0, 2.0]
     plt.close(fig)
+
+
+def test_a_median_pruner_that_could_never_prune_within_n_trials_starts_lower_and_says_when():
+    """Optuna's median pruner acts once n_startup_trials trials completed: 5 (the default) of a search
+    of 4 trials never prunes. Its start-up is lowered (the pruner's only; TPE keeps its random start)."""
+    from hpcsweep.search.settings import median_startup, with_pruner_startup
+    from hpcsweep.search.study import build_pruner
+    from hydra_plugins.hpcsweep_plugins.search_sweeper import pruner_summary
+
+    lowered = with_pruner_startup(SearchSettings(n_trials=4, pruner="median"))
+    assert (median_startup(lowered), lowered.n_startup_trials) == (1, 5)
+    assert build_pruner(lowered)._n_startup_trials == 1
+    assert pruner_summary(lowered) == ("median (prunes once 1 trial has completed: n_startup_trials=5 lowered to 1 "
+                                       "for the pruner, as 4 trials would leave it none to prune)")
+    assert median_startup(with_pruner_startup(SearchSettings(n_trials=16, pruner="median", n_startup_trials=20))) == 4
+    kept = with_pruner_startup(SearchSettings(n_trials=16, pruner="median", n_warmup_steps=10))
+    assert kept.pruner_startup_trials is None and build_pruner(kept)._n_startup_trials == 5
+    assert pruner_summary(kept) == "median (prunes once 5 trials have completed (n_startup_trials=5), after step 10)"
+    assert with_pruner_startup(SearchSettings(n_trials=4, pruner="hyperband")).pruner_startup_trials is None
+
+
+@pytest.mark.parametrize("pruner", ["median", "sha", "hyperband"])
+def test_a_pruner_with_one_trial_and_nothing_to_compare_is_refused_naming_the_keys(pruner):
+    with pytest.raises(ValueError, match=f"hydra.sweeper.pruner={pruner} is not allowed with n_trials=1"):
+        SearchSettings(n_trials=1, pruner=pruner)
+    assert SearchSettings(n_trials=1, pruner=pruner, warm_start=("/earlier/sweep",)).n_trials == 1

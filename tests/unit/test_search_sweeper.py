@@ -34,6 +34,8 @@ def run(args, cwd):
          "search space: trainer.warmup_steps=-5 is not allowed: an integer >= 0"),
         (["model.dropout=interval(0.0, 1.0)"], "search space: model.dropout=1.0 is not allowed: 0 <= dropout < 1"),
         (["model.lr=interval(1e-3, 2e-3)", "hydra.sweeper.pruner=asha"], "hydra.sweeper.pruner='asha' is not allowed"),
+        (["model.lr=interval(1e-3, 2e-3)", "hydra.sweeper.pruner=median", "hydra.sweeper.n_trials=1"],
+         "hydra.sweeper.pruner=median is not allowed with n_trials=1"),
     ],
 )
 def test_a_bad_search_stops_with_one_line_and_runs_nothing(tmp_path, space, message):
@@ -56,9 +58,12 @@ def load_study(sweep_dir: Path):
 
 def test_a_local_search_runs_its_trials_in_turn_prunes_and_resumes(tmp_path):
     space = ["model.lr=tag(log, interval(1e-4, 3e-2))", "trainer.warmup_steps=choice(1, 2)"]
-    settings = ["hydra.sweeper.n_trials=4", "hydra.sweeper.pruner=median", "hydra.sweeper.n_startup_trials=1"]
+    # n_startup_trials stays at its 5, which 4 trials never pass: the median pruner's start-up is lowered, and said.
+    settings = ["hydra.sweeper.n_trials=4", "hydra.sweeper.pruner=median"]
     result = run([*SEARCH, *space, *settings, *TINY], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert ("pruner median (prunes once 1 trial has completed: n_startup_trials=5 lowered to 1 for the pruner, as 4 "
+            "trials would leave it none to prune)") in result.stdout + result.stderr
     (sweep_dir,) = [p.parent for p in tmp_path.glob("multirun/*/*/sweep.json")]
 
     study = load_study(sweep_dir)
