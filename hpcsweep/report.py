@@ -1,6 +1,7 @@
 """``python -m hpcsweep.report SWEEP_DIR``: one table of a sweep's trials, best first.
 
-Rows are sorted by ``--metric`` (default ``best_val_loss``, ascending), or best first by ``--sort KEY``,
+Rows are sorted by ``--metric`` (default: a search's objective, best first, else ``best_val_loss``, ascending),
+or best first by ``--sort KEY``,
 which also takes ``val_accuracy`` and task scores ``tasks.NAME.METRIC`` (largest first, as for
 accuracies; ``--ascending`` turns it); failed trials come last, each with the line that says why.
 ``val_acc`` and one column per task score show what each trial measured last. ``mean tok/s`` is the throughput over the whole run, every
@@ -8,8 +9,8 @@ attempt of a resumed trial included, from the trial's TensorBoard events. ``GB(p
 memory plan's tensors per GPU against the peak rank 0 measured (``docs/user/memory-plan.md``). ``GPU-h`` is the
 GPU-hours the trial's allocations held and ``own GPU-h`` its own compute share; the line under the
 table gives the sweep's total, the figure ``status`` and the budget count (``hpcsweep.results.gpu_hours``). ``--csv``,
-``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the
-metric against each swept parameter plus the validation-loss curves of the best trials; ``--plot
+``--markdown`` and ``--plot`` give the same data as a file, a Markdown table, and a PNG of the sort
+key against each swept parameter (every trial, pruned ones marked) plus its curves for the best trials; ``--plot
 FILE.png`` also writes ``FILE-heatmap.png``, utilisation by trial over time. ``--efficiency`` shows
 instead how each trial used its hardware and which trials are the outliers
 (``hpcsweep.results.efficiency``); ``--markdown`` ends with that as a section. Works on
@@ -35,7 +36,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import hours_text
 from hpcsweep.results.efficiency_table import efficiency_cells, hours_word, sweep_outliers
 from hpcsweep.results.failure import unexplained_failure
-from hpcsweep.results.search_report import best_trial_text, load_search_summary, plot_history
+from hpcsweep.results.search_report import SearchSummary, best_trial_text, load_search_summary, plot_history
 from hpcsweep.results.table import METRICS, TrialRow, higher_is_better, load_sweep, memory_text, sort_keys, sort_rows, swept_keys
 from hpcsweep.results.wandb_sync import sync_line
 from hpcsweep.slurm.usage import Usage
@@ -199,10 +200,22 @@ def export_line(sweep_dir: Path, rows: Sequence[TrialRow], num: int | None = Non
     return f"export trial #{row.num} in Hugging Face format: {shlex.join(command)}"
 
 
+def sort_order(args: argparse.Namespace, search: SearchSummary | None, keys: Sequence[str]) -> tuple[str, bool]:
+    """The key the table is sorted by and ``--plot`` draws, and whether largest first: ``--sort`` (best
+    first), else ``--metric``, else a search's objective in its direction (where the rows hold it), else
+    ``best_val_loss``."""
+    if args.sort is not None:
+        return args.sort, args.descending or (higher_is_better(args.sort) and not args.ascending)
+    if args.metric is None and search is not None and search.objective in keys:
+        return search.objective, search.direction == "maximize"
+    return args.metric or "best_val_loss", args.descending
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hpcsweep.report", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="the sweep's multirun dir (holds sweep.json)")
-    parser.add_argument("--metric", default="best_val_loss", choices=METRICS, help="sort key (default: %(default)s)")
+    parser.add_argument("--metric", choices=METRICS,
+                        help="sort key (default: a search's objective, else best_val_loss)")
     parser.add_argument("--sort", metavar="KEY",
                         help="best first by KEY: a --metric, val_accuracy, or a task score tasks.NAME.METRIC "
                              "(accuracies and task scores largest first)")
@@ -212,7 +225,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table instead of text")
     parser.add_argument("--efficiency", action="store_true",
                         help="show how each trial used its hardware, and the outliers, instead of the results table")
-    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also plot the metric per parameter and curves")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png",
+                        help="also plot the sort key (--sort, --metric or a search's objective) per parameter, "
+                             "and its curves")
     parser.add_argument("--top", type=int, default=5, help="validation-loss curves of this many best trials")
     args = parser.parse_args(argv)
     if args.top < 1:
@@ -233,15 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sort is not None and args.sort not in sort_keys(sweep.rows):
         print(f"--sort {args.sort} is not allowed: one of {', '.join(sort_keys(sweep.rows))}", file=sys.stderr)
         return 2
-    if args.sort is not None:
-        descending = args.descending or (higher_is_better(args.sort) and not args.ascending)
-        rows = sort_rows(sweep.rows, args.sort, descending)
-    else:
-        rows = sort_rows(sweep.rows, args.metric, args.descending)
+    search = load_search_summary(args.sweep_dir)
+    metric, descending = sort_order(args, search, sort_keys(sweep.rows))
+    rows = sort_rows(sweep.rows, metric, descending)
     keys = swept_keys(rows)
     hours = hours_word(rows, local=sweep.record.launcher != "slurm")
     total = total_line(sweep.usage, rows, hours)
-    search = load_search_summary(args.sweep_dir)
     if args.efficiency:
         sys.stdout.write(render_efficiency_markdown(rows, keys, hours) if args.markdown
                          else render_efficiency_text(rows, total, keys, hours))
@@ -265,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hpcsweep.results.plot import plot_sweep  # matplotlib is slow to import
 
         history = [functools.partial(plot_history, summary=search)] if search is not None else []
-        plot_sweep(rows, sweep.scalars, keys, args.metric, args.top, args.plot, history)
+        plot_sweep(rows, sweep.scalars, keys, metric, args.top, args.plot, history)
         from hpcsweep.results.heatmap import heatmap_path, plot_heatmap
 
         heatmap = heatmap_path(args.plot)

@@ -175,6 +175,51 @@ def test_figure_uses_a_log_axis_for_a_learning_rate_and_counts_the_curves_it_dra
     plt.close("all")
 
 
+def test_the_figure_plots_a_task_score_for_every_trial_pruned_ones_marked_and_its_curves():
+    """A search that maximised a task score: its panels show that score (not best_val_loss), pruned
+    trials included and marked, and the curves are the score's own (tasks/NAME/METRIC)."""
+    rows = [
+        TrialRow(num=1, overrides={"model.lr": "1e-3"}, status="completed", best_val_loss=2.5,
+                 task_scores={"tasks.capitals.acc": 0.875}),
+        TrialRow(num=0, overrides={"model.lr": "1e-4"}, status="completed", best_val_loss=2.0,
+                 task_scores={"tasks.capitals.acc": 0.25}),
+        TrialRow(num=2, overrides={"model.lr": "1e-2"}, status="pruned", best_val_loss=None,
+                 task_scores={"tasks.capitals.acc": 0.5}),
+    ]
+    scalars = {i: {"tasks/capitals/acc": ScalarSeries(steps=[10, 20], wall_times=[0.0, 1.0], values=[0.25, 0.5]),
+                   "val/loss": ScalarSeries(steps=[10, 20], wall_times=[0.0, 1.0], values=[3.0, 2.0])}
+               for i in range(3)}
+    fig = sweep_figure(rows, scalars, ["model.lr"], "tasks.capitals.acc", top=2)
+    lr_axis, curves = fig.axes
+    trials, pruned = lr_axis.collections
+    assert trials.get_offsets().tolist() == [[1e-3, 0.875], [1e-4, 0.25]]
+    assert pruned.get_offsets().tolist() == [[1e-2, 0.5]]
+    assert lr_axis.get_ylabel() == "tasks.capitals.acc"
+    assert [t.get_text() for t in lr_axis.get_legend().get_texts()] == ["trial", "pruned (value when pruned)"]
+    assert curves.get_title() == "top 2 by tasks.capitals.acc" and curves.get_ylabel() == "tasks/capitals/acc"
+    assert [list(line.get_ydata()) for line in curves.lines] == [[0.25, 0.5], [0.25, 0.5]]
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], ("tasks.capitals.acc", True)),  # the search's objective, in its direction
+        (["--sort", "best_val_loss"], ("best_val_loss", False)),
+        (["--metric", "val_loss"], ("val_loss", False)),
+    ],
+)
+def test_a_search_report_sorts_and_plots_by_its_objective_unless_told_otherwise(argv, expected):
+    from hpcsweep.results.search_report import SearchSummary
+
+    search = SearchSummary("tasks.capitals.acc", "maximize", [], None, {})
+    keys = ["best_val_loss", "val_loss", "tasks.capitals.acc"]
+    assert report.sort_order(report.parse_args(["sweep", *argv]), search, keys) == expected
+    assert report.sort_order(report.parse_args(["sweep"]), None, keys) == ("best_val_loss", False)
+
+
 def test_top_must_be_positive(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main([str(tmp_path), "--top", "0"])
