@@ -254,6 +254,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = swept_keys(rows)
     hours = hours_word(rows, local=sweep.record.launcher != "slurm")
     total = total_line(sweep.usage, rows, hours)
+    # Files first: a reader that stops early (| head) leaves them written.
+    if args.csv:
+        every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
+        args.csv.write_text(render_csv(rows, every_key))
+    if args.plot:
+        from hpcsweep.results.plot import plot_sweep  # matplotlib is slow to import
+
+        history = [functools.partial(plot_history, summary=search)] if search is not None else []
+        plot_sweep(rows, sweep.scalars, keys, metric, args.top, args.plot, history)
+        from hpcsweep.results.heatmap import heatmap_path, plot_heatmap
+
+        heatmap = heatmap_path(args.plot)
+        if plot_heatmap(sweep.scalars, heatmap):
+            print(f"utilisation heat map: {heatmap}", file=sys.stderr)
+        elif args.efficiency:  # the heat map is the efficiency view's; the results plot alone does not miss it
+            print("no utilisation heat map: no trial has sys/gpu*/util or sys/cpu/util scalars", file=sys.stderr)
     if args.efficiency:
         sys.stdout.write(render_efficiency_markdown(rows, keys, hours) if args.markdown
                          else render_efficiency_text(rows, total, keys, hours))
@@ -270,23 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sync = sync_line(args.sweep_dir)
     if sync:
         print(sync, file=sys.stderr)
-    if args.csv:
-        every_key = list(dict.fromkeys(k for row in rows for k in row.overrides))
-        args.csv.write_text(render_csv(rows, every_key))
-    if args.plot:
-        from hpcsweep.results.plot import plot_sweep  # matplotlib is slow to import
-
-        history = [functools.partial(plot_history, summary=search)] if search is not None else []
-        plot_sweep(rows, sweep.scalars, keys, metric, args.top, args.plot, history)
-        from hpcsweep.results.heatmap import heatmap_path, plot_heatmap
-
-        heatmap = heatmap_path(args.plot)
-        if plot_heatmap(sweep.scalars, heatmap):
-            print(f"utilisation heat map: {heatmap}", file=sys.stderr)
-        elif args.efficiency:  # the heat map is the efficiency view's; the results plot alone does not miss it
-            print("no utilisation heat map: no trial has sys/gpu*/util or sys/cpu/util scalars", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpcsweep.results.closed_pipe import exit_code
+
+    sys.exit(exit_code(main))

@@ -101,5 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpcsweep.results.closed_pipe import exit_code
+
+    sys.exit(exit_code(main))
 

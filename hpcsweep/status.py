@@ -383,4 +383,6 @@ def show(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpcsweep.results.closed_pipe import exit_code
+
+    sys.exit(exit_code(main))

@@ -258,3 +258,24 @@ def test_report_shows_the_memory_plan_against_the_measured_peak(tmp_path, capsys
     header, first, second = capsys.readouterr().out.splitlines()[:3]
     assert header.split()[-1] == "GB(plan/peak)"
     assert first.split()[-1] == "18.5/16.2" and second.split()[-1] == "-"
+
+
+@pytest.mark.parametrize("command", ["hpcsweep.report", "hpcsweep.status"])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly_with_its_files_written(tmp_path, command):
+    """``report ... --markdown --csv report.csv | head -5`` ended in BrokenPipeError with no report.csv."""
+    import os
+    import subprocess
+    import sys
+
+    make_sweep(tmp_path / "sweep", [([f"model.lr={lr}"], metrics("completed", best=2.0 + i))
+                                    for i, lr in enumerate(["1e-4", "3e-4", "1e-3"])])
+    extra = ["--markdown", "--csv", str(tmp_path / "report.csv")] if command == "hpcsweep.report" else []
+    env = {**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf"}
+    proc = subprocess.Popen([sys.executable, "-m", command, str(tmp_path / "sweep"), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader is gone before the first line: every write meets a closed pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert b"BrokenPipeError" not in err and b"Traceback" not in err
+    if extra:
+        assert len((tmp_path / "report.csv").read_text().splitlines()) == 4
