@@ -19,7 +19,8 @@ routing code is copied and the model is asked for nothing when it is dense.
   over every rank in one all_reduce, move each bias by ``rate x sign(mean load - load)``, as the
   paper's equation and torchtitan's pre-step hook do (torchtitan also centres the update; the paper
   does not, nor do we). The bias is a persistent buffer, so it is in every checkpoint. Under LoRA the
-  update is off: an adapter export cannot carry a changed base buffer.
+  update is off: an adapter export cannot carry a changed base buffer; the aux loss stands in for it,
+  on by default (``LORA_BIAS_ROUTER_AUX_LOSS_COEF`` for a null ``model.moe.aux_loss_coef``).
 - **Router statistics** of each log window (``hpcsweep.train.router_stats``); for a model whose own
   code routes, from its gates alone (``hpcsweep.train.own_gate_stats``).
 """
@@ -95,12 +96,23 @@ def aux_loss_family(config: Any) -> str:
     return "switch" if hasattr(config, "router_aux_loss_coef") else "deepseek"
 
 
-def effective_aux_loss_coef(cfg: ModelConfig, config: Any) -> float:
-    """``model.moe.aux_loss_coef``, or with null the folder's own coefficient (none there: 0, off)."""
+LORA_BIAS_ROUTER_AUX_LOSS_COEF = 0.3
+"""The aux loss coefficient that null means under LoRA for a router with DeepSeek-V3's bias, whose update
+is then off (docs/user/moe.md, "Under LoRA": on a LoRA trial of an 8-expert V3 folder 0.001 and 0.01
+left it collapsed, 0.1 peaked just under the collapse rule, 0.3 at half the ceiling)."""
+
+
+def effective_aux_loss_coef(cfg: ModelConfig, config: Any, *, bias_router: bool = False) -> float:
+    """``model.moe.aux_loss_coef``, or with null the folder's own coefficient (none there: 0, off).
+
+    Under LoRA a ``bias_router`` (DeepSeek-V3's, whose bias update is then off) gets at least
+    ``LORA_BIAS_ROUTER_AUX_LOSS_COEF`` for null: the aux loss is then its only balance."""
     if cfg.moe.aux_loss_coef is not None:
         return cfg.moe.aux_loss_coef
     own = getattr(config, "router_aux_loss_coef", None) if aux_loss_family(config) == "switch" else getattr(
         config, "aux_loss_alpha", None)
+    if bias_router and cfg.peft != "none":
+        return max(float(own or 0.0), LORA_BIAS_ROUTER_AUX_LOSS_COEF)
     return float(own or 0.0)
 
 
@@ -305,9 +317,10 @@ def attach(net: torch.nn.Module, cfg: ModelConfig) -> RouterBalance | OwnGateSta
     config = (net.get_base_model() if hasattr(net, "get_base_model") else net).config
     has_bias = all(r.bias is not None for r in routers)
     rate = cfg.moe.bias_update_rate if has_bias and cfg.peft == "none" else 0.0
-    if has_bias and cfg.peft != "none" and cfg.moe.bias_update_rate > 0:
+    coef = effective_aux_loss_coef(cfg, config, bias_router=has_bias)
+    if has_bias and cfg.peft != "none":
         log.info("router balance: DeepSeek-V3's bias update is off under LoRA (the base is frozen, and an "
-                 "adapter cannot carry a changed base buffer); the aux loss, if on, still shapes the adapters")
-    coef = effective_aux_loss_coef(cfg, config)
+                 "adapter cannot carry a changed base buffer); the aux loss (coefficient %g%s) balances the "
+                 "adapters' routing", coef, ", the LoRA default" if cfg.moe.aux_loss_coef is None else "")
     log.info("router balance: %d MoE layers, aux loss coefficient %g, bias update rate %g", len(routers), coef, rate)
     return RouterBalance(routers, config, aux_loss_coef=coef, bias_update_rate=rate)
