@@ -1,11 +1,11 @@
 """``python -m hpcsweep.status SWEEP_DIR``: where each trial of a sweep is, now.
 
-One line per trial, labelled by the values it trained with (``hpcsweep.results.overrides``): Slurm
-state, a progress bar of step/max_steps, the ETA from its throughput, the latest loss, restarts
+One line per trial, labelled by the values it trained with (``hpcsweep.results.overrides``): its
+status (and ``slurm STATE`` where the job's Slurm state says more), a progress bar of step/max_steps, the ETA from its throughput, the latest loss, restarts
 and nodes, or for a pending trial Slurm's reason it waits; failed trials add why, and a reason
 that never clears (``PartitionConfig`` ...) is flagged in red with what it means. A retried trial
 shows its attempt, and one with profiler traces where they are. Above the trials: the GPU-hours every run of the sweep has spent (allocated
-GPU-hours, ``hpcsweep.results.gpu_hours``), against ``hydra.launcher.budget_gpu_hours``, flagged
+GPU-hours, ``hpcsweep.results.gpu_hours``; CPU-hours for a local sweep on CPUs, as the report says), against ``hydra.launcher.budget_gpu_hours``, flagged
 from 80 % of it on. Each poll makes one ``sacct`` call for the whole sweep (none for a local
 sweep), plus one ``squeue`` while a trial is queued, and for a ``data=text`` sweep one for its token
 preparation job, whose line says why the trials were cancelled when it failed. SWEEP_DIR may also be one trial dir (``sbatch
@@ -27,6 +27,7 @@ from hpcsweep.files.metrics_file import NOT_STARTED
 from hpcsweep.files.sweep_record import SWEEP_FILE, missing_sweep_message
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import BudgetView
+from hpcsweep.results.efficiency_table import hours_word
 from hpcsweep.results.failure import submitit_logs, tail, unexplained_failure
 from hpcsweep.results.table import (
     FINAL_STATUSES,
@@ -137,13 +138,28 @@ STATUS_WIDTH = max(len(status) for status in (*FINAL_STATUSES, "running", "pendi
 """The status column fits the longest status, so the columns after it line up on every line."""
 
 
-def status_line(row: TrialRow, params: str, eta: float | None, color: bool = False) -> str:
-    """One trial's line, plus why when it failed or can never start; ``params`` comes padded."""
-    state = row.slurm_state or row.status
+SLURM_STATES_OF = {"running": "RUNNING", "pending": "PENDING", "failed": "FAILED", "cancelled": "CANCELLED",
+                   **{status: "COMPLETED" for status in ("completed", "stopped_early", "pruned", "stopped", "skipped_budget")}}
+"""The Slurm state a trial of each status runs or ends with: a line shows Slurm's state only where it says more."""
+
+
+def slurm_state_text(row: TrialRow) -> str:
+    """``slurm RUNNING`` where the job's Slurm state says more than the trial's status (a completed trial
+    whose job is still ending, a failed one that ran OUT_OF_MEMORY, a stopped one REQUEUED), else ``""``."""
+    if not row.slurm_state:
+        return ""
+    state = row.slurm_state.split()[0]
+    return "" if SLURM_STATES_OF.get(row.status) == state else f"slurm {state}"
+
+
+def status_line(row: TrialRow, params: str, eta: float | None, color: bool = False, slurm_width: int = 0) -> str:
+    """One trial's line, plus why when it failed or can never start; ``params`` comes padded, and the
+    Slurm state (``slurm_state_text``) to ``slurm_width`` (0: no such column)."""
+    states = f"{row.status:<{STATUS_WIDTH}}" + (f" {slurm_state_text(row):<{slurm_width}}" if slurm_width else "")
     loss = row.train_loss if row.train_loss is not None else row.val_loss
     steps = f"{row.step if row.step is not None else '-'}/{row.max_steps or '-'}"
     line = (
-        f"#{row.num:<3} {params}  {row.status:<{STATUS_WIDTH}} {state:<11} {progress_bar(row.step, row.max_steps)} "
+        f"#{row.num:<3} {params}  {states} {progress_bar(row.step, row.max_steps)} "
         f"{steps:>11}  eta {format_duration(eta):>7}  loss {'-' if loss is None else f'{loss:.4f}'}  "
         f"restarts {row.restarts if row.restarts is not None else '-'}  {where_column(row, color)}"
     )
@@ -201,7 +217,8 @@ dir, run again, resumes its stopped trials and starts those a stop kept from sta
 ``hpcsweep.retry --status stopped,skipped_budget`` takes the stopped ones and those the budget skipped."""
 
 
-def resume_advice(rows: Sequence[TrialRow], launcher: str, sweep_dir: Path, single_trial: bool = False) -> str | None:
+def resume_advice(rows: Sequence[TrialRow], launcher: str, sweep_dir: Path, single_trial: bool = False,
+                  hours: str = "GPU") -> str | None:
     """The line that says how to resume the trials of ``rows`` that stopped and that nothing runs again,
     once every trial has ended; None when there is none (or some trial still runs).
 
@@ -225,7 +242,7 @@ def resume_advice(rows: Sequence[TrialRow], launcher: str, sweep_dir: Path, sing
     else:
         line = f"resume: python -m hpcsweep.retry {shlex.quote(where)} --status stopped,skipped_budget"
     if stopped_by_budget(rows):
-        line += "; raise hydra.launcher.budget_gpu_hours above the GPU-hours spent, or the budget stops it again"
+        line += f"; raise hydra.launcher.budget_gpu_hours above the {hours}-hours spent, or the budget stops it again"
     return line
 
 
@@ -237,13 +254,14 @@ def render_status(
     keys = swept_keys(sweep.rows)
     params = [trial_params(row, keys) for row in sweep.rows]
     width = max((len(p) for p in params), default=0)
+    slurm_width = max((len(slurm_state_text(row)) for row in sweep.rows), default=0)
     lines = []
     for row, trial, param_text in zip(sweep.rows, sweep.record.trials, params):
         eta = None
         if row.status == "running":
             step_tokens = read_step_tokens(resolve_trial_dir(sweep_dir, trial), row.world_size, parsed_configs)
             eta = eta_seconds(row.step, row.max_steps, row.tokens_per_s, step_tokens)
-        lines.append(status_line(row, param_text.ljust(width), eta, color))
+        lines.append(status_line(row, param_text.ljust(width), eta, color, slurm_width))
     counts = {s: sum(r.status == s for r in sweep.rows) for s in dict.fromkeys(r.status for r in sweep.rows)}
     trials = "1 trial" if len(sweep.rows) == 1 else f"{len(sweep.rows)} trials"
     summary = f"{sweep_dir}: {trials}, " + ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -251,9 +269,11 @@ def render_status(
         summary += f"\n(no Slurm states: {sweep.slurm_error.splitlines()[0]})"
     if sweep.record.token_preparation is not None:
         summary += "\n" + preparation_status(sweep.record.token_preparation)
+    hours = hours_word(sweep.rows, local=sweep.record.launcher != "slurm")
     summary += "\n" + budget_text(sweep.usage.spent_hours if sweep.usage else None, sweep.record.budget_gpu_hours,
-                                  color, stopped_by_budget(sweep.rows))
-    advice = resume_advice(sweep.rows, sweep.record.launcher, sweep_dir, not (sweep_dir / SWEEP_FILE).exists())
+                                  color, stopped_by_budget(sweep.rows), hours)
+    advice = resume_advice(sweep.rows, sweep.record.launcher, sweep_dir, not (sweep_dir / SWEEP_FILE).exists(),
+                           hours)
     if advice:
         lines.append(advice)
     return "\n".join([summary, *lines]) + "\n", sweep.rows
@@ -264,15 +284,17 @@ def stopped_by_budget(rows: Sequence[TrialRow]) -> bool:
     return any(r.status == "skipped_budget" or (r.status == "stopped" and r.last_stop_reason == "budget") for r in rows)
 
 
-def budget_text(spent_hours: float | None, budget_hours: float | None, color: bool, stopped: bool = False) -> str:
+def budget_text(spent_hours: float | None, budget_hours: float | None, color: bool, stopped: bool = False,
+                hours: str = "GPU") -> str:
     """The budget line: spent / budget, its share, and a red flag from 80 % on (spending unknown: says so).
 
-    ``stopped``: the budget has stopped the sweep (``stopped_by_budget``), which flags it as spent.
+    ``stopped``: the budget has stopped the sweep (``stopped_by_budget``), which flags it as spent;
+    ``hours``: ``CPU`` for a local sweep on CPUs (``hours_word``).
     """
     if spent_hours is None:
         return "budget: spending unknown (accounting did not answer)" + (
-            "" if budget_hours is None else f", budget {budget_hours:.3f} GPU-hours")
-    view = BudgetView(spent_hours, budget_hours, stopped)
+            "" if budget_hours is None else f", budget {budget_hours:.3f} {hours}-hours")
+    view = BudgetView(spent_hours, budget_hours, stopped, hours)
     return paint(view.line(), color) if view.flag else view.line()
 
 

@@ -84,6 +84,8 @@ class BudgetView:
     budget_hours: float | None
     stopped_by_budget: bool = False
     """Some trial is stopped or skipped by the budget now."""
+    hours: str = "GPU"
+    """What the hours count: ``CPU`` for a local sweep on CPUs (``efficiency_table.hours_word``), as the report says."""
 
     @property
     def flag(self) -> str:
@@ -92,7 +94,8 @@ class BudgetView:
     def line(self) -> str:
         """``budget: 1.23 / 2 GPU-hours spent (62%)``, with the flag when there is one."""
         if self.budget_hours is None:
-            return f"budget: {hours_text(self.spent_hours)} GPU-hours spent (no budget)"
+            return f"budget: {hours_text(self.spent_hours)} {self.hours}-hours spent (no budget)"
         share = 100.0 * self.spent_hours / self.budget_hours
-        text = f"budget: {hours_text(self.spent_hours)} / {hours_text(self.budget_hours)} GPU-hours spent ({share:.0f}%)"
+        text = (f"budget: {hours_text(self.spent_hours)} / {hours_text(self.budget_hours)} {self.hours}-hours spent "
+                f"({share:.0f}%)")
         return f"{text}  {self.flag}" if self.flag else text

@@ -152,7 +152,8 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     record = local_sweep_record(sweep_dir, trials, previous_record(sweep_dir))
     write_sweep_record(dataclasses.replace(record, budget_gpu_hours=budget, app=app_facts))
-    log.info("sweep dir: %s (%d trials, running locally, %d at a time)", sweep_dir, len(trials), plan.parallelism)
+    log.info("sweep dir: %s (%s, running locally, %d at a time)", sweep_dir,
+             "1 trial" if len(trials) == 1 else f"{len(trials)} trials", plan.parallelism)
     forget_not_started(trials)
     with tempfile.TemporaryDirectory(prefix="hpcsweep-local-") as folder:
         context_file = write_sweep_context(Path(folder), launcher.hydra_context, launcher.config, launcher.task_function)

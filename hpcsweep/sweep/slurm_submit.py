@@ -253,7 +253,9 @@ def launch_on_slurm(
     )
     write_sweep_record(record)
     log.info("sweep dir: %s", sweep_dir)
-    log.info("submitted %d trials as job array(s) %s", len(trials), ", ".join(record.job_ids()))
+    arrays_text = ", ".join(record.job_ids())
+    log.info("submitted %s as job %s %s", "1 trial" if len(trials) == 1 else f"{len(trials)} trials",
+             "array" if len(record.job_ids()) == 1 else "arrays", arrays_text)
     log.info("status: python -m hpcsweep.status %s", sweep_dir)
     log.info("report: python -m hpcsweep.report %s", sweep_dir)
 

@@ -91,8 +91,8 @@ class SearchSweeper(Sweeper):
             undo_sweep_dir(sweep_dir, created, None, is_refusal(err))
             raise
         merge_choices(sweep_dir)
-        log.info("search: %d trials, sampler %s, pruner %s, %s %s; study %s (study_name=search)",
-                 settings.n_trials, settings.sampler, pruner_summary(settings), settings.direction,
+        log.info("search: %s, sampler %s, pruner %s, %s %s; study %s (study_name=search)",
+                 "1 trial" if settings.n_trials == 1 else f"{settings.n_trials} trials", settings.sampler, pruner_summary(settings), settings.direction,
                  settings.objective, files.journal)
         return returns
 

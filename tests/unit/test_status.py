@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -73,7 +74,8 @@ def test_pending_reason_shown_and_one_squeue_only_while_queued(tmp_path, capsys,
     fake_slurm.answer("squeue", "41_0|RUNNING|node1|None\n41_1|PENDING||Priority\n")
     assert status.main([str(sweep_dir)]) == 0
     out = capsys.readouterr().out
-    assert "pending        PENDING" in out and "(Priority)" in out and "never starts" not in out
+    # One state column: Slurm's PENDING says nothing the status does not, so it is not shown again.
+    assert "pending  " in out and "PENDING" not in out and "(Priority)" in out and "never starts" not in out
     assert len(fake_slurm.calls("sacct")) == 1 and fake_slurm.calls("scontrol") == []
     assert fake_slurm.calls("squeue") == ["--noheader --array --jobs 41 --format %i|%T|%N|%r"]
 
@@ -230,7 +232,46 @@ def test_budget_stopped_and_skipped_trials_are_not_failures_and_exit_5(tmp_path,
     out = capsys.readouterr().out
     assert "2 trials, 1 stopped, 1 skipped_budget" in out and "(stopped by the budget)" in out
     trial_lines = [line for line in out.splitlines() if line.startswith("#")]
-    assert len({line.index("COMPLETED") for line in trial_lines}) == 1, "the state column lines up"
+    assert "COMPLETED" not in out  # a stopped trial's job ends COMPLETED: nothing more to say
+    assert len({line.index("[") for line in trial_lines}) == 1, "the columns line up"
     assert "budget: 0.136 GPU-hours spent (no budget)" in out
     assert status.budget_text(0.136, 0.2, color=False, stopped=status.stopped_by_budget(
         status.load_sweep(sweep_dir, with_scalars=False).rows)) == "budget: 0.136 / 0.2 GPU-hours spent (68%)  BUDGET SPENT"
+
+
+def test_slurm_state_is_shown_labelled_only_where_it_says_more_than_the_status(tmp_path, capsys, fake_slurm):
+    """``completed      completed`` (local) and ``completed      RUNNING`` (a job still ending) were two
+    unlabelled state columns; now the status, and ``slurm STATE`` where it differs in meaning."""
+    sweep_dir = tmp_path / "sweep"
+    make_sweep(sweep_dir, [(["model.lr=1e-4"], metrics("completed")), (["model.lr=1e-3"], metrics("pruned", step=4))],
+               launcher="slurm")
+    fake_slurm.answer("sacct", "41_0|RUNNING|60|cpu=64,gres/gpu=8,node=1|node1\n"
+                               "41_1|COMPLETED|60|cpu=64,gres/gpu=8,node=1|node2\n")
+    status.main([str(sweep_dir)])
+    first, second = [line for line in capsys.readouterr().out.splitlines() if line.startswith("#")]
+    assert " completed      slurm RUNNING [" in first
+    assert " pruned        " in second and "slurm" not in second and "COMPLETED" not in second
+    assert first.index("[") == second.index("[")
+
+    local = tmp_path / "local"
+    make_sweep(local, [(["model.lr=1e-4"], metrics("completed"))])
+    status.main([str(local)])
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("#")]
+    assert line.count("completed") == 1 and "slurm" not in line
+
+
+def test_a_local_sweep_on_cpus_counts_cpu_hours_in_status_as_in_report(tmp_path, capsys):
+    """status said 'budget: 0.118 GPU-hours spent' where report said 'CPU-hours: 0.118' for one sweep."""
+    from hpcsweep import report
+
+    sweep_dir = tmp_path / "sweep"
+    # A trial that measured its peak on the CPU (ru_maxrss): no GPU.
+    make_sweep(sweep_dir, [(["model.lr=1e-4"], metrics("completed", memory_peak={"bytes": 2 ** 30, "source": "ru_maxrss"}))])
+    (sweep_dir / "0" / "usage.json").write_text(json.dumps(
+        {"runs": [{"started_at": 0.0, "last_at": 3600.0, "units": 2, "ended": True}]}))
+    status.main([str(sweep_dir)])
+    shown = capsys.readouterr().out
+    report.main([str(sweep_dir)])
+    reported = capsys.readouterr().out
+    assert "CPU-hours spent (no budget)" in shown and "GPU-hours" not in shown
+    assert "CPU-hours: " in reported and "GPU-hours" not in reported
