@@ -11,7 +11,8 @@ Python files) as loose files beside it. Every array task puts the archive and th
 Of the working tree only code is copied (``is_code``): Python sources, YAML configs (a Hydra app's),
 and the data files of Python packages (folders with an ``__init__.py``), never text or JSON Lines,
 tokenizer or weight files; no model folder or export (``is_model_folder``), no ``multirun/`` or
-``outputs/``; in a git checkout only the files git tracks or would track (not ignored). A snapshot
+``outputs/``, no top ``tests/``, ``benchmarks/`` or ``docs/`` (unless the swept app runs from one:
+``NOT_IMPORTED_DIRS``); in a git checkout only the files git tracks or would track (not ignored). A snapshot
 over ``MAX_SNAPSHOT_BYTES`` or ``MAX_SNAPSHOT_FILES`` is refused before anything is submitted.
 """
 
@@ -26,6 +27,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +75,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 PACKAGES = {"hpcsweep": "hpcsweep", "hpcsweep.configs": "hpcsweep/configs",
             "hydra_plugins.hpcsweep_plugins": "hydra_plugins/hpcsweep_plugins"}
 GIT_TIMEOUT_S = 30
+# A working tree's top folders that a package never imports at run time: its tests, benchmarks and docs
+# (hpcsweep's own tests/ alone is 456 files, 2.5 MB). One stays in when the swept app runs from it.
+NOT_IMPORTED_DIRS = ("tests", "test", "benchmarks", "docs")
 
 
 @dataclass(frozen=True)
@@ -198,12 +203,13 @@ def git_listed(folder: Path) -> frozenset[str] | None:
 
 
 def source_trees(cwd: Path, package_dirs: Mapping[str, Path | None], sweep_dir: Path,
-                 listed: frozenset[str] | None = None) -> list[SourceTree]:
+                 listed: frozenset[str] | None = None, app_file: Path | None = None) -> list[SourceTree]:
     """The folders to copy: the working tree ``cwd`` (if it is one, its code only: ``listed`` by git
     when it is a checkout) first, then each package.
 
     The working tree leaves out the packages' places, so that a stale copy of hpcsweep in it
-    cannot mix with the one imported here, and the sweep dir, when it lies inside; a package
+    cannot mix with the one imported here, the sweep dir, when it lies inside, and its
+    ``NOT_IMPORTED_DIRS`` but the one holding ``app_file`` (the swept app's main module); a package
     inside another (an installed ``hpcsweep/configs``) is copied once, with its parent.
     """
     trees = []
@@ -212,6 +218,9 @@ def source_trees(cwd: Path, package_dirs: Mapping[str, Path | None], sweep_dir: 
         cwd = cwd.resolve()
         if sweep_dir.resolve().is_relative_to(cwd) and sweep_dir.resolve() != cwd:
             skip.add(sweep_dir.resolve().relative_to(cwd).as_posix())
+        app = app_file.resolve() if app_file is not None else None
+        skip.update(name for name in NOT_IMPORTED_DIRS
+                    if (cwd / name).is_dir() and (app is None or not app.is_relative_to(cwd / name)))
         trees.append(SourceTree(cwd, "", frozenset(skip), code_only=True, listed=listed))
     # A package inside its parent's folder (an installed ``hpcsweep/configs``) comes with the
     # parent; one that lives elsewhere (an editable install maps ``configs/``) is copied on its own.
@@ -268,7 +277,9 @@ def chosen_files(sweep_dir: Path, cwd: Path) -> list[tuple[SourceTree, list[str]
     """Each tree to copy and its files; ``ValueError`` when they are too many or too large to be code."""
     package_dirs = {name: _package_dir(name) for name in PACKAGES}
     listed = git_listed(cwd) if is_working_tree(cwd) else None
-    chosen = [(tree, choose_files(tree)) for tree in source_trees(cwd, package_dirs, sweep_dir, listed)]
+    app_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    trees = source_trees(cwd, package_dirs, sweep_dir, listed, Path(app_file) if app_file else None)
+    chosen = [(tree, choose_files(tree)) for tree in trees]
     sizes = {tree.root / rel: (tree.root / rel).stat().st_size for tree, names in chosen for rel in names}
     refusal = size_refusal(sizes, cwd)
     if refusal:

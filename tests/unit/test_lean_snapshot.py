@@ -20,6 +20,7 @@ from hpcsweep.sweep.snapshot import (
     is_code,
     is_model_folder,
     size_refusal,
+    source_trees,
     take_snapshot,
 )
 from tests.model_folders import make_model_folder
@@ -201,3 +202,45 @@ def test_a_snapshot_too_large_to_be_code_is_refused_naming_the_largest_files(tmp
     with pytest.raises(ValueError, match=r"would copy \d+ files, .*the largest: .*table\d\.dat \(0\.9 MiB\)"):
         take_snapshot(tmp_path / "sweep", root)
     assert not (tmp_path / "sweep").exists()
+
+
+def test_tests_benchmarks_and_docs_stay_out_unless_the_swept_app_runs_from_one(tmp_path):
+    """A sweep from hpcsweep's own checkout copied tests/ (456 files, 2.5 MB): no package imports it at run time."""
+    root = users_folder(tmp_path / "project")
+    write(root / "tests" / "__init__.py")
+    write(root / "tests" / "test_train.py")
+    write(root / "tests" / "foreign_app" / "__init__.py")
+    write(root / "tests" / "foreign_app" / "app.py")
+    write(root / "benchmarks" / "speed.py")
+    write(root / "docs" / "examples" / "tasks.yaml", "task: x\n")
+    write(root / "mypkg" / "tests" / "test_inner.py")  # a package's own tests folder is the package's
+
+    def chosen(app_file):
+        (tree,) = source_trees(root, {}, tmp_path / "sweep", app_file=app_file)
+        return choose_files(tree)
+
+    assert chosen(None) == sorted([*CODE, "mypkg/tests/test_inner.py"])
+    assert chosen(root / "train.py") == chosen(None)
+    with_app = chosen(root / "tests" / "foreign_app" / "app.py")
+    assert [n for n in with_app if n.startswith("tests/")] == [
+        "tests/__init__.py", "tests/foreign_app/__init__.py", "tests/foreign_app/app.py", "tests/test_train.py"]
+    assert not any(n.startswith(("benchmarks/", "docs/")) for n in with_app)
+
+
+def test_a_snapshot_of_hpcsweeps_own_checkout_stays_under_1_mb():
+    repo = Path(__file__).resolve().parents[2]
+    record = take_snapshot_in(repo)
+    assert record.stored_bytes < 1 << 20, record
+    assert not any(name.startswith("tests/") for name in record_names(repo))
+
+
+def take_snapshot_in(repo: Path):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as sweep:
+        return snapshot.take_snapshot(Path(sweep), repo)
+
+
+def record_names(repo: Path) -> list[str]:
+    return [name for tree, names in snapshot.chosen_files(repo / "multirun" / "x", repo) for name in names
+            if tree.root == repo]
