@@ -34,7 +34,8 @@ class CardFacts:
     model_config: Mapping[str, Any]
     """The trial's ``model.*`` keys."""
     code: Mapping[str, Any]
-    """``git_commit`` of the code the trial ran, and ``git_dirty`` or (a code snapshot) ``snapshot_diff_sha256``."""
+    """``git_commit`` of the code the trial ran, and ``git_dirty`` or (a code snapshot) ``snapshot_diff_sha256``;
+    ``hpcsweep``: its version and install commit (environment.json's ``hpcsweep``)."""
     files: Sequence[str]
     trust_remote_code: bool = False
     """The base runs its own code (an ``auto_map``): every load passes ``trust_remote_code=True``."""
@@ -114,6 +115,15 @@ def _prompt_lines(chat: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _install_text(install: Mapping[str, Any] | None) -> str:
+    """``0.1.0, commit `abc...` (git checkout /src/hpcsweep)``: the hpcsweep the trial ran (environment.json)."""
+    if not install:
+        return "unknown (the trial recorded no hpcsweep version)"
+    dirty = ", with uncommitted changes" if install.get("dirty") else ""
+    commit = f"commit `{install['commit']}`" if install.get("commit") else "commit unknown"
+    return f"{install.get('version')}, {commit} ({install.get('source')}{dirty})"
+
+
 def model_card(facts: CardFacts, out: str) -> str:
     """The card's Markdown text; ``out`` is the folder it goes into (for the loading snippet)."""
     overrides = " ".join(facts.overrides) or "(none: the defaults)"
@@ -140,6 +150,7 @@ def model_card(facts: CardFacts, out: str) -> str:
         f"- overrides: `{overrides}`",
         f"- checkpoint: `{facts.checkpoint}` (step {facts.checkpoint_step}{val})",
         f"- code commit: `{commit}`{dirty}",
+        f"- hpcsweep: {_install_text(facts.code.get('hpcsweep'))}",
         "",
         "## Metrics (metrics.json)",
         "",

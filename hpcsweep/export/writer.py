@@ -193,7 +193,9 @@ def _code_version(trial_dir: Path) -> dict[str, Any]:
         return {}
     environment = json.loads(path.read_text())
     snapshot = environment.get("code_snapshot") or {}
+    # The hpcsweep the trial ran, version and install commit, wherever it ran from (hpcsweep.trial.install).
+    install = {"hpcsweep": environment["hpcsweep"]} if environment.get("hpcsweep") else {}
     if environment.get("git_commit") is None and snapshot.get("commit"):
         # A Slurm trial runs the sweep's code snapshot: its commit, and the hash of the diff on top of it.
-        return {"git_commit": snapshot["commit"], "snapshot_diff_sha256": snapshot.get("diff_sha256")}
-    return {key: environment.get(key) for key in ("git_commit", "git_dirty")}
+        return {"git_commit": snapshot["commit"], "snapshot_diff_sha256": snapshot.get("diff_sha256"), **install}
+    return {**{key: environment.get(key) for key in ("git_commit", "git_dirty")}, **install}

@@ -36,6 +36,7 @@ from typing import Any
 from hpcsweep.files.atomic import atomic_write_json
 from hpcsweep.files.code_snapshot import ARCHIVE_FILE, SNAPSHOT_DIR, SNAPSHOT_FILE
 from hpcsweep.sweep.snapshot_archive import write_archive
+from hpcsweep.trial.install import this_install
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ class SnapshotRecord:
     stored_bytes: int | None = None
     """What the snapshot takes on disk: the archive plus the loose files, ``SNAPSHOT.json`` aside
     (null in a snapshot taken before hpcsweep archived its packages)."""
+    hpcsweep: dict[str, Any] | None = None
+    """The hpcsweep copied: its version and the commit of its install (``hpcsweep.trial.install``),
+    which each trial's ``environment.json`` repeats; null in a snapshot taken before it was recorded."""
 
     def as_dict(self) -> dict[str, Any]:
         """The record as written to ``SNAPSHOT.json``."""
@@ -355,7 +359,8 @@ def take_snapshot(sweep_dir: Path, cwd: Path) -> SnapshotRecord:
     git_root = cwd if is_working_tree(cwd) else _package_dir("hpcsweep")
     source, commit, diff_sha256 = git_identity(git_root) if git_root else (None, None, None)
     record = SnapshotRecord(path=str(code_dir), source=source, commit=commit, diff_sha256=diff_sha256,
-                            files_sha256=files_sha256, files=files, bytes=size, stored_bytes=stored_size(tmp))
+                            files_sha256=files_sha256, files=files, bytes=size, stored_bytes=stored_size(tmp),
+                            hpcsweep=this_install())
     atomic_write_json(tmp / SNAPSHOT_FILE, record.as_dict())
     os.rename(tmp, code_dir)
     log.info("code snapshot: %d files (%d kB, %d kB stored: hpcsweep's packages in %s) in %s", files,

@@ -21,6 +21,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.model.record import ModelRecord
 from hpcsweep.slurm.env import SlurmJobEnv
 from hpcsweep.trial.identity import MODEL_RECORD_KEY, check_resume, differences_text
+from hpcsweep.trial.install import HPCSWEEP_KEY, recorded_install
 from hpcsweep.trial.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ def environment_record(
     Slurm job and restarts, and the model folder it trains from.
 
     ``code_snapshot`` names the sweep's code snapshot this code was imported from (its path,
-    commit and diff hash), or is null when the trial runs the installed code. ``model`` is the
+    commit and diff hash), or is null when the trial runs the installed code; ``hpcsweep`` its version
+    and the commit of its install (``hpcsweep.trial.install``), from any folder. ``model`` is the
     identity of the ``model.path`` folder (``hpcsweep.trial.identity.trial_model_identity``), null for
     the built-in model; a resume compares the folder with it.
     """
@@ -63,6 +65,7 @@ def environment_record(
     return {
         **git_state(Path(__file__).resolve().parent),
         "code_snapshot": None if code_dir is None else read_snapshot_record(code_dir),
+        HPCSWEEP_KEY: recorded_install(code_dir),
         "recorded_at": now_iso(),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),

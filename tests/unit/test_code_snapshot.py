@@ -186,7 +186,7 @@ def test_a_snapshot_taken_before_the_archive_is_kept(user_repo):
            "files": 1, "bytes": 6}
     write(code / SNAPSHOT_FILE, json.dumps(old))
     record = take_snapshot(code.parent, user_repo)
-    assert record.as_dict() == {**old, "stored_bytes": None}
+    assert record.as_dict() == {**old, "stored_bytes": None, "hpcsweep": None}
     assert not (code / ARCHIVE_FILE).exists()
 
 
@@ -259,7 +259,7 @@ with initialize_config_module("hpcsweep.configs", version_base="1.3"):
     config = OmegaConf.to_container(compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True))
 print(json.dumps({"hpcsweep": hpcsweep.__file__, "configs": list(hpcsweep.configs.__path__),
                   "plugins": plugins.__file__, "code_snapshot": record["code_snapshot"],
-                  "git_commit": record["git_commit"], "launchers": launchers,
+                  "git_commit": record["git_commit"], "install": record["hpcsweep"], "launchers": launchers,
                   "config": {key: config[key] for key in ("model", "data", "trainer")},
                   "launcher": config["hydra"]["launcher"]["_target_"]}))
 """
@@ -298,6 +298,13 @@ def test_tasks_import_the_snapshot_even_from_an_editable_checkout(tmp_path):
     assert inside["code_snapshot"] == {"path": str(code), "commit": record.commit,
                                        "diff_sha256": record.diff_sha256}
     assert inside["git_commit"] is None
+    # From a data folder (not a checkout) too, the trial names the hpcsweep it ran: the one the snapshot
+    # recorded when it was taken, this editable checkout's version and commit.
+    assert inside["install"] == record.hpcsweep
+    assert inside["install"]["version"] == hpcsweep.__version__
+    assert inside["install"]["source"] == f"git checkout {REPO}"
+    assert subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", inside["install"]["commit"] + "^{commit}"],
+                          timeout=30).returncode == 0
 
     # Without PYTHONSAFEPATH the checkout the job started in would win: why the line is there.
     unsafe = probe(snapshot_setup_lines(code)[:1], REPO)
@@ -306,6 +313,8 @@ def test_tasks_import_the_snapshot_even_from_an_editable_checkout(tmp_path):
     installed = probe([], tmp_path)
     assert Path(installed["hpcsweep"]).resolve() == REPO / "hpcsweep" / "__init__.py"
     assert installed["code_snapshot"] is None
+    assert installed["install"]["version"] == hpcsweep.__version__ and installed["install"]["commit"]
+    assert installed["install"]["source"] == f"git checkout {REPO}"
     # The configs Hydra composes from the archive are the checkout's.
     assert inside["config"] == installed["config"]
 
@@ -318,3 +327,26 @@ def test_snapshot_dir_of_needs_the_record(tmp_path):
     write(tmp_path / ".code" / SNAPSHOT_FILE, "{}")
     assert snapshot_dir_of(tmp_path / ".code" / "hpcsweep" / "__init__.py") == tmp_path / ".code"
     assert snapshot_dir_of(in_archive) == tmp_path / ".code"
+
+
+def fake_git(answers):
+    """``git -C FOLDER ARGS`` answered from ``{(folder, first arg): output}`` (None: git fails there)."""
+    return lambda folder, *args: answers.get((str(folder), args[0] if args[0] != "rev-parse" else args[1]))
+
+
+def test_the_install_record_finds_the_commit_of_an_editable_a_repository_or_no_install():
+    from hpcsweep.trial.install import install_record
+
+    checkout = {("/src/hpcsweep/hpcsweep", "--show-toplevel"): "/src/hpcsweep",
+                ("/src/hpcsweep/hpcsweep", "HEAD"): "abc123", ("/src/hpcsweep/hpcsweep", "status"): " M x.py"}
+    assert install_record("0.1.0", Path("/src/hpcsweep/hpcsweep"), None, fake_git(checkout)) == {
+        "version": "0.1.0", "commit": "abc123", "dirty": True, "source": "git checkout /src/hpcsweep"}
+    # Imported from a zip: the editable install's folder, from direct_url.json.
+    editable = '{"dir_info": {"editable": true}, "url": "file:///src/hpcsweep"}'
+    at_top = {("/src/hpcsweep", "--show-toplevel"): "/src/hpcsweep", ("/src/hpcsweep", "HEAD"): "abc123",
+              ("/src/hpcsweep", "status"): ""}
+    assert install_record("0.1.0", None, editable, fake_git(at_top))["commit"] == "abc123"
+    from_git = ('{"url": "https://github.com/o/hpcsweep", "vcs_info": {"vcs": "git", "commit_id": "def456"}}')
+    assert install_record("0.1.0", Path("/site-packages/hpcsweep"), from_git, fake_git({})) == {
+        "version": "0.1.0", "commit": "def456", "dirty": False, "source": "pip install from https://github.com/o/hpcsweep"}
+    assert install_record("0.1.0", Path("/site-packages/hpcsweep"), None, fake_git({}))["commit"] is None

@@ -166,10 +166,26 @@ def test_the_card_names_the_commit_a_slurm_trial_ran_from_its_code_snapshot():
         kind="merged", sweep_dir="/s", trial_num=3, trial_dir="/s/3", overrides=["model.lr=1e-4"], metrics={},
         checkpoint="step00000008.pt", checkpoint_step=8, checkpoint_val_loss=None,
         base_model={"path": "/shared/models/tiny", "config_sha256": "ab"}, base_model_path="/shared/models/tiny",
-        model_config={"peft": "lora"}, code={"git_commit": "9d92563", "snapshot_diff_sha256": "e3b0"},
+        model_config={"peft": "lora"}, code={"git_commit": "9d92563", "snapshot_diff_sha256": "e3b0", "hpcsweep": {
+            "version": "0.1.0", "commit": "4379099", "dirty": True, "source": "git checkout /src/hpcsweep"}},
         files=["config.json", "README.md"],
     )
     card = model_card(facts, "/out")
     assert "- code commit: `9d92563` (the sweep's code snapshot; its uncommitted diff has sha256 e3b0)" in card
+    assert "- hpcsweep: 0.1.0, commit `4379099` (git checkout /src/hpcsweep, with uncommitted changes)" in card
     assert '"path": "/shared/models/tiny"' in card and "Given as `/shared/models/tiny`; the adapter is merged into it here." in card
     assert "- checkpoint: `step00000008.pt` (step 8)" in card and "| val_loss | - |" in card
+
+
+def test_the_card_names_the_hpcsweep_of_a_trial_run_from_a_data_folder(tmp_path):
+    """'code commit: unknown (not run from a git checkout)' was all the card said of a sweep run from a
+    data folder: the hpcsweep it ran (environment.json's ``hpcsweep``) has its own line."""
+    from hpcsweep.export.model_card import _install_text
+    from hpcsweep.export.writer import _code_version
+
+    install = {"version": "0.1.0", "commit": "4379099", "dirty": False, "source": "git checkout /src/hpcsweep"}
+    (tmp_path / "environment.json").write_text(json.dumps({"git_commit": None, "git_dirty": None,
+                                                           "code_snapshot": None, "hpcsweep": install}))
+    assert _code_version(tmp_path) == {"git_commit": None, "git_dirty": None, "hpcsweep": install}
+    assert _install_text(install) == "0.1.0, commit `4379099` (git checkout /src/hpcsweep)"
+    assert _install_text(None) == "unknown (the trial recorded no hpcsweep version)"
