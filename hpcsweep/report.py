@@ -37,6 +37,7 @@ from hpcsweep.results.budget import hours_text
 from hpcsweep.results.efficiency_table import efficiency_cells, hours_word, sweep_outliers
 from hpcsweep.results.failure import unexplained_failure
 from hpcsweep.results.search_report import SearchSummary, best_trial_text, load_search_summary, plot_history
+from hpcsweep.results.slurm_config import this_shells_hint
 from hpcsweep.results.table import METRICS, TrialRow, higher_is_better, load_sweep, memory_text, sort_keys, sort_rows, swept_keys
 from hpcsweep.results.wandb_sync import sync_line
 from hpcsweep.slurm.usage import Usage
@@ -245,6 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep = load_sweep(args.sweep_dir)
     if sweep.slurm_error:
         print(f"no Slurm states (from metrics.json only): {sweep.slurm_error.splitlines()[0]}", file=sys.stderr)
+        hint = this_shells_hint()
+        if hint:
+            print(hint, file=sys.stderr)
     if args.sort is not None and args.sort not in sort_keys(sweep.rows):
         print(f"--sort {args.sort} is not allowed: one of {', '.join(sort_keys(sweep.rows))}", file=sys.stderr)
         return 2

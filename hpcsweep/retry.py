@@ -80,8 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing or not (args.sweep_dir / "sweep.json").exists():
         print(missing or f"{args.sweep_dir}: no sweep.json; pass a sweep's multirun dir", file=sys.stderr)
         return EXIT_REFUSED
+    from hpcsweep.results.slurm_config import this_shells_hint
     from hpcsweep.slurm.commands import SlurmCommandError
-    from hpcsweep.sweep.retry_submit import plan_retry, submit_retry
+    from hpcsweep.sweep.retry_submit import SlurmDidNotAnswer, plan_retry, submit_retry
 
     try:
         statuses = parse_statuses(args.status) if args.status else None
@@ -89,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_retry(args.sweep_dir, statuses, numbers, args.overrides)
     except (ValueError, SlurmCommandError) as err:
         print(f"retry refused: {err}; nothing was submitted", file=sys.stderr)
+        hint = this_shells_hint() if isinstance(err, (SlurmCommandError, SlurmDidNotAnswer)) else None
+        if hint:
+            print(hint, file=sys.stderr)
         return EXIT_REFUSED
     if plan.partition_line:
         print(plan.partition_line, flush=True)

@@ -29,6 +29,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.results.budget import BudgetView
 from hpcsweep.results.efficiency_table import hours_word
 from hpcsweep.results.failure import submitit_logs, tail, unexplained_failure
+from hpcsweep.results.slurm_config import this_shells_hint
 from hpcsweep.results.table import (
     FINAL_STATUSES,
     TrialRow,
@@ -267,6 +268,8 @@ def render_status(
     summary = f"{sweep_dir}: {trials}, " + ", ".join(f"{n} {s}" for s, n in counts.items())
     if sweep.slurm_error:
         summary += f"\n(no Slurm states: {sweep.slurm_error.splitlines()[0]})"
+        hint = this_shells_hint()
+        summary += f"\n{hint}" if hint else ""
     if sweep.record.token_preparation is not None:
         summary += "\n" + preparation_status(sweep.record.token_preparation)
     hours = hours_word(sweep.rows, local=sweep.record.launcher != "slurm")

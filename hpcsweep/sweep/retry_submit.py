@@ -63,6 +63,10 @@ class RetryPlan:
         return partition_change_line(self.sweep_partition, self.params.get("partition"))
 
 
+class SlurmDidNotAnswer(ValueError):
+    """A retry refused because Slurm's commands failed (the command may say why: no configuration)."""
+
+
 def submission_dir(sweep_dir: str, configured: str) -> Path | None:
     """The directory the sweep was submitted from, when ``hydra.sweep.dir`` was relative to it.
 
@@ -110,7 +114,7 @@ def plan_retry(
                          "to resume its trials")
     sweep = load_sweep(sweep_dir, with_scalars=False)
     if sweep.slurm_error:
-        raise ValueError(f"Slurm did not answer, so which trials still run is unknown: {sweep.slurm_error}")
+        raise SlurmDidNotAnswer(f"Slurm did not answer, so which trials still run is unknown: {sweep.slurm_error}")
     nums = select_trials([TrialState(r.num, r.status, r.last_stop_reason) for r in sweep.rows], statuses, numbers)
     launcher, singleton_state = load_shared_launcher(sweep_dir / ".submitit" / LAUNCHER_FILE)
     sweep_partition = launcher.params.get("partition")

@@ -275,3 +275,56 @@ def test_a_local_sweep_on_cpus_counts_cpu_hours_in_status_as_in_report(tmp_path,
     reported = capsys.readouterr().out
     assert "CPU-hours spent (no budget)" in shown and "GPU-hours" not in shown
     assert "CPU-hours: " in reported and "GPU-hours" not in reported
+
+
+def test_the_slurm_config_hint_names_slurm_conf_only_where_no_configuration_is_found():
+    from hpcsweep.results.slurm_config import slurm_config_hint
+
+    files = {"/etc/slurm/slurm.conf"}
+    assert slurm_config_hint({}, files.__contains__) is None
+    assert slurm_config_hint({"SLURM_CONF": "/etc/slurm/slurm.conf"}, files.__contains__) is None
+    unset = slurm_config_hint({}, set().__contains__)
+    assert unset.startswith("Slurm's configuration was not found: SLURM_CONF is unset and there is no "
+                            "/etc/slurm/slurm.conf; set SLURM_CONF")
+    assert 'eval "$(scripts/slurm-cluster env)"' in unset
+    assert "SLURM_CONF=/gone/slurm.conf is no file" in slurm_config_hint({"SLURM_CONF": "/gone/slurm.conf"},
+                                                                          files.__contains__)
+
+
+@pytest.fixture
+def no_slurm_conf(monkeypatch, tmp_path):
+    """A shell without the cluster's environment: no SLURM_CONF, and no default slurm.conf."""
+    from hpcsweep.results import slurm_config
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr(slurm_config, "DEFAULT_CONFS", (str(tmp_path / "etc" / "slurm.conf"),))
+
+
+def test_status_report_and_retry_without_slurm_conf_say_so(tmp_path, capsys, fake_slurm, no_slurm_conf):
+    """'squeue: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host' and 'spending unknown
+    (accounting did not answer)' were all status said in a shell without SLURM_CONF."""
+    from hpcsweep import report, retry
+
+    sweep_dir = tmp_path / "sweep"
+    make_sweep(sweep_dir, [(["model.lr=1e-4"], metrics("failed", step=2))], launcher="slurm")
+    # No answer set: each fake command fails, as Slurm's do without a configuration.
+    status.main([str(sweep_dir)])
+    out = capsys.readouterr().out
+    assert "(no Slurm states: " in out
+    assert "Slurm's configuration was not found: SLURM_CONF is unset" in out and "scripts/slurm-cluster env" in out
+    report.main([str(sweep_dir)])
+    assert "Slurm's configuration was not found: SLURM_CONF is unset" in capsys.readouterr().err
+    assert retry.main([str(sweep_dir)]) == retry.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "retry refused: " in err and "Slurm's configuration was not found: SLURM_CONF is unset" in err
+
+
+def test_no_hint_where_slurm_conf_names_a_file(tmp_path, capsys, fake_slurm, monkeypatch):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    sweep_dir = tmp_path / "sweep"
+    make_sweep(sweep_dir, [(["model.lr=1e-4"], metrics("failed", step=2))], launcher="slurm")
+    status.main([str(sweep_dir)])
+    out = capsys.readouterr().out
+    assert "(no Slurm states: " in out and "configuration was not found" not in out
