@@ -44,7 +44,9 @@ def setup_of_trial(
     targets = model.lora.target_modules
     attention = model.attn_implementation
     packed = bool(getattr(data, "packing", False))
-    own_code = bool(model.path) and (read_model_folder(model.path) if record is None else record).needs_remote_code
+    # Whose code builds the mask matters only for packed rows (whole rows need no mask of hpcsweep's).
+    own_code = packed and bool(model.path) and (
+        read_model_folder(model.path) if record is None else record).needs_remote_code
     return TrainingSetup(
         precision=precision, optimizer=trainer.optimizer, momentum=trainer.momentum,
         peft=model.peft, lora_rank=model.lora.r,

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.config import TrainerConfig
+from hpcsweep.train.batch import Batch
 from hpcsweep.train.loss import IGNORE_INDEX, chunk_bounds, chunked_cross_entropy
 
 from ..loss_memory import alternate_step_peaks, tiny_lm, fp32_cross_entropy
@@ -173,7 +174,8 @@ def test_the_trainer_takes_its_loss_in_the_configured_chunks_with_the_unchunked_
             loss.backward()
             return [loss.detach(), *(p.grad.clone() for p in params)]
 
-        chunked = loss_and_grads(lambda: trainer._loss(inputs, targets, trainer.net))
+        batch = Batch(inputs, targets, None, int((targets != IGNORE_INDEX).sum()))
+        chunked = loss_and_grads(lambda: trainer._loss(batch, trainer._attention(batch), trainer.net))
 
         def unchunked_in_the_trainers_precision():
             with optim.autocast_context(trainer.choices.precision, trainer.world.device):
