@@ -79,6 +79,11 @@ class StopDecision:
     message: str
 
 
+RESUME_LINE = ("to resume, run the same command again with hydra.sweep.dir=SWEEP_DIR (one trial: hydra.run.dir=ITS_DIR), "
+               "as the sweep's last line and status say; without it a new sweep starts from step 0")
+"""What a stopped trial's log says of resuming it: the words the sweep and ``status`` use."""
+
+
 def decide_after_stop(reason: str | None, requeues: int, cap: int | None, under_slurm: bool) -> StopDecision:
     """The pure requeue decision after a checkpointed stop.
 
@@ -88,11 +93,11 @@ def decide_after_stop(reason: str | None, requeues: int, cap: int | None, under_
     budget the sweep's: never requeued.
     """
     if reason == INTERRUPTED:
-        return StopDecision("exit", "interrupted: checkpoint saved; run the same trial directory again to resume")
+        return StopDecision("exit", f"interrupted: checkpoint saved; {RESUME_LINE}")
     if reason == BUDGET:
         return StopDecision("exit", "the sweep's GPU-hour budget is spent: checkpoint saved; retry the trial to resume")
     if not under_slurm:
-        return StopDecision("exit", "checkpoint saved; run the same trial directory again to resume")
+        return StopDecision("exit", f"checkpoint saved; {RESUME_LINE}")
     if cap is not None and requeues >= cap:
         return StopDecision(
             "fail",
