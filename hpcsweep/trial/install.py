@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 GIT_TIMEOUT_S = 10
-HPCSWEEP_KEY = "hpcsweep"
+INSTALL_RECORD_KEY = "hpcsweep"
 """The key of this record in ``environment.json`` and in a code snapshot's ``SNAPSHOT.json``."""
 
 
@@ -78,7 +78,7 @@ def recorded_install(code_dir: Path | None) -> dict[str, Any]:
     from hpcsweep.files.code_snapshot import SNAPSHOT_FILE
 
     if code_dir is not None:
-        recorded = json.loads((code_dir / SNAPSHOT_FILE).read_text()).get(HPCSWEEP_KEY)
+        recorded = json.loads((code_dir / SNAPSHOT_FILE).read_text()).get(INSTALL_RECORD_KEY)
         if recorded:
             return dict(recorded)
     return this_install()

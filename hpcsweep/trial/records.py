@@ -21,7 +21,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.model.record import ModelRecord
 from hpcsweep.slurm.env import SlurmJobEnv
 from hpcsweep.trial.identity import MODEL_RECORD_KEY, check_resume, differences_text
-from hpcsweep.trial.install import HPCSWEEP_KEY, recorded_install
+from hpcsweep.trial.install import INSTALL_RECORD_KEY, recorded_install
 from hpcsweep.trial.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def environment_record(
     return {
         **git_state(Path(__file__).resolve().parent),
         "code_snapshot": None if code_dir is None else read_snapshot_record(code_dir),
-        HPCSWEEP_KEY: recorded_install(code_dir),
+        INSTALL_RECORD_KEY: recorded_install(code_dir),
         "recorded_at": now_iso(),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
