@@ -81,16 +81,16 @@ class Trainer:
         tcfg = cfg.trainer
         self.is_writer = world.rank == metrics.logging_rank(world.world_size)
         self.device_facts = gpu_choices.device_facts(world.device)
+        self.own_code = model.own_code(cfg.model, model_record)
         self.choices = gpu_choices.choose(
             tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available(),
-            packing=bool(cfg.data.packing), own_code=model.own_code(cfg.model, model_record),
+            packing=bool(cfg.data.packing), own_code=self.own_code,
         )
         self.backend_before = gpu_choices.apply_backend_settings(self.choices, world.device.type)
         self.weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none",
                                               device=world.device)
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation,
                                        self.weights_dtype).to(world.device)
-        self.own_code = model.own_code(cfg.model, model_record)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
         self.balance = moe_balance.attach(self.model, cfg.model)
         self.head_loss = head_loss.attach(self.model, tcfg.loss_kernel, tcfg.loss_chunk_tokens, world.device.type)
