@@ -22,7 +22,7 @@ VOCAB = 96
 TINY_QWEN_MOE = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=32,
-    decoder_sparse_step=1, mlp_only_layers=[0], use_cache=False, tie_word_embeddings=False,
+    decoder_sparse_step=1, mlp_only_layers=[0], tie_word_embeddings=False,
 )
 """A Qwen2-MoE with a dense first layer, then routed experts beside a shared expert (whose linears peft's
 transformers-5 conversion would move onto the experts, as for DeepSeek)."""
