@@ -259,12 +259,22 @@ def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
 
 
 def expert_lora_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
-    """The expert LoRA's transient per MoE layer: the product x·A·B of every token-expert on the wider
-    tensor (``gate_up_proj``, 2I wide) in the compute dtype, made, added and freed (no W + s·BA is built)."""
+    """The expert LoRA's temporaries (``hpcsweep.train.expert_lora``'s grouped GEMMs): the product x·A·B of
+    every token-expert on the wider tensor (``gate_up_proj``, 2I wide) in the compute dtype, made, added and
+    freed (no W + s·BA is built); and, with fused experts, the adapter weights copied into the grouped GEMM's
+    layout at each forward and kept for the backward, by every MoE layer whose activations are kept (one under
+    gradient checkpointing): ``B`` (``[E, r, 2I]``, ``[E, r, h]``), and ``A`` (``[E, r, h]``, ``[E, r, I]``)
+    where autocast casts it or the rank is padded, the rank rounded up to whole 16 bytes."""
     if not adapts_experts(shape, setup):
         return 0
-    tokens = setup.batch_size * setup.seq_len
-    return tokens * shape.num_experts_per_tok * 2 * shape.moe_intermediate_size * compute_bytes(setup)
+    e, h, width = compute_bytes(setup), shape.hidden_size, shape.moe_intermediate_size
+    product = setup.batch_size * setup.seq_len * shape.num_experts_per_tok * 2 * width * e
+    if not shape.fused_experts:
+        return product
+    rank = -(-setup.lora_rank * e // 16) * 16 // e
+    copied = (2 * width + h) + ((h + width) if e != 4 or rank != setup.lora_rank else 0)
+    layers = 1 if setup.grad_checkpointing else shape.moe_layers
+    return product + layers * shape.n_routed_experts * rank * copied * e
 
 
 def _shard(nbytes: int, world: int) -> int:

@@ -10,25 +10,36 @@ the backward computes the full expert weight gradient, as full fine-tuning does.
 ``GroupedLoraParamWrapper``: a subclass with peft's own parameters, names, ``state_dict``, save, load and merge,
 that replaces only the forward, and only while one adapter is active and unmerged (else peft's forward runs):
 
-- over a routed-experts module: the tokens are sorted by expert, and for each expert ``e`` with tokens the
-  frozen ``x·W_eᵀ`` runs beside ``s·(dropout(x)·A_eᵀ)·B_eᵀ``, for ``gate_up_proj`` and then ``down_proj``; the
-  outputs are weighted by the router and summed per token, as transformers' experts implementations do. ``A_e``
-  and ``B_e`` are views of peft's ``lora_A``/``lora_B`` weights in peft's layout (``ParamWrapper.get_delta_factors``),
-  so the frozen ``W`` gets no gradient and nothing of its size is built;
+- over a routed-experts module: transformers' ``grouped_mm`` experts forward with a low-rank term. The
+  (token, choice) rows are sorted by expert; the frozen ``x·W_eᵀ`` of every expert is one ``torch._grouped_mm``
+  over them, as transformers runs it (the same kernel full fine-tuning uses), and the adapter's
+  ``s·(dropout(x)·A_eᵀ)·B_eᵀ`` two more over the same rows (``ExpertFactors``), for ``gate_up_proj`` and then
+  ``down_proj``; the outputs are weighted by the router and summed per token. ``A`` is a view of peft's
+  ``lora_A`` weight; ``B`` is copied out of peft's layout into ``[E, r, out]`` at each forward (the size of the
+  adapter: no view of it fits a grouped GEMM). The frozen ``W`` gets no gradient and nothing of its size is
+  built. No loop over experts in Python and no host sync: the group offsets are a tensor (``searchsorted``);
 - over an ``nn.Linear`` (the dense and shared-expert MLP linears, which ``hpcsweep.train.lora`` has to name by
   parameter, see there): ``x·Wᵀ + s·B(A(dropout(x)))``, which is peft's ``lora.Linear`` forward.
 
 Dropout is each wrapper's ``lora_dropout`` module, applied to the adapter's input as peft's ``lora.Linear`` does
 (peft's own ``ParamWrapper`` refuses dropout: its fold cannot apply it per token).
 
+``torch._grouped_mm`` runs where the device and dtype have a kernel (CPU from torch 2.9, CUDA from compute
+capability 8.0; fp32, bf16, fp16) and every operand's non-unit stride is a multiple of 16 bytes: the rank is
+padded with zero rows to a multiple of 4 (fp32) or 8 (16-bit), which adds nothing. Elsewhere (float64, odd
+widths, older GPUs) every product is a zero-padded ``bmm`` over ``[E, most rows of an expert, in]``, whose
+size is that path's one host sync per product. The adapters compute in autocast's dtype where autocast is on
+(``torch._grouped_mm`` is not an autocast op), else in their weights'.
+
 Written here because neither package does it: peft (0.21) reaches fused experts only through the fold, and
 transformers' experts implementations (``eager``, ``batched_mm``, ``grouped_mm`` in ``integrations/moe.py``) take
-one weight per expert, with no place for a low-rank term. The loop over experts is transformers' ``eager`` one:
-one host sync per layer for the token counts; each expert's rows are a contiguous slice after the sort.
+one weight per expert, with no place for a low-rank term.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,26 +82,121 @@ def use_grouped_forward(net: torch.nn.Module) -> int:
 
 
 class ExpertFactors:
-    """One wrapper's adapter as per-expert views of peft's weights: ``lora_A`` ``[E·r, in]`` is ``E`` blocks
-    ``[r, in]``; ``lora_B`` ``[out, r·E]`` holds expert ``e`` in columns ``e, e+E, ...`` (peft's layout).
-
-    ``unbind`` keeps the views in one autograd node, whose backward stacks the experts' gradients once.
-    """
+    """One wrapper's adapter as grouped-GEMM operands: ``lora_A`` ``[E·r, in]`` is ``E`` blocks ``[r, in]``;
+    ``lora_B`` ``[out, r·E]`` holds expert ``e`` in columns ``e, e+E, ...`` (peft's layout), which no view can
+    give a grouped GEMM (neither ``r`` nor ``out`` is contiguous), so ``B`` is copied to ``[E, r, out]`` at each
+    forward: one copy of the adapter's size, kept for the backward (``hpcsweep.memory_plan.plan`` counts it)."""
 
     def __init__(self, wrapper: ParamWrapper, adapter: str) -> None:
-        experts = wrapper.num_experts
-        weight_a = wrapper.lora_A[adapter].weight
-        weight_b = wrapper.lora_B[adapter].weight
-        self.a = weight_a.reshape(experts, -1, weight_a.shape[-1]).unbind(0)
-        self.b = weight_b.reshape(weight_b.shape[0], -1, experts).unbind(-1)
+        self.experts = wrapper.num_experts
+        self.weight_a = wrapper.lora_A[adapter].weight
+        self.weight_b = wrapper.lora_B[adapter].weight
         self.dropout = wrapper.lora_dropout[adapter]
         self.scaling = wrapper.scaling[adapter]
 
-    def __call__(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        """``s·B_e·A_e`` applied to ``x`` (the rows routed to ``expert``), in ``x``'s dtype."""
-        a = self.a[expert]
-        low_rank = F.linear(self.dropout(x.to(a.dtype)), a)
-        return (F.linear(low_rank, self.b[expert]) * self.scaling).to(x.dtype)
+    def __call__(self, x: torch.Tensor, groups: Groups) -> torch.Tensor:
+        """``s·B_e·A_e·dropout(x_i)`` for every row ``x_i`` of ``x`` (sorted by expert, ``groups``), in the
+        adapter's compute dtype: autocast's where it is on, else the adapter weights'."""
+        dtype = _compute_dtype(x, self.weight_a.dtype)
+        a, b = self.operands(dtype)
+        low_rank = grouped_mm(self.dropout(x.to(dtype)), a.transpose(1, 2), groups)
+        return grouped_mm(low_rank * self.scaling, b, groups)
+
+    def operands(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``A`` as ``[E, r', in]`` and ``B`` as ``[E, r', out]`` in ``dtype``, ``r'`` the rank rounded up to
+        what the grouped GEMM's 16-byte strides need (zero rows, which add nothing)."""
+        experts, rank = self.experts, self.weight_a.shape[0] // self.experts
+        a = self.weight_a.reshape(experts, rank, -1)
+        b = self.weight_b.reshape(self.weight_b.shape[0], rank, experts).permute(2, 1, 0)
+        padding = -rank % _alignment_elements(dtype)
+        if padding:
+            a, b = F.pad(a, (0, 0, 0, padding)), F.pad(b, (0, 0, 0, padding))
+        return a.to(dtype), b.to(dtype).contiguous()
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Rows sorted by expert: ``offsets[e]`` is the end of expert ``e``'s rows (int32, as ``torch._grouped_mm``
+    takes them), ``expert_ids`` each row's expert (for the padded fallback)."""
+
+    offsets: torch.Tensor
+    expert_ids: torch.Tensor
+
+    @classmethod
+    def of(cls, sorted_ids: torch.Tensor, experts: int) -> Groups:
+        """From the rows' sorted expert ids, without a host sync (``searchsorted``, not ``bincount``)."""
+        bounds = torch.arange(experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+        return cls(torch.searchsorted(sorted_ids, bounds, right=True).to(torch.int32), sorted_ids)
+
+
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """``x[i] @ weight[e_i]`` for every row ``i`` of ``x`` (``[rows, k]``, sorted by expert; ``weight``
+    ``[E, k, n]``), in ``x``'s dtype: ``torch._grouped_mm``, transformers' ``grouped_mm`` experts kernel,
+    where this device and dtype have it and the operands meet its stride rules, else a padded ``bmm``."""
+    weight = weight.to(x.dtype)
+    if _grouped_mm_fits(x, weight):
+        return _GROUPED_MM(x, weight, offs=groups.offsets)
+    return _padded_bmm(x, weight, groups)
+
+
+def _padded_bmm(x: torch.Tensor, weight: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """The fallback: every expert's rows into ``[E, capacity, k]`` (zero padded), one ``bmm``, the rows taken
+    back. Its capacity (the most rows any expert has) is the one host sync of this path."""
+    experts = weight.shape[0]
+    ends = groups.offsets.long()
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    capacity = int(counts.max()) if x.shape[0] else 0
+    position = torch.arange(x.shape[0], device=x.device) - (ends - counts)[groups.expert_ids]
+    slots = groups.expert_ids * capacity + position
+    padded = x.new_zeros(experts * capacity, x.shape[1]).index_copy(0, slots, x)
+    out = torch.bmm(padded.view(experts, capacity, -1), weight)
+    return out.reshape(experts * capacity, -1).index_select(0, slots)
+
+
+_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def _alignment_elements(dtype: torch.dtype) -> int:
+    """Elements in 16 bytes: ``torch._grouped_mm`` wants every operand's non-unit stride a multiple of them."""
+    return max(1, 16 // dtype.itemsize)
+
+
+def _grouped_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs ``x @ weight`` forward and backward: it has a kernel for this device
+    and dtype, the rows are contiguous, both widths (``k``, ``n``) are whole 16 bytes (the backward's gradients
+    have those strides), ``weight`` has one of its last two dimensions contiguous, and both start 16-aligned."""
+    if _GROUPED_MM is None or not _grouped_mm_runs(x.device, x.dtype):
+        return False
+    align = _alignment_elements(x.dtype)
+    rows, cols = weight.stride(1), weight.stride(2)
+    k, n = weight.shape[1], weight.shape[2]
+    return (
+        x.is_contiguous() and k % align == 0 and n % align == 0
+        and ((cols == 1 and rows % align == 0) or (rows == 1 and cols % align == 0))
+        and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0
+    )
+
+
+@functools.cache
+def _grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch._grouped_mm`` has a kernel for ``device`` and ``dtype`` (asked once each, by running it:
+    CPU has one from torch 2.9, CUDA from compute capability 8.0, and only for fp32, bf16 and fp16)."""
+    try:
+        x = torch.ones(4, 8, device=device, dtype=dtype)
+        _GROUPED_MM(x, torch.ones(2, 8, 8, device=device, dtype=dtype),
+                    offs=torch.tensor([1, 4], device=device, dtype=torch.int32))
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def _compute_dtype(x: torch.Tensor, weight_dtype: torch.dtype) -> torch.dtype:
+    """The dtype an adapter computes in: autocast's on ``x``'s device where it is on (``torch._grouped_mm``
+    is not autocast's, so this does what autocast did for the ``F.linear`` of peft's ``lora.Linear``), else
+    the adapter weights'."""
+    kind = x.device.type
+    autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+    return torch.get_autocast_dtype(kind) if autocast else weight_dtype
 
 
 def experts_forward(
@@ -102,32 +208,30 @@ def experts_forward(
     adapters: dict[str, ExpertFactors],
 ) -> torch.Tensor:
     """A transformers experts module's forward (``[tokens, h]`` in and out) with ``adapters`` (by tensor name,
-    ``gate_up_proj``/``down_proj``) added to each expert's products on the rows routed to it."""
+    ``gate_up_proj``/``down_proj``) added to each expert's products on the rows routed to it.
+
+    transformers' ``grouped_mm_experts_forward`` with a low-rank term: the (token, choice) rows sorted by
+    expert, the frozen products as its ``torch._grouped_mm`` calls on the weights' dtype, each adapter's as
+    two more over the same rows (``ExpertFactors``) added in place; no loop over experts, no host sync."""
     num_tokens, top_k = top_k_index.shape
-    expert_ids = top_k_index.reshape(-1)
-    order = torch.argsort(expert_ids, stable=True)
-    rows = hidden_states[order // top_k]
-    counts = torch.bincount(expert_ids, minlength=experts.num_experts).tolist()
-    gate_up, down = adapters.get("gate_up_proj"), adapters.get("down_proj")
-    outputs = []
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        x = rows[start : start + count]
-        start += count
-        hidden = F.linear(x, experts.gate_up_proj[expert])
-        if gate_up is not None:
-            hidden = hidden + gate_up(x, expert)
-        hidden = experts._apply_gate(hidden)
-        out = F.linear(hidden, experts.down_proj[expert])
-        if down is not None:
-            out = out + down(hidden, expert)
-        outputs.append(out)
-    if not outputs:  # no tokens at all
+    if top_k_index.numel() == 0:
         return torch.zeros_like(hidden_states)
-    weighted = torch.cat(outputs) * top_k_weights.reshape(-1)[order].unsqueeze(-1)
-    per_choice = weighted[torch.argsort(order)]  # back to (token, choice) order
+    sorted_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
+    groups = Groups.of(sorted_ids, experts.num_experts)
+    rows = hidden_states[order // top_k]
+    gate_up, down = adapters.get("gate_up_proj"), adapters.get("down_proj")
+    # The frozen products' outputs are not saved for their backward: adding the adapter's in place is safe.
+    hidden = grouped_mm(rows.to(experts.gate_up_proj.dtype), experts.gate_up_proj.transpose(1, 2), groups)
+    if gate_up is not None:
+        hidden += gate_up(rows, groups).to(hidden.dtype)
+    hidden = experts._apply_gate(hidden)
+    out = grouped_mm(hidden.to(experts.down_proj.dtype), experts.down_proj.transpose(1, 2), groups)
+    if down is not None:
+        out += down(hidden, groups).to(out.dtype)
+    weighted = out * top_k_weights.reshape(-1)[order].unsqueeze(-1)
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    per_choice = weighted[back]  # (token, choice) order again
     return per_choice.view(num_tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
 
 

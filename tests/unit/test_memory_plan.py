@@ -370,10 +370,11 @@ def test_the_plan_counts_expert_adapters_only_with_model_lora_experts():
     assert without.trainable_parameters == wrapped_trainable_parameters(meta_model(V2_LITE), 8, experts=False)
     # r x E x ((h + 2I) + (I + h)) a MoE layer: 26 of 27 layers, 64 experts.
     assert with_experts.trainable_parameters - without.trainable_parameters == 26 * 8 * 64 * (2 * 2048 + 3 * 1408)
-    # The expert LoRA's transient: every token-expert's x·A·B on gate_up (2I wide) in bf16, no W + s·BA.
+    # The expert LoRA's transient: every token-expert's x·A·B on gate_up (2I wide) in bf16, no W + s·BA; and
+    # each MoE layer's A and B copied in bf16 for the grouped GEMMs, kept for the backward.
     tokens = 2048
-    assert with_experts.temporaries - without.temporaries == tokens * 6 * 2 * 1408 * 2 + 4 * (
-        with_experts.trainable_parameters - without.trainable_parameters)
+    assert with_experts.temporaries - without.temporaries == tokens * 6 * 2 * 1408 * 2 + 26 * 64 * 8 * (
+        (2 * 1408 + 2048) + (2048 + 1408)) * 2 + 4 * (with_experts.trainable_parameters - without.trainable_parameters)
 
 
 def test_the_largest_fsdp_layer_of_a_dense_model_counts_its_whole_mlp():
