@@ -1,7 +1,8 @@
 """LoRA against full fine-tuning on DeepSeek-style models saved with ``save_pretrained``: speed and training state.
 
-    python benchmarks/finetune.py [--shape moe] [--steps 8] [--rank 8] [--workdir DIR] [--json FILE]
+    python benchmarks/finetune.py [--shape moe moe64 moe256] [--steps 8] [--rank 8] [--workdir DIR] [--json FILE]
     python benchmarks/finetune.py --checkpoints [--shape tiny 125m] [--steps 4]
+    python benchmarks/finetune.py --experts [--steps 12]
 
 For each shape it makes a model folder the way users bring one (``tests/model_folders.make_model_folder``:
 ``save_pretrained`` safetensors and a ``tokenizers``-trained tokenizer), loads it three times (``hpcsweep.train.model``)
@@ -16,11 +17,17 @@ and trains the copies side by side in this one process, on CPU with one thread, 
 - **training-state memory**, computed from the tensors: the parameters that train, their gradients and the
   optimizer's state (bytes of every tensor in ``optimizer.state``), and for LoRA the expert LoRA's temporaries:
   the tensors autograd saves for the backward of the experts' adapter products (``expert_lora.ExpertFactors``)
-  during one forward, counted once per storage, parameters' storages left out. All counted as if held at once.
+  during one forward (the adapter weights copied into the grouped GEMMs' layout among them), counted once per
+  storage, parameters' storages left out. All counted as if held at once.
+
+The shapes ``moe64`` and ``moe256`` keep the routed and shared expert counts, top-k, expert groups and width
+ratios of DeepSeek-V2-Lite and DeepSeek-V3, shrunk in width and depth (``SHAPES``); ``moe`` has 16 experts.
 
 It ends with ``LoRA/full tokens/s X.XX, training-state memory X.XX`` (LoRA's figure over full fine-tuning's)
 for the last shape. ``--checkpoints`` instead trains each shape as a trial (``hpcsweep.train.worker.run_trial``)
-with ``model.peft=lora`` and ``none`` and reports load time, checkpoint size and save time.
+with ``model.peft=lora`` and ``none`` and reports load time, checkpoint size and save time. ``--experts`` times
+the routed experts alone (``EXPERT_SHAPES``: 8, 64 and 256 experts): forward and backward of ``MICRO_TOKENS``
+tokens through a model of two MoE layers, no optimizer, medians of CPU time, contenders alternating likewise.
 """
 
 from __future__ import annotations
@@ -65,6 +72,22 @@ SHAPES: dict[str, dict[str, Any]] = {
                 num_key_value_heads=8, max_position_embeddings=256, n_routed_experts=16, num_experts_per_tok=4,
                 n_shared_experts=1, moe_intermediate_size=288, kv_lora_rank=128, qk_rope_head_dim=32,
                 qk_nope_head_dim=64, v_head_dim=64),
+    # DeepSeek-V2-Lite's MoE (64 routed experts, 2 shared, top-6, no expert groups, one dense layer first, no
+    # low-rank queries, moe_intermediate / hidden = 1408 / 2048 and intermediate / hidden = 10944 / 2048), at
+    # hidden 256 (1/8 of its widths), 4 layers, attention 4 heads of 32/16/32 dims, on DeepseekV3's classes
+    # (make_model_folder's: its router is V3's sigmoid one where V2-Lite's is a softmax); 28.5M parameters.
+    "moe64": dict(hidden_size=256, moe_intermediate_size=176, intermediate_size=1368, num_hidden_layers=4,
+                  first_k_dense_replace=1, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
+                  n_group=1, topk_group=1, q_lora_rank=None, kv_lora_rank=64, num_attention_heads=4,
+                  num_key_value_heads=4, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32),
+    # DeepSeek-V3's MoE (256 routed experts, 1 shared, top-8 within the top 4 of 8 expert groups, dense layers
+    # first), every width at 1/32 of V3's (hidden 224, moe_intermediate 64, intermediate 576, q_lora_rank 48,
+    # kv_lora_rank 16), 4 layers; 34.1M parameters. (At 1/16, hidden 448, it is 135.5M and the benchmark holds
+    # 5.9 GB: too much beside four other engineers on this machine.)
+    "moe256": dict(hidden_size=224, moe_intermediate_size=64, intermediate_size=576, num_hidden_layers=4,
+                   first_k_dense_replace=1, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+                   n_group=8, topk_group=4, q_lora_rank=48, kv_lora_rank=16, num_attention_heads=4,
+                   num_key_value_heads=4, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32),
 }
 """DeepseekV3Config overrides of each shape's folder."""
 BATCH, SEQ = 2, 64
@@ -84,10 +107,8 @@ def contenders(folder: Path, rank: int) -> list[Contender]:
     for name, peft in (("LoRA", "lora"), ("full", "none"), ("LoRA, peft's fold", "lora")):
         cfg = trial_config_from_dict({"model": {"path": str(folder), "peft": peft, "lora": {"r": rank}}})
         net = lora.apply_lora(model_lib.build_model(cfg.model, seed=0), cfg.model, seed=0).train()
-        if name == "LoRA, peft's fold":  # the same adapters with peft's own ParamWrapper forward, for reference
-            for module in net.modules():
-                if isinstance(module, expert_lora.GroupedLoraParamWrapper):
-                    module.__class__ = ParamWrapper
+        if name == "LoRA, peft's fold":
+            _as_peft_forward(net)
         made.append(Contender(name, net, optim.build_optimizer(net, cfg.model, cfg.trainer), []))
     return made
 
@@ -137,9 +158,9 @@ def expert_lora_saves(net: torch.nn.Module) -> Iterator[dict[int, int]]:
 
     plain = expert_lora.ExpertFactors.__call__
 
-    def counted(self: expert_lora.ExpertFactors, x: torch.Tensor, expert: int) -> torch.Tensor:
+    def counted(self: expert_lora.ExpertFactors, x: torch.Tensor, groups: expert_lora.Groups) -> torch.Tensor:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            return plain(self, x, expert)
+            return plain(self, x, groups)
 
     expert_lora.ExpertFactors.__call__ = counted
     try:
@@ -182,6 +203,67 @@ def report_speed(rows: list[dict[str, Any]]) -> None:
     last = rows[-1]
     print(f"LoRA/full tokens/s {last['LoRA']['tokens_per_s'] / last['full']['tokens_per_s']:.2f}, "
           f"training-state memory {last['LoRA']['memory_total'] / last['full']['memory_total']:.2f}")
+
+
+MICRO_TOKENS = 512
+EXPERT_SHAPES: dict[str, dict[str, Any]] = {
+    name: {**dict(hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2, first_k_dense_replace=0,
+                  num_experts_per_tok=2, n_group=1, topk_group=1), **sizes}
+    for name, sizes in {
+        "8": dict(n_routed_experts=8),
+        "64": dict(n_routed_experts=64),
+        "256": dict(n_routed_experts=256),
+        "64, hidden 256": dict(n_routed_experts=64, hidden_size=256, moe_intermediate_size=128),
+    }.items()
+}
+"""``--experts``: DeepseekV3Config size overrides (tests/model_folders.TINY_DEEPSEEK's attention) of a model whose
+two layers are both MoE, top-2, by its routed experts; the issue's micro-benchmark (issue 39)."""
+
+
+def measure_experts(name: str, steps: int, rank: int) -> dict[str, Any]:
+    """Forward and backward (no optimizer) of ``MICRO_TOKENS`` tokens through full fine-tuning, LoRA and LoRA with
+    peft's fold, alternating, in CPU time; each contender's first step left out."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from tests.model_folders import TINY_DEEPSEEK
+
+    config = DeepseekV3Config(vocab_size=384, **{**TINY_DEEPSEEK, **EXPERT_SHAPES[name]})
+    cfg = trial_config_from_dict({"model": {"peft": "lora", "lora": {"r": rank}}}).model
+    nets = {}
+    for contender in ("full", "LoRA", "LoRA, peft's fold"):
+        torch.manual_seed(0)
+        net = DeepseekV3ForCausalLM(config)
+        if contender != "full":
+            net = lora.apply_lora(net, cfg, seed=0)
+        if contender == "LoRA, peft's fold":
+            _as_peft_forward(net)
+        nets[contender] = net.train()
+    ids = torch.randint(0, 384, (1, MICRO_TOKENS + 1), generator=torch.Generator().manual_seed(0))
+    seconds: dict[str, list[float]] = {contender: [] for contender in nets}
+    for step in range(steps):
+        for contender in (list(nets) if step % 2 == 0 else list(nets)[::-1]):
+            start = time.process_time()
+            logits = nets[contender](input_ids=ids[:, :-1]).logits
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+            seconds[contender].append(time.process_time() - start)
+            nets[contender].zero_grad(set_to_none=True)
+    return {"experts": name, "steps": steps, "rank": rank, "load_average": os.getloadavg()[0],
+            **{contender: {"median_ms": 1e3 * statistics.median(s[1:]), "step_s": s[1:]}
+               for contender, s in seconds.items()}}
+
+
+def report_experts(rows: list[dict[str, Any]]) -> None:
+    print(f"{'experts':>15}   {'fwd+bwd ms: full':>16} {'LoRA':>6} {'peft fold':>10}   {'LoRA/full':>9} {'fold/full':>9}")
+    for r in rows:
+        full, ours, fold = (r[c]["median_ms"] for c in ("full", "LoRA", "LoRA, peft's fold"))
+        print(f"{r['experts']:>15}   {full:>16.1f} {ours:>6.1f} {fold:>10.1f}   {ours / full:>9.2f} {fold / full:>9.2f}")
+
+
+def _as_peft_forward(net: torch.nn.Module) -> None:
+    """The same adapters run by peft's own ParamWrapper forward (its fold), for reference."""
+    for module in net.modules():
+        if isinstance(module, expert_lora.GroupedLoraParamWrapper):
+            module.__class__ = ParamWrapper
 
 
 def load_seconds(folder: Path) -> float:
@@ -242,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=8, help="model.lora.r (default: %(default)s)")
     parser.add_argument("--checkpoints", action="store_true",
                         help="measure load time, checkpoint size and save time of trials instead")
+    parser.add_argument("--experts", action="store_true",
+                        help="time the routed experts alone at 8, 64 and 256 experts (forward and backward)")
     parser.add_argument("--workdir", type=Path, help="where folders and trial dirs go (default: a temporary dir)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
@@ -250,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     shapes = args.shape or (["tiny", "125m"] if args.checkpoints else ["moe"])
     with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
         workdir = args.workdir or Path(tmp)
-        if args.checkpoints:
+        if args.experts:
+            rows = [measure_experts(name, max(args.steps, 2), args.rank) for name in EXPERT_SHAPES]
+            report_experts(rows)
+        elif args.checkpoints:
             rows = [measure_checkpoints(shape, workdir, args.steps) for shape in shapes]
             report_checkpoints(rows)
         else:
