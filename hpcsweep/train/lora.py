@@ -11,7 +11,8 @@ Which weights get adapters (``hpcsweep.model.lora_targets``, the one list the me
 - with ``model.lora.experts`` (true by default) the routed experts of a MoE model, which transformers 5 stores
   fused as two 3-D parameters per layer (``mlp.experts.gate_up_proj``, ``down_proj``): each expert gets a
   rank-r adapter of its own on both, as peft's ``target_parameters``. ``hpcsweep.train.expert_lora`` computes
-  them per expert on the tokens routed to it, so neither ``W + s·B·A`` nor the expert weight gradient is built;
+  every expert's adapter on the tokens routed to it in grouped GEMMs over the tokens sorted by expert, so
+  neither ``W + s·B·A`` nor the expert weight gradient is built;
 - a model that runs its folder's own code (DeepSeek-MoE-16B's ``modeling_deepseek.py``) keeps each routed
   expert as three ``nn.Linear`` of its own (``mlp.experts.N.gate_proj``, ``up_proj``, ``down_proj``): the
   target names reach them as they reach the shared experts, one peft ``lora.Linear`` per expert and
