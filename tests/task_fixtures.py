@@ -24,7 +24,7 @@ import json
 import random
 from pathlib import Path
 
-from hpcsweep.train.chat_render import sample_messages
+from hpcsweep.prepare.chat_render import sample_messages
 from tests.chat_fixtures import MARKERS, REAL_TEMPLATES, write_chat_corpus
 from tests.model_folders import TINY_DEEPSEEK, make_model_folder, train_tokenizer, write_text_corpus
 

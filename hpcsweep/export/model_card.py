@@ -108,7 +108,7 @@ def chat_section(chat: Mapping[str, Any]) -> list[str]:
 def _prompt_lines(chat: Mapping[str, Any]) -> list[str]:
     if chat.get("prompt") is not None:
         return ["A user turn `{{question}}` is then this text, which the answer follows directly "
-                "(`hpcsweep.train.chat_render.chat_prompt`; a task's `doc_to_text`):", "", "```text", chat["prompt"],
+                "(`hpcsweep.prepare.chat_render.chat_prompt`; a task's `doc_to_text`):", "", "```text", chat["prompt"],
                 "```", ""]
     if chat.get("prompt_missing"):
         return [f"(A user turn's prompt could not be rendered where this was exported: {chat['prompt_missing']}.)", ""]

@@ -84,8 +84,8 @@ def chat_facts(data: Any, base_path: Path | None, remote_code: bool) -> dict[str
     """How a ``data=chat`` trial rendered its samples, for the card: ``data.chat_template``,
     ``data.chat_template_kwargs``, and ``prompt``, a user turn ``{{question}}`` as the trial would be asked it
     (``chat_prompt``), or ``prompt_missing`` saying why it cannot be rendered here."""
-    from hpcsweep.train.chat_render import chat_prompt
-    from hpcsweep.train.text_documents import CorpusError
+    from hpcsweep.prepare.chat_render import chat_prompt
+    from hpcsweep.prepare.text_documents import CorpusError
 
     facts: dict[str, Any] = {"chat_template": data.chat_template, "chat_template_kwargs": data.chat_template_kwargs}
     folder = data.tokenizer or (None if base_path is None else str(base_path))

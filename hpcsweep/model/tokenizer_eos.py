@@ -1,6 +1,6 @@
 """Whether a tokenizer folder has an EOS token, read from its files without importing transformers.
 
-A ``data=text`` corpus becomes each document's ids followed by EOS (``hpcsweep.train.text_tokens``),
+A ``data=text`` corpus becomes each document's ids followed by EOS (``hpcsweep.prepare.text_tokens``),
 so a tokenizer without one cannot prepare it. ``AutoTokenizer`` takes its EOS from
 ``tokenizer_config.json`` or ``special_tokens_map.json`` (``eos_token``, a string or an
 ``AddedToken`` mapping); a tokenizer class of its own (``LlamaTokenizer``) may bring a default one,

@@ -3,7 +3,7 @@
 A trial of a ``data=text`` sweep waits on its token preparation job (``afterok``); when that job fails,
 Slurm cancels the trial's task (``--kill-on-invalid-dep=yes``: its dependency can never be satisfied),
 and the cancelled task itself says nothing of why. The reason is, in this order: the ``error`` the
-preparation job wrote into the trial's ``metrics.json`` (``hpcsweep.train.text_tokens``), else the
+preparation job wrote into the trial's ``metrics.json`` (``hpcsweep.prepare.text_tokens``), else the
 preparation job's failed state and its log's last line. Pure: the reading happens in ``load_sweep``.
 """
 

@@ -8,7 +8,7 @@ each document adds its EOS and at most one prefix token (SentencePiece's ``▁``
 ``bytes + 2`` tokens per ``.txt`` file, and for a ``.jsonl`` line, whose ``{"text": ""}`` wrapping
 alone is 12 bytes, at most the line's bytes. A corpus refused by this bound is certainly too small;
 one that passes may still be (real text makes about one token per 3 to 5 bytes), and the preparation
-job then checks the exact count (``hpcsweep.train.text_tokens``).
+job then checks the exact count (``hpcsweep.prepare.text_tokens``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from hpcsweep.config import DataConfig, check_corpus_fits
 from hpcsweep.files.token_cache import TextCorpus
 from hpcsweep.model.tokenizer_eos import missing_eos
-from hpcsweep.train.text_documents import is_jsonl
+from hpcsweep.prepare.text_documents import is_jsonl
 
 TOKENS_PER_DOCUMENT_EXTRA = 2
 """Tokens a document may add beyond one per byte: its EOS and a tokenizer's prefix token."""

@@ -42,7 +42,7 @@ DEFAULT_CPUS = 8
 SCRIPT_RUN = """\
 python="$1"
 shift
-exec "$python" -m hpcsweep.train.text_tokens "$@"
+exec "$python" -m hpcsweep.prepare.text_tokens "$@"
 """
 """The script's fixed end: ``$1`` is the Python to run, the rest its arguments."""
 
@@ -101,8 +101,8 @@ def prepare_here(trials: Sequence[TrialConfig]) -> None:
     single run); a corpus that cannot be tokenized, or whose exact count is too small for a trial's
     ``data.seq_len`` (as the Slurm preparation job checks it), ends the command with one line, no trial run."""
     from hpcsweep.files.token_file import read_token_header
-    from hpcsweep.train.text_documents import CorpusError
-    from hpcsweep.train.text_tokens import available_cpus, check_needs, write_entry
+    from hpcsweep.prepare.text_documents import CorpusError
+    from hpcsweep.prepare.text_tokens import available_cpus, check_needs, write_entry
 
     for corpus in missing_corpora(trials):
         log.info("tokenizing %d files with %s into %s", len(corpus.files), corpus.tokenizer_folder, corpus.entry)

@@ -97,7 +97,7 @@ def load_chat_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str, *,
         raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(starts)} usable sample(s) at "
                          f"data.seq_len={cfg.seq_len}, at least 2 are needed")
     log.info("chat data: %s; %d left out with no loss token", selection.summary(cfg), int((~takes_loss).sum()))
-    from hpcsweep.train.text_tokens import load_tokenizer, pad_token_id
+    from hpcsweep.prepare.text_tokens import load_tokenizer, pad_token_id
 
     pad_id = pad_token_id(load_tokenizer(tokenizer, trust_remote_code=trust_remote_code))
     return sample_corpus(tokens, mask, starts, lengths, cfg, header.vocab_size, pad_id, dropped)

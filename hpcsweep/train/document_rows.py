@@ -41,7 +41,7 @@ def document_corpus(
     """The text corpus ``tokens`` (its cache entry, tokenized by ``tokenizer``, which loads with
     ``trust_remote_code``) as packed rows of its documents; ``ValueError`` naming ``data.files`` when it
     holds fewer than 2."""
-    from hpcsweep.train.text_tokens import load_tokenizer, pad_token_id
+    from hpcsweep.prepare.text_tokens import load_tokenizer, pad_token_id
 
     loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code)
     eos = loaded.eos_token_id

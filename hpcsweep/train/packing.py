@@ -69,7 +69,7 @@ class SampleRows:
 
     ``tokens`` and ``mask`` are the entry's arrays (memory-mapped; ``mask`` None: every target takes
     the loss); ``starts`` and ``lengths`` the split's samples in them; ``pad_id`` the tokenizer's
-    (``hpcsweep.train.text_tokens.pad_token_id``).
+    (``hpcsweep.prepare.text_tokens.pad_token_id``).
     """
 
     def __init__(self, tokens: np.ndarray, mask: np.ndarray | None, starts: np.ndarray, lengths: np.ndarray,

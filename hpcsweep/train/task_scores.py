@@ -154,7 +154,7 @@ class TaskScorer:
                  rank: int = 0, world_size: int = 1) -> None:
         from lm_eval.tasks import TaskManager
 
-        from hpcsweep.train.folder_tokenizer import load_folder_tokenizer
+        from hpcsweep.model.folder_tokenizer import load_folder_tokenizer
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.tokenizer = load_folder_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)

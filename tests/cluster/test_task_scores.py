@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hpcsweep.train.chat_render import sample_messages
+from hpcsweep.prepare.chat_render import sample_messages
 from tests.task_fixtures import (TASK, fact_chat_samples, make_fact_chat_model, write_fact_chat_corpus,
                                  write_fact_chat_task)
 

@@ -19,8 +19,8 @@ from hpcsweep.files.token_file import read_token_header
 from hpcsweep.sweep.prepare import validate_composed
 from hpcsweep.sweep.text_preparation import preparation_request
 from hpcsweep.train.chat_data import load_chat_corpus
-from hpcsweep.train.text_documents import CorpusError
-from hpcsweep.train.text_tokens import prepare_requested, write_entry
+from hpcsweep.prepare.text_documents import CorpusError
+from hpcsweep.prepare.text_tokens import prepare_requested, write_entry
 from tests.chat_fixtures import (
     NAMED_TEMPLATE,
     REAL_TEMPLATES,

@@ -9,7 +9,7 @@ import torch
 
 from hpcsweep.files.token_cache import chat_rendering, text_corpus
 from hpcsweep.train import worker as train
-from hpcsweep.train.text_tokens import write_entry
+from hpcsweep.prepare.text_tokens import write_entry
 from tests.chat_fixtures import NAMED_TEMPLATE, chat_tokenizer_folder, random_conversations, write_chat_corpus
 
 from .test_trainer_ddp import losses, torchrun

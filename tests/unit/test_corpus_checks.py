@@ -17,7 +17,7 @@ from hpcsweep.model.tokenizer_eos import missing_eos
 from hpcsweep.sweep.corpus_checks import most_tokens
 from hpcsweep.sweep.prepare import validate_composed
 from hpcsweep.sweep.text_preparation import preparation_request
-from hpcsweep.train import text_tokens
+from hpcsweep.prepare import text_tokens
 from tests.model_folders import corpus_documents, train_tokenizer, write_text_corpus
 
 

@@ -13,7 +13,7 @@ from hpcsweep.config import trial_config_from_dict
 from hpcsweep.files.token_cache import chat_rendering, text_corpus
 from hpcsweep.train import data
 from hpcsweep.train import worker as train
-from hpcsweep.train.text_tokens import write_entry
+from hpcsweep.prepare.text_tokens import write_entry
 from tests.chat_fixtures import REAL_TEMPLATES, random_conversations, write_chat_corpus
 from tests.model_folders import make_model_folder
 

@@ -15,7 +15,7 @@ import yaml
 from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
 from hpcsweep.files.token_file import read_token_header
 from hpcsweep.sweep.text_preparation import preparation_request, prepare_here, sweep_text_corpus
-from hpcsweep.train.text_tokens import prepare_requested, write_entry
+from hpcsweep.prepare.text_tokens import prepare_requested, write_entry
 from tests.task_fixtures import TASK, make_fact_chat_model, write_fact_chat_corpus, write_fact_corpus, write_fact_task
 
 REMOTE_TOKENIZER = '''from transformers import PreTrainedTokenizerFast

@@ -157,7 +157,7 @@ def test_a_packed_text_corpus_reads_its_documents_apart(tmp_path):
     from hpcsweep.config import DataConfig
     from hpcsweep.files.token_cache import text_corpus
     from hpcsweep.train.data import get_rows, load_corpus
-    from hpcsweep.train.text_tokens import load_tokenizer, write_entry
+    from hpcsweep.prepare.text_tokens import load_tokenizer, write_entry
     from tests.model_folders import corpus_documents, make_model_folder, write_text_corpus
 
     folder = make_model_folder(tmp_path / "model", weights=False)

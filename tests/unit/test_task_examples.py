@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpcsweep.train.chat_render import sample_messages
+from hpcsweep.prepare.chat_render import sample_messages
 from tests.model_folders import train_tokenizer
 from tests.task_fixtures import CHAT_TEMPLATE, fact_chat_samples, facts
 

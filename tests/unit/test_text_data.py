@@ -26,8 +26,8 @@ from hpcsweep.sweep.text_preparation import (
     preparation_script,
     sbatch_options,
 )
-from hpcsweep.train.text_documents import CorpusError, corpus_pieces, jsonl_documents, read_documents
-from hpcsweep.train.text_tokens import load_tokenizer, write_entry, write_token_file_at
+from hpcsweep.prepare.text_documents import CorpusError, corpus_pieces, jsonl_documents, read_documents
+from hpcsweep.prepare.text_tokens import load_tokenizer, write_entry, write_token_file_at
 from tests.model_folders import corpus_documents, make_model_folder, write_text_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,7 +151,7 @@ def test_parallel_tokenizing_writes_the_same_bytes_as_serial(tmp_path, folders):
 
 
 def test_two_preparers_of_one_entry_leave_one_whole_entry(tmp_path, folders, monkeypatch, caplog):
-    from hpcsweep.train import text_tokens
+    from hpcsweep.prepare import text_tokens
 
     model, _, corpus = folders
     entry = text_corpus(globs(corpus), str(model), str(tmp_path), "data.tokenizer")
@@ -167,7 +167,7 @@ def test_two_preparers_of_one_entry_leave_one_whole_entry(tmp_path, folders, mon
         return count
 
     monkeypatch.setattr(text_tokens, "write_tokens", racing)
-    caplog.set_level("INFO", logger="hpcsweep.train.cache_entry")
+    caplog.set_level("INFO", logger="hpcsweep.prepare.cache_entry")
     assert write_entry(entry, workers=1) == other["path"] == entry.token_path
     assert caplog.messages[-1] == f"another preparer wrote {entry.entry} first: keeping its entry"
     assert entry.token_path.read_bytes() == other["bytes"] and read_token_header(entry.token_path).num_tokens > 0
@@ -252,8 +252,8 @@ def test_the_preparation_job_runs_the_setup_lines_then_the_snapshots_hpcsweep(tm
     marker = tmp_path / "ran.json"
     with zipfile.ZipFile(code_dir / ARCHIVE_FILE, "w") as archive:
         archive.writestr("hpcsweep/__init__.py", "")
-        archive.writestr("hpcsweep/train/__init__.py", "")
-        archive.writestr("hpcsweep/train/text_tokens.py", (
+        archive.writestr("hpcsweep/prepare/__init__.py", "")
+        archive.writestr("hpcsweep/prepare/text_tokens.py", (
             "import json, os, sys\n"
             f"open({str(marker)!r}, 'w').write(json.dumps("
             "{'file': __file__, 'argv': sys.argv[1:], 'setup': os.environ.get('USER_SETUP')}))\n"))
@@ -266,7 +266,7 @@ def test_the_preparation_job_runs_the_setup_lines_then_the_snapshots_hpcsweep(tm
                          capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(marker.read_text()) == {
-        "file": str(code_dir / ARCHIVE_FILE / "hpcsweep" / "train" / "text_tokens.py"),
+        "file": str(code_dir / ARCHIVE_FILE / "hpcsweep" / "prepare" / "text_tokens.py"),
         "argv": ["--request", "r.json"], "setup": "ran"}
 
 

@@ -1,12 +1,12 @@
 """Tokenize a ``data=chat`` corpus once, into its token cache entry (``hpcsweep.files.token_cache``).
 
-Each sample (``hpcsweep.train.chat_render``) becomes its tokens, its loss mask and its place: the
+Each sample (``hpcsweep.prepare.chat_render``) becomes its tokens, its loss mask and its place: the
 entry holds ``tokens.bin`` (with its header ``tokens.json``, which also says what the other files
 are), ``mask.bin``, ``offsets.bin`` and ``sources.bin``. As for ``data=text``, pieces of the corpus
 are rendered by a pool of worker processes and written in corpus order, into a staging folder that
 is renamed into place, so a reader sees a whole entry or none.
 
-The Slurm preparation job (``python -m hpcsweep.train.text_tokens``) writes chat entries too: a
+The Slurm preparation job (``python -m hpcsweep.prepare.text_tokens``) writes chat entries too: a
 request with a ``chat`` field is one of these.
 """
 
@@ -26,8 +26,8 @@ import numpy as np
 
 from hpcsweep.files.token_cache import MASK_NAME, OFFSETS_NAME, SOURCES_NAME, TOKENS_NAME, ChatRendering, TextCorpus
 from hpcsweep.files.token_file import header_path, header_text
-from hpcsweep.train.chat_render import load_chat_tokenizer, render_sample, renderer, samples_in, special_ids
-from hpcsweep.train.text_documents import CorpusError, Piece, corpus_pieces, is_jsonl, line_number
+from hpcsweep.prepare.chat_render import load_chat_tokenizer, render_sample, renderer, samples_in, special_ids
+from hpcsweep.prepare.text_documents import CorpusError, Piece, corpus_pieces, is_jsonl, line_number
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from jinja2 import TemplateError
 
-from hpcsweep.train.folder_tokenizer import load_folder_tokenizer
-from hpcsweep.train.text_documents import CorpusError, jsonl_records
+from hpcsweep.model.folder_tokenizer import load_folder_tokenizer
+from hpcsweep.prepare.text_documents import CorpusError, jsonl_records
 
 ROLES = ("system", "user", "assistant")
 """The roles a sample's messages may have."""

@@ -1,14 +1,14 @@
 """Tokenize a text corpus once, into its token cache entry (``hpcsweep.files.token_cache``).
 
 Every document becomes its token ids followed by the tokenizer's EOS token, so EOS separates one
-document from the next. Pieces of the corpus (``hpcsweep.train.text_documents``) are tokenized by a
+document from the next. Pieces of the corpus (``hpcsweep.prepare.text_documents``) are tokenized by a
 pool of worker processes, one per CPU this process may use, and written in corpus order as they
 come back: the result is the same bytes for any number of workers, and memory holds a few pieces,
 never the corpus. The entry is written into a temporary folder beside it and renamed into place,
 so a reader sees a whole entry or none, and two preparers of one entry never corrupt it (the
 second's rename finds the first's entry and its own copy is dropped).
 
-    python -m hpcsweep.train.text_tokens --request SWEEP_DIR/.token-preparation/request.json
+    python -m hpcsweep.prepare.text_tokens --request SWEEP_DIR/.token-preparation/request.json
 
 is the Slurm preparation job of a ``data=text`` sweep (``hpcsweep.sweep.text_preparation``).
 """
@@ -37,10 +37,10 @@ from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics, write_metrics
 from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, chat_rendering, text_corpus
 from hpcsweep.files.token_file import TokenHeader, header_path, header_text, read_token_header
 from hpcsweep.files.trial_files import TrialFiles
-from hpcsweep.train.cache_entry import publish_entry
-from hpcsweep.train.chat_tokens import write_chat_files
-from hpcsweep.train.folder_tokenizer import load_folder_tokenizer
-from hpcsweep.train.text_documents import Piece, corpus_pieces, read_documents
+from hpcsweep.model.folder_tokenizer import load_folder_tokenizer
+from hpcsweep.prepare.cache_entry import publish_entry
+from hpcsweep.prepare.chat_tokens import write_chat_files
+from hpcsweep.prepare.text_documents import Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def write_tokens(corpus: TextCorpus, token_path: Path, workers: int, piece_bytes
 
 def write_entry(corpus: TextCorpus, workers: int, piece_bytes: int | None = None) -> Path:
     """Tokenize ``corpus`` into its cache entry unless it is there; return its token file. A chat corpus
-    is rendered by ``hpcsweep.train.chat_tokens``."""
+    is rendered by ``hpcsweep.prepare.chat_tokens``."""
     if corpus.chat is not None:
         return publish_entry(corpus, lambda staging: write_chat_files(corpus, staging, workers, piece_bytes))
     return publish_entry(corpus, lambda staging: write_tokens(corpus, staging / TOKENS_NAME, workers, piece_bytes))
@@ -200,7 +200,7 @@ def record_never_started(trial_dir: Path, error: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The preparation job: write every requested cache entry; exit 1 with one line on failure."""
-    parser = argparse.ArgumentParser(prog="python -m hpcsweep.train.text_tokens", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hpcsweep.prepare.text_tokens", description=__doc__.splitlines()[0])
     parser.add_argument("--request", type=Path, required=True,
                         help="JSON list of {files, tokenizer, cache_dir, key}, written by the sweep")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: every CPU of this job)")
