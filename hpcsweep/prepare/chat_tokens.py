@@ -6,7 +6,7 @@ are), ``mask.bin``, ``offsets.bin`` and ``sources.bin``. As for ``data=text``, p
 are rendered by a pool of worker processes and written in corpus order, into a staging folder that
 is renamed into place, so a reader sees a whole entry or none.
 
-The Slurm preparation job (``python -m hpcsweep.prepare.text_tokens``) writes chat entries too: a
+The Slurm preparation job (``python -m hpcsweep.prepare``) writes chat entries too: a
 request with a ``chat`` field is one of these.
 """
 

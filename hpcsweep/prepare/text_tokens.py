@@ -8,9 +8,9 @@ never the corpus. The entry is written into a temporary folder beside it and ren
 so a reader sees a whole entry or none, and two preparers of one entry never corrupt it (the
 second's rename finds the first's entry and its own copy is dropped).
 
-    python -m hpcsweep.prepare.text_tokens --request SWEEP_DIR/.token-preparation/request.json
+    python -m hpcsweep.prepare --request SWEEP_DIR/.token-preparation/request.json
 
-is the Slurm preparation job of a ``data=text`` sweep (``hpcsweep.sweep.text_preparation``).
+is the Slurm preparation job of a ``data=text`` sweep (``hpcsweep.sweep.text_preparation``), through ``hpcsweep/prepare/__main__.py``.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def record_never_started(trial_dir: Path, error: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The preparation job: write every requested cache entry; exit 1 with one line on failure."""
-    parser = argparse.ArgumentParser(prog="python -m hpcsweep.prepare.text_tokens", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hpcsweep.prepare", description=__doc__.splitlines()[0])
     parser.add_argument("--request", type=Path, required=True,
                         help="JSON list of {files, tokenizer, cache_dir, key}, written by the sweep")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: every CPU of this job)")
@@ -215,7 +215,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"token preparation failed: {err}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

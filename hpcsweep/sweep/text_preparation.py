@@ -42,7 +42,7 @@ DEFAULT_CPUS = 8
 SCRIPT_RUN = """\
 python="$1"
 shift
-exec "$python" -m hpcsweep.prepare.text_tokens "$@"
+exec "$python" -m hpcsweep.prepare "$@"
 """
 """The script's fixed end: ``$1`` is the Python to run, the rest its arguments."""
 

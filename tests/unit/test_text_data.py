@@ -253,7 +253,7 @@ def test_the_preparation_job_runs_the_setup_lines_then_the_snapshots_hpcsweep(tm
     with zipfile.ZipFile(code_dir / ARCHIVE_FILE, "w") as archive:
         archive.writestr("hpcsweep/__init__.py", "")
         archive.writestr("hpcsweep/prepare/__init__.py", "")
-        archive.writestr("hpcsweep/prepare/text_tokens.py", (
+        archive.writestr("hpcsweep/prepare/__main__.py", (
             "import json, os, sys\n"
             f"open({str(marker)!r}, 'w').write(json.dumps("
             "{'file': __file__, 'argv': sys.argv[1:], 'setup': os.environ.get('USER_SETUP')}))\n"))
@@ -266,7 +266,7 @@ def test_the_preparation_job_runs_the_setup_lines_then_the_snapshots_hpcsweep(tm
                          capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(marker.read_text()) == {
-        "file": str(code_dir / ARCHIVE_FILE / "hpcsweep" / "prepare" / "text_tokens.py"),
+        "file": str(code_dir / ARCHIVE_FILE / "hpcsweep" / "prepare" / "__main__.py"),
         "argv": ["--request", "r.json"], "setup": "ran"}
 
 
