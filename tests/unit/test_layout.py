@@ -16,8 +16,10 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search", "control", "model", "memory_plan", "telemetry")
-"""Shared by every stage; each imports only what is listed for it in ALLOWED."""
+SHARED = ("config", "files", "slurm", "search", "control", "model", "memory_plan", "telemetry", "prepare")
+"""Shared by every stage; each imports only what is listed for it in ALLOWED. ``prepare`` is the preparation
+job between the login node and the trials; it is shared, not a stage, because the workers read it too (the
+tokenizer the cache entry was made with, and its pad id), and it imports no stage."""
 TOOLS = ("export",)
 """After a sweep, beside the stages: reads trials with the workers' code; no stage imports a tool."""
 COMMANDS = ("__main__", "app", "plan", "profile", "report", "retry", "status", "topology")
@@ -31,6 +33,7 @@ ALLOWED = {
     "model": {"model"},
     "memory_plan": {"config", "memory_plan", "model"},
     "telemetry": {"config", "telemetry"},
+    "prepare": {"config", "files", "model", "prepare"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
     "export": {*SHARED, "train", "results", "export"},
 }
@@ -192,6 +195,8 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
         "May import only ``config``, ``files`` and ``slurm``; never a stage or a command module")
     assert import_rule("export") == (
         "May import only the shared packages, ``train`` and ``results``; never ``sweep``, ``trial`` or a command module")
+    assert import_rule("prepare") == (
+        "May import only ``config``, ``files`` and ``model``; never a stage or a command module")
 
 
 @pytest.mark.parametrize(
