@@ -24,10 +24,17 @@ from hpcsweep.config import (
     tokenizer_folder,
     trial_config_from_dict,
 )
-from hpcsweep.files.token_cache import TokenCacheError, chat_template_texts, has_chat_template, tokenizer_sha256
+from hpcsweep.files.token_cache import (
+    TextCorpus,
+    TokenCacheError,
+    chat_template_texts,
+    has_chat_template,
+    tokenizer_sha256,
+)
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
 from hpcsweep.model.folder import ModelFolder, check_model_folder, read_model_folder
 from hpcsweep.sweep.corpus_checks import check_corpus_may_fit, check_tokenizer_has_eos
+from hpcsweep.sweep.jsonl_checks import check_corpus_lines
 from hpcsweep.sweep.model_records import SweepModelRecords
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.sweep.text_preparation import checked_samples, sweep_text_corpus
@@ -188,6 +195,7 @@ def check_text_corpus(trial: TrialConfig, model_vocab_size: int, vocab_key: str 
         # Estimated here, counted exactly by the preparation (hpcsweep.sweep.corpus_checks says how).
         check_tokenizer_has_eos(corpus, "data.tokenizer" if trial.data.tokenizer else "model.path")
         check_corpus_may_fit(trial.data, corpus)
+        _check_lines(corpus, trial)
         return
     try:
         header = read_token_header(corpus.token_path)
@@ -228,6 +236,16 @@ def check_chat_corpus(trial: TrialConfig) -> None:
                 )
     if corpus.is_cached():
         checked_samples(trial)
+    else:
+        _check_lines(corpus, trial)
+
+
+def _check_lines(corpus: TextCorpus, trial: TrialConfig) -> None:
+    """Every line of a corpus not yet tokenized, read here rather than by a queued job (``jsonl_checks``);
+    what it holds is printed once a command."""
+    summary = check_corpus_lines(corpus, trial.data.kind, trial.data.files)
+    if summary:
+        log.info("%s", summary)
 
 
 _TRANSFORMERS_GLOBALS = frozenset({"raise_exception", "strftime_now", "namespace", "range", "dict", "lipsum",

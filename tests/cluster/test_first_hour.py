@@ -11,7 +11,16 @@ import sys
 
 import pytest
 
-from .conftest import REPO, SMALL_TRIAL, all_job_ids, read_json, run_hpcsweep, submitted_from, wait_until_ended
+from .conftest import (
+    REPO,
+    SMALL_TRIAL,
+    all_job_ids,
+    read_json,
+    run_hpcsweep,
+    slurm,
+    submitted_from,
+    wait_until_ended,
+)
 from .test_refused_requests import assert_refused, queued_job_ids
 
 
@@ -66,6 +75,34 @@ def test_a_corpus_whose_bytes_cannot_fill_seq_len_is_refused_before_submit(tmp_p
     refused_before_submit(tmp_path, slurm_env, command,
                           "data.seq_len=64 is not allowed: data.files=")
     refused_before_submit(tmp_path, slurm_env, command, "699 bytes in 1 files make at most 701 tokens")
+
+
+def test_a_malformed_chat_line_is_refused_before_submit_and_a_good_corpus_is_counted(tmp_path, slurm_env, user_files):
+    """Issue 41: the preparation job found a bad line after 15 minutes in the queue; the login node finds it now."""
+    from tests.chat_fixtures import NAMED_TEMPLATE, random_conversations, write_chat_corpus
+
+    template = tmp_path / "chatml.jinja"
+    template.write_text(NAMED_TEMPLATE)
+    path = write_chat_corpus(tmp_path / "badchat" / "chat_bad.jsonl", random_conversations(8))
+    lines = path.read_text().splitlines()
+    lines[5] = lines[5].replace('", "', '" "', 1)  # line 6: a comma lost between two fields
+    path.write_text("\n".join(lines) + "\n")
+    command = ["model=pretrained", f"model.path={user_files['folder']}", "data=chat", f"data.files={tmp_path}/badchat/*.jsonl",
+               f"data.chat_template={template}", "model.lr=1e-4,3e-4"]
+    refused_before_submit(tmp_path, slurm_env, command,
+                          f"data.files='{tmp_path}/badchat/*.jsonl' is not allowed: {path}:6 is not a JSON object "
+                          "(Expecting ',' delimiter)")
+    # Mended, the sweep is submitted and says what the corpus holds (its samples, counted here, not in a job).
+    path.write_text("\n".join(lines[:5] + lines[6:]) + "\n")
+    result = run_hpcsweep(["-m", *command, *SMALL_TRIAL], tmp_path, slurm_env, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"data.files='{tmp_path}/badchat/*.jsonl': 1 files, " in result.stdout + result.stderr
+    assert ": 7 chat samples, about " in result.stdout + result.stderr
+    assert "on 8 CPUs (data.prepare_cpus)" in result.stdout + result.stderr
+    record = read_json(next(tmp_path.glob("multirun/*/*/sweep.json")))
+    # Only the words were under test: the jobs are not run, to keep the cluster free for the other tests.
+    slurm(slurm_env, "scancel", record["token_preparation"]["job_id"],
+          *(array["array_job_id"] for array in record["arrays"]))
 
 
 def test_a_corpus_only_the_exact_count_finds_too_small_cancels_the_trials_and_says_why(tmp_path, slurm_env,
