@@ -50,6 +50,11 @@ class DataConfig:
     """``kind=text``: where the tokenized corpus is kept, one entry per (tokenizer, corpus). The default
     lies beside Hydra's default sweep dirs (``multirun/DATE/TIME``), relative to where the sweep is
     submitted, so every sweep submitted from there shares it."""
+    prepare_cpus: int = 8
+    """``kind=text``/``chat``: the CPUs the Slurm preparation job asks for, whose worker processes tokenize the
+    corpus side by side (one job for the sweep: the most any of its trials sets). Its own setting, not the
+    trials' ``cpus_per_task``: a GPU node's 64 CPUs would keep the job queued behind whole nodes for work a
+    few CPUs do. A local sweep tokenizes on every CPU of its machine."""
     read_delay_ms: int = 0
     """A test knob, not a tuning one: every training batch read waits this long first, as from slow
     storage, so that a test can make one trial of a sweep wait on data (``data.read_delay_ms=0,0,0,50``
@@ -107,6 +112,7 @@ class DataConfig:
             _require(bool(self.cache_dir), "data.cache_dir", self.cache_dir, f"a directory when data.kind={self.kind}")
         _require(self.seq_len >= 2, "data.seq_len", self.seq_len, "an integer >= 2")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "an integer >= 1")
+        _require(self.prepare_cpus >= 1, "data.prepare_cpus", self.prepare_cpus, "an integer >= 1 (CPUs)")
         _require(self.read_delay_ms >= 0, "data.read_delay_ms", self.read_delay_ms, "an integer >= 0 (milliseconds)")
         _require(
             0.0 < self.val_fraction < 0.5,

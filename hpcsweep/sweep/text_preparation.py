@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 PREPARATION_DIR = ".token-preparation"
 """In the sweep dir: the preparation job's script, its request, and each preparation job's log."""
 JOB_NAME = "hpcsweep-tokenize"
-DEFAULT_CPUS = 8
-"""CPUs of the preparation job when the launcher names no ``cpus_per_task``."""
 SCRIPT_RUN = """\
 python="$1"
 shift
@@ -183,12 +181,11 @@ def preparation_request(
     return json.dumps(requests, indent=2) + "\n"
 
 
-def sbatch_options(params: Mapping[str, Any], log_path: Path) -> list[str]:
-    """The preparation job's sbatch options: one task on one node, on the launcher's partition, QOS and
-    account, within its time limit."""
+def sbatch_options(params: Mapping[str, Any], log_path: Path, cpus: int) -> list[str]:
+    """The preparation job's sbatch options: one task of ``cpus`` CPUs on one node, on the launcher's
+    partition, QOS and account, within its time limit."""
     options = [
-        f"--job-name={JOB_NAME}", f"--output={log_path}", "--nodes=1", "--ntasks=1",
-        f"--cpus-per-task={params.get('cpus_per_task') or DEFAULT_CPUS}",
+        f"--job-name={JOB_NAME}", f"--output={log_path}", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}",
     ]
     if params.get("timeout_min"):
         options.append(f"--time={int(params['timeout_min'])}")
@@ -221,11 +218,12 @@ def submit_preparation(
     atomic_write_text(script, preparation_script(params.get("setup") or ()))
     atomic_write_text(request, preparation_request(corpora, trials, trial_dirs))
     # Each job logs to its own file (sbatch fills in %j): a retry's preparation keeps the failed one's log.
-    options = sbatch_options(params, folder / log_name("%j"))
+    cpus = max(t.data.prepare_cpus for t in trials if t.data.kind in TOKENIZED_KINDS)
+    options = sbatch_options(params, folder / log_name("%j"), cpus)
     job_id = commands.sbatch(options, str(script), [sys.executable, "--request", str(request)])
     log_path = folder / log_name(job_id)
-    log.info("token preparation: job %s tokenizes %s; the trials wait on it", job_id,
-             ", ".join(f"{len(c.files)} files into {c.entry}" for c in corpora))
+    log.info("token preparation: job %s tokenizes %s on %d CPUs (data.prepare_cpus); the trials wait on it", job_id,
+             ", ".join(f"{len(c.files)} files into {c.entry}" for c in corpora), cpus)
     return TokenPreparationRecord(job_id, str(log_path), [str(c.entry) for c in corpora])
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcsweep.config import trial_config_from_dict
+from hpcsweep.config import DataConfig, trial_config_from_dict
 from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.files.token_cache import TokenCacheError, cache_key, corpus_files, text_corpus, tokenizer_sha256
 from hpcsweep.files.token_file import read_token_header
@@ -236,9 +236,14 @@ def test_a_text_trial_whose_tokenizer_or_files_cannot_be_used_is_refused(tmp_pat
 
 
 def test_the_preparation_job_and_the_arrays_dependency():
-    options = sbatch_options({"cpus_per_task": 16, "timeout_min": 30, "partition": "gpu", "qos": None}, Path("/s/p.log"))
+    # The job's CPUs are data.prepare_cpus, not the trials' cpus_per_task (a GPU node's 64 would queue it).
+    options = sbatch_options({"cpus_per_task": 64, "timeout_min": 30, "partition": "gpu", "qos": None},
+                             Path("/s/p.log"), 8)
     assert options == ["--job-name=hpcsweep-tokenize", "--output=/s/p.log", "--nodes=1", "--ntasks=1",
-                       "--cpus-per-task=16", "--time=30", "--partition=gpu"]
+                       "--cpus-per-task=8", "--time=30", "--partition=gpu"]
+    assert DataConfig().prepare_cpus == 8
+    with pytest.raises(ValueError, match=r"^data.prepare_cpus=0 is not allowed: an integer >= 1 \(CPUs\)"):
+        DataConfig(prepare_cpus=0)
     assert dependency_parameters(TokenPreparationRecord("41", "/s/p.log", [])) == {
         "dependency": "afterok:41", "kill_on_invalid_dep": "yes"}
     assert dependency_parameters(None) == {}
