@@ -1,7 +1,7 @@
 """``gpu_check``'s packing check: packed rows kept apart on the device's own attention kernels.
 
 A Llama at its config class's defaults (``use_cache: true``, as published), sizes shrunk, runs a batch of
-8 packed rows as the trainer runs it (``hpcsweep.train.sample_attention.forward_kwargs``); each sample's
+8 packed rows as the trainer runs it (``hpcsweep.train.data.sample_attention.forward_kwargs``); each sample's
 logits must equal the same sample run alone, on every kernel the device has: eager and SDPA everywhere,
 and on CUDA flash-attention 2 when ``flash_attn`` is installed (bf16, where the samples alone run the
 same kernel). The largest difference of each kernel is printed against its tolerance.
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcsweep.train import sample_attention
+from hpcsweep.train.data import sample_attention
 from hpcsweep.train.gpu_choices import flash_attention_available
-from hpcsweep.train.packing import SampleRows
+from hpcsweep.train.data.packing import SampleRows
 
 ROWS, SEQ_LEN, VOCAB = 8, 256, 512
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}

@@ -6,7 +6,7 @@ or, with ``--samples``, useful tokens/s of chat samples packed into rows beside 
     python benchmarks/packing.py --samples [--steps 12] [--seq-len 256] [--rows 8]
 
 ``--samples`` (no cluster): a corpus of skewed sample lengths (log-normal, median about 40 tokens,
-up to ``seq_len + 1``), the rows the trainer reads (``hpcsweep.train.packing.SampleRows``), a tiny
+up to ``seq_len + 1``), the rows the trainer reads (``hpcsweep.train.data.packing.SampleRows``), a tiny
 llama with sdpa on CPU at one thread, full training steps (forward, backward, AdamW) on the same
 number of rows each, packed and padded alternating step by step, the first of each left out. Useful
 tokens are the positions holding a sample's token. The target: packed at least 2x padded.
@@ -93,7 +93,7 @@ def sample_packing(steps: int, seq_len: int, rows: int) -> None:
 
     from hpcsweep.config import ModelConfig
     from hpcsweep.train.model import build_model
-    from hpcsweep.train.packing import SampleRows
+    from hpcsweep.train.data.packing import SampleRows
 
     torch.set_num_threads(1)
     tokens, mask, starts, lengths = skewed_samples(4000, seq_len)

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
 from hpcsweep.config import TrainerConfig, trial_config_from_dict  # noqa: E402
-from hpcsweep.train import data, model, step_timer  # noqa: E402
+from hpcsweep.train import model, step_timer  # noqa: E402
+from hpcsweep.train.data import corpora  # noqa: E402
 from hpcsweep.train.distributed import WorldInfo  # noqa: E402
 from hpcsweep.train.trainer import Trainer  # noqa: E402
 
@@ -59,10 +60,10 @@ def trainer_tokens_per_s(cfg, steps: int) -> float:
 def bare_tokens_per_s(cfg, steps: int) -> float:
     """Steady-state tokens/s of a bare loop over the same batches: steps 2..N."""
     net = model.build_model(cfg.model, cfg.trainer.seed)
-    corpus = data.load_corpus(cfg.data, cfg.model.vocab_size)
+    corpus = corpora.load_corpus(cfg.data, cfg.model.vocab_size)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.model.lr, betas=tuple(cfg.trainer.betas), foreach=True)
     batches = [
-        data.get_batch(corpus, cfg.data, split="train", step=s, rank=0, micro_step=0, world_size=1, grad_accum=1)
+        corpora.get_batch(corpus, cfg.data, split="train", step=s, rank=0, micro_step=0, world_size=1, grad_accum=1)
         for s in range(steps)
     ]
     for step, (inputs, targets) in enumerate(batches):

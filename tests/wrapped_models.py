@@ -104,7 +104,7 @@ non-None rope_scaling as a scaling with a ["type"], with use_cache it wraps the 
 DynamicCache.from_legacy_cache, it declares its tied weights as a list, and it computes its rotary
 inv_freq, a non-persistent buffer, in __init__ (not in _init_weights). Like that code's eager path, it
 takes attention_mask (2D, or 4D of 1 and 0) through _prepare_4d_causal_attention_mask, and rotates by
-position_ids: what hpcsweep's packed rows reach it through (hpcsweep.train.sample_attention)."""
+position_ids: what hpcsweep's packed rows reach it through (hpcsweep.train.data.sample_attention)."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -10,7 +10,7 @@ step (LOSS is that step's validation loss), else ``checkpoints/stepNNNNNNNN.pt/`
   rank's RNG state (each rank writes and reads its own), and with a stateful gradient
   communication hook (PowerSGD, local SGD: ``hpcsweep.train.grad_comm``) each rank's state of it.
 - ``trainer.pt``: a small plain file (rank 0): step (which is also the sampler's position, see
-  ``hpcsweep.train.data``), status, validation loss, scheduler, scaler and early-stopping state, and
+  ``hpcsweep.train.data.corpora``), status, validation loss, scheduler, scaler and early-stopping state, and
   ``base_model``, the identity of the model the weights were trained from.
 
 A save is staged to CPU memory on every rank, then written by a background thread into

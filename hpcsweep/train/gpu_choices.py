@@ -98,7 +98,7 @@ def resolve_attention(
     flash-attention 2 (the ``flash_attn`` package, not a dependency) runs only in bf16/fp16, and
     its backward is deterministic only on request, so ``auto`` takes it only on the fast path.
 
-    Packed rows (``packing``, ``data.packing``) are kept apart by ``hpcsweep.train.sample_attention``:
+    Packed rows (``packing``, ``data.packing``) are kept apart by ``hpcsweep.train.data.sample_attention``:
     flash-attention as variable-length sequences (no mask, the fastest with packing), SDPA by a
     boolean mask (which rules out its own flash backend; the memory-efficient one runs), eager by a
     float one. A model whose own code builds its mask (``own_code``: DeepSeek-MoE's) reads only a

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcsweep.train.batch import Batch
+from hpcsweep.train.data.batch import Batch
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,13 @@ from hpcsweep.model.record import ModelRecord
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
-from hpcsweep.train import data, gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
-from hpcsweep.train import head_loss, moe_balance, router_stats, sample_attention, step_timer, task_scores, trackers
+from hpcsweep.train import gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
+from hpcsweep.train.data import corpora
+from hpcsweep.train import head_loss, moe_balance, router_stats, step_timer, task_scores, trackers
+from hpcsweep.train.data import sample_attention
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.routed_tokens import routed_tokens
-from hpcsweep.train.batch import Batch
+from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.loss import chunked_cross_entropy
 from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
@@ -115,8 +117,8 @@ class Trainer:
         )
         self.grad_comm = grad_comm.register_grad_comm(self.net, tcfg)
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
-        self.corpus = data.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model),
-                                       trust_remote_code=cfg.model.trust_remote_code)
+        self.corpus = corpora.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model),
+                                          trust_remote_code=cfg.model.trust_remote_code)
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)
@@ -159,7 +161,7 @@ class Trainer:
         self.report.update(device_name=self.device_facts.name, parallel=self.parallel,
                            intra_op_threads=torch.get_num_threads(), **dataclasses.asdict(self.choices))
         self.report["memory_plan"] = memory_plan
-        if (fill := data.fill_rate(self.corpus)) is not None:
+        if (fill := corpora.fill_rate(self.corpus)) is not None:
             self.report["fill_rate"] = fill
         self.profiler = StepProfiler(tcfg, trial_dir, rank=world.rank, world_size=world.world_size, device=world.device,
                                      is_reader=self.is_writer, on_trace=lambda summary: self.write_report(profile=summary))
@@ -231,7 +233,7 @@ class Trainer:
 
     def _attention(self, batch: Batch) -> dict[str, Any]:
         """What a forward of ``batch`` (still on the CPU) passes besides its inputs and position ids: the
-        samples of a packed row kept apart by hpcsweep (``hpcsweep.train.sample_attention``), no KV cache."""
+        samples of a packed row kept apart by hpcsweep (``hpcsweep.train.data.sample_attention``), no KV cache."""
         return sample_attention.forward_kwargs(batch.position_ids, self.choices.attn_implementation,
                                                own_code=self.own_code, dtype=self.weights_dtype,
                                                device=self.world.device)
@@ -256,7 +258,7 @@ class Trainer:
         in one collective; windows hold the same, and the divisor is ``grad_accum``."""
         counts = [batch.loss_tokens for batch in batches]
         world_size = self.world.world_size
-        step_total = (counts[0] * len(counts) * world_size if data.same_loss_tokens(self.corpus)
+        step_total = (counts[0] * len(counts) * world_size if corpora.same_loss_tokens(self.corpus)
                       else sum_over_ranks(self.world, [sum(counts)])[0])
         return [step_total / (count * world_size) for count in counts]
 
@@ -266,8 +268,8 @@ class Trainer:
         total = torch.zeros((), device=world.device)
         self.step_timer.enter("data")
         batches = [
-            data.get_rows(self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
-                          micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
+            corpora.get_rows(self.corpus, self.cfg.data, split="train", step=self.step, rank=world.rank,
+                             micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
             for micro in range(tcfg.grad_accum)
         ]
         for micro, (batch, divisor) in enumerate(zip(batches, self.loss_divisors(batches))):
@@ -325,8 +327,8 @@ class Trainer:
         counts = torch.zeros(2, device=world.device, dtype=torch.float64)
         for i in range(tcfg.eval_batches):
             batches = [
-                data.get_rows(self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
-                              micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
+                corpora.get_rows(self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
+                                 micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
                 for micro in range(tcfg.grad_accum)
             ]
             for batch, divisor in zip(batches, self.loss_divisors(batches)):

@@ -80,7 +80,7 @@ def test_a_request_no_node_or_partition_can_satisfy_is_refused(tmp_path, slurm_e
 def write_corpus(path, vocab_size: int, num_tokens: int) -> None:
     import numpy as np
 
-    from hpcsweep.train.data import write_token_file
+    from hpcsweep.train.data.corpora import write_token_file
 
     write_token_file(path, np.arange(num_tokens) % vocab_size, vocab_size=vocab_size, tokenizer="toy")
 

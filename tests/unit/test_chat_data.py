@@ -18,7 +18,7 @@ from hpcsweep.files.token_cache import MASK_NAME, OFFSETS_NAME, chat_rendering, 
 from hpcsweep.files.token_file import read_token_header
 from hpcsweep.sweep.prepare import validate_composed
 from hpcsweep.sweep.text_preparation import preparation_request
-from hpcsweep.train.chat_data import load_chat_corpus
+from hpcsweep.train.data.samples import load_chat_corpus
 from hpcsweep.prepare.text_documents import CorpusError
 from hpcsweep.prepare.text_tokens import prepare_requested, write_entry
 from tests.chat_fixtures import (

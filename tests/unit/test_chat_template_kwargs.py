@@ -23,7 +23,7 @@ from hpcsweep.files.token_file import read_token_header
 from hpcsweep.sweep.compose import SweepComposer
 from hpcsweep.sweep.prepare import validate_composed
 from hpcsweep.sweep.text_preparation import preparation_request
-from hpcsweep.train.chat_data import load_chat_corpus
+from hpcsweep.train.data.samples import load_chat_corpus
 from hpcsweep.prepare.chat_render import chat_prompt
 from hpcsweep.prepare.text_tokens import prepare_requested, write_entry
 from hpcsweep.trial.identity import config_differences

@@ -48,7 +48,7 @@ def refused(args: list[str], cwd, env: dict[str, str] | None = None) -> subproce
 def token_file(path, vocab_size: int, num_tokens: int):
     import numpy as np
 
-    from hpcsweep.train.data import write_token_file
+    from hpcsweep.train.data.corpora import write_token_file
 
     write_token_file(path, np.arange(num_tokens) % vocab_size, vocab_size=vocab_size, tokenizer="toy")
     return path

@@ -144,7 +144,7 @@ def test_the_preparation_job_counts_exactly_and_records_why_each_trial_never_sta
 def test_a_byte_level_token_file_is_refused_for_a_trial_with_a_tokenizer_folder(tmp_path, tokenizers):
     import numpy as np
 
-    from hpcsweep.train.data import write_token_file
+    from hpcsweep.train.data.corpora import write_token_file
 
     with_eos, _ = tokenizers
     write_token_file(tmp_path / "docs.bin", np.arange(5000) % 256, 256, "bytes")  # scripts/prepare-data's default

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from hpcsweep.config import DataConfig
-from hpcsweep.train import data
-from hpcsweep.train.data import (
+from hpcsweep.train.data import corpora
+from hpcsweep.train.data.corpora import (
     Corpus,
     get_batch,
     load_corpus,
@@ -104,7 +104,7 @@ def test_read_delay_holds_back_training_reads_only_and_changes_no_batch(monkeypa
     assert time.perf_counter() - start >= 0.03
     assert torch.equal(inputs, batch(corpus, cfg, step=3)[0])
     waits = []
-    monkeypatch.setattr(data, "wait_as_slow_storage", waits.append)
+    monkeypatch.setattr(corpora, "wait_as_slow_storage", waits.append)
     batch(corpus, slow, split="val")
     batch(corpus, slow, split="train")
     assert waits == [30]

@@ -23,7 +23,7 @@ from hpcsweep.model.folder import (
     safetensors_header,
 )
 from hpcsweep.sweep.prepare import validate_composed
-from hpcsweep.train.data import write_token_file
+from hpcsweep.train.data.corpora import write_token_file
 from hpcsweep.trial.identity import ConfigMismatch, ModelChange, check_resume, mismatch_message, resume_differences
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from hpcsweep.config import DataConfig, ModelConfig
 from hpcsweep.model.folder import model_identity, read_model_folder
-from hpcsweep.train import data
+from hpcsweep.train.data import corpora
 from hpcsweep.train.metrics import weights_sha256
 from hpcsweep.train.model import build_model, flops_per_token, hf_config, load_dtype
 
@@ -101,9 +101,9 @@ def test_a_full_fine_tuning_trial_starts_from_the_saved_weights_and_refuses_a_ch
     assert metrics["status"] == "completed"
 
     data_cfg = DataConfig(kind="file", path=str(token_file), seq_len=32, batch_size=4)
-    corpus_tokens = data.load_corpus(data_cfg, 384)
-    inputs, targets = data.get_batch(corpus_tokens, data_cfg, split="train", step=0, rank=0, micro_step=0,
-                                     world_size=1, grad_accum=1)
+    corpus_tokens = corpora.load_corpus(data_cfg, 384)
+    inputs, targets = corpora.get_batch(corpus_tokens, data_cfg, split="train", step=0, rank=0, micro_step=0,
+                                        world_size=1, grad_accum=1)
     with torch.no_grad():
         logits = direct(folder)(input_ids=inputs).logits
     expected = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()

@@ -11,7 +11,7 @@ import torch
 
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.files.token_cache import chat_rendering, text_corpus
-from hpcsweep.train import data
+from hpcsweep.train.data import corpora
 from hpcsweep.train import worker as train
 from hpcsweep.prepare.text_tokens import write_entry
 from tests.chat_fixtures import REAL_TEMPLATES, random_conversations, write_chat_corpus
@@ -69,9 +69,9 @@ def test_padded_rows_route_only_their_sample_tokens(tmp_path, published):
     assert train.run_trial(trial) == 0
     router = read_metrics(trial)["router"]
     cfg = trial_config_from_dict(trial_config(padded))
-    corpus = data.load_corpus(cfg.data, 10_000, str(folder))
-    last = data.get_rows(corpus, cfg.data, split="train", step=cfg.trainer.max_steps - 1, rank=0, micro_step=0,
-                         world_size=1, grad_accum=1)
+    corpus = corpora.load_corpus(cfg.data, 10_000, str(folder))
+    last = corpora.get_rows(corpus, cfg.data, split="train", step=cfg.trainer.max_steps - 1, rank=0, micro_step=0,
+                            world_size=1, grad_accum=1)
     sample_tokens = int(last.real.sum())
     assert sample_tokens < last.real.numel() / 2  # mostly padding: the check below can fail
     for layer in router["layers"].values():

@@ -296,7 +296,7 @@ def test_an_aux_loss_coefficient_for_a_folder_whose_code_routes_is_refused_namin
 def test_a_packed_row_reaches_the_models_own_code_as_a_mask_its_samples_kept_apart(tmp_path, code):
     """A folder's own code builds its mask itself (``_prepare_4d_causal_attention_mask``): hpcsweep gives it
     the 1/0 mask of the row's samples, and each sample's logits are its own run alone."""
-    from hpcsweep.train import sample_attention
+    from hpcsweep.train.data import sample_attention
 
     net = remote_code_model(make_deepseek_moe_folder(tmp_path / "tiny", TINY, code), meta=False).eval()
     ids = torch.randint(2, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2))

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from hpcsweep.config import ModelConfig, MoeConfig
-from hpcsweep.train import moe_balance, sample_attention
-from hpcsweep.train.batch import Batch
+from hpcsweep.train import moe_balance
+from hpcsweep.train.data import sample_attention
+from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.distributed import WorldInfo
-from hpcsweep.train.packing import SampleRows
+from hpcsweep.train.data.packing import SampleRows
 from hpcsweep.train.routed_tokens import routed_tokens
 
 from ..moe_models import skew_router, tiny_moe

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpcsweep.train import sample_attention
-from hpcsweep.train.packing import IGNORE, SampleRows
+from hpcsweep.train.data import sample_attention
+from hpcsweep.train.data.packing import IGNORE, SampleRows
 
 VOCAB = 96
 SEQ_LEN = 40

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.config import ModelConfig
-from hpcsweep.train.batch import Batch
+from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.distributed import WorldInfo
 from hpcsweep.train.model import build_model
-from hpcsweep.train.packing import IGNORE, SampleRows, pack_rows
+from hpcsweep.train.data.packing import IGNORE, SampleRows, pack_rows
 from hpcsweep.train.trainer import Trainer
 
 VOCAB = 96
@@ -144,7 +144,7 @@ def test_a_step_weighs_its_micro_batches_by_their_loss_tokens():
 
 
 def test_long_documents_are_cut_into_row_sized_pieces_that_take_each_target_once():
-    from hpcsweep.train.document_rows import document_pieces
+    from hpcsweep.train.data.document_rows import document_pieces
 
     ends = np.array([5, 6, 30, 33])  # documents of 5, 1 (no target: left out), 24 and 3 tokens
     starts, lengths = document_pieces(ends, seq_len=10)
@@ -156,7 +156,7 @@ def test_long_documents_are_cut_into_row_sized_pieces_that_take_each_target_once
 def test_a_packed_text_corpus_reads_its_documents_apart(tmp_path):
     from hpcsweep.config import DataConfig
     from hpcsweep.files.token_cache import text_corpus
-    from hpcsweep.train.data import get_rows, load_corpus
+    from hpcsweep.train.data.corpora import get_rows, load_corpus
     from hpcsweep.prepare.text_tokens import load_tokenizer, write_entry
     from tests.model_folders import corpus_documents, make_model_folder, write_text_corpus
 

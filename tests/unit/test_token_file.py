@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcsweep.files.token_file import TokenFileError, TokenHeader, read_token_header
-from hpcsweep.train.data import open_token_file, write_token_file
+from hpcsweep.train.data.corpora import open_token_file, write_token_file
 
 
 def test_the_header_prepare_data_writes_is_read_back(tmp_path):

@@ -9,7 +9,7 @@ import yaml
 
 from hpcsweep.config import trial_config_from_dict, trial_config_to_dict
 from hpcsweep.train import worker as train
-from hpcsweep.train.data import markov_corpus
+from hpcsweep.train.data.corpora import markov_corpus
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcsweep.train.packing import IGNORE
+from hpcsweep.train.data.packing import IGNORE
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What the model is told so that the samples of a packed row never attend to each other, on every kernel.
 
-A packed row's position ids restart at 0 at each sample (``hpcsweep.train.packing``; the row's padding
+A packed row's position ids restart at 0 at each sample (``hpcsweep.train.data.packing``; the row's padding
 is one more run from 0), so ``segments`` numbers each position's sample. From them hpcsweep itself
 tells the attention where the samples end, never leaving it to transformers' guess from the position
 ids (``masking_utils.find_packed_sequence_indices``), which it makes only when no KV cache is in play:

@@ -5,7 +5,7 @@ runs of tokens that end in EOS. A document longer than a row (``seq_len + 1`` to
 pieces of a row each, every piece starting at the last token of the one before, so each of its
 targets is taken exactly once; a piece's position ids restart like a document's. Every target takes
 the loss. The rest is a chat corpus's: a seeded share of the pieces is the validation split, and
-rows are packed by ``hpcsweep.train.packing``.
+rows are packed by ``hpcsweep.train.data.packing``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import numpy as np
 
 from hpcsweep.config import DataConfig
-from hpcsweep.train.chat_data import SampleCorpus, sample_corpus
+from hpcsweep.train.data.samples import SampleCorpus, sample_corpus
 
 log = logging.getLogger(__name__)
 

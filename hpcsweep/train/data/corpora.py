@@ -1,7 +1,7 @@
 """Token data: a synthetic corpus with learnable structure, a memory-mapped token file, and a
 sampler that is a pure function of ``(seed, step, rank, micro_step)``.
 
-``data.kind=chat`` reads whole samples instead of windows (``hpcsweep.train.chat_data``), as does
+``data.kind=chat`` reads whole samples instead of windows (``hpcsweep.train.data.samples``), as does
 ``data.kind=text`` with ``data.packing`` (its documents); ``get_rows`` gives either as a ``Batch``.
 
 Because a batch depends on nothing but those numbers, the sampler's position in a checkpoint is
@@ -25,8 +25,8 @@ from hpcsweep.files.token_file import TokenFileError, header_path, header_text, 
 if TYPE_CHECKING:
     import torch
 
-    from hpcsweep.train.batch import Batch
-    from hpcsweep.train.chat_data import SampleCorpus
+    from hpcsweep.train.data.batch import Batch
+    from hpcsweep.train.data.samples import SampleCorpus
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SUCCESSORS = 4
@@ -94,11 +94,11 @@ def load_corpus(
     ``data.kind=text`` reads its token cache entry as ``data.kind=file`` reads ``data.path``;
     ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``), loaded
     (for packing's EOS) with ``trust_remote_code`` (``model.trust_remote_code``).
-    ``data.kind=chat`` reads its samples (``hpcsweep.train.chat_data``), and ``data.kind=text`` with
-    ``data.packing`` its documents (``hpcsweep.train.document_rows``).
+    ``data.kind=chat`` reads its samples (``hpcsweep.train.data.samples``), and ``data.kind=text`` with
+    ``data.packing`` its documents (``hpcsweep.train.data.document_rows``).
     """
     if cfg.kind == "chat":
-        from hpcsweep.train.chat_data import load_chat_corpus
+        from hpcsweep.train.data.samples import load_chat_corpus
 
         assert tokenizer is not None
         return load_chat_corpus(cfg, model_vocab_size, tokenizer, trust_remote_code=trust_remote_code)
@@ -121,7 +121,7 @@ def load_corpus(
         source = cfg.path
     check_corpus_fits(cfg, model_vocab_size, num_tokens=len(tokens), corpus_vocab_size=vocab_size, source=source)
     if cfg.packing:  # data.kind=text: its documents, packed
-        from hpcsweep.train.document_rows import document_corpus
+        from hpcsweep.train.data.document_rows import document_corpus
 
         assert tokenizer is not None
         return document_corpus(tokens, vocab_size, cfg, tokenizer, trust_remote_code=trust_remote_code)
@@ -183,7 +183,7 @@ def get_rows(
     grad_accum: int,
 ) -> Batch:
     """``get_batch``'s windows, or a chat corpus's rows of samples, as a ``Batch`` (same arguments)."""
-    from hpcsweep.train.batch import Batch  # here: scripts/prepare-data imports this module and needs no torch
+    from hpcsweep.train.data.batch import Batch  # here: scripts/prepare-data imports this module and needs no torch
 
     if isinstance(corpus, Corpus):
         inputs, targets = get_batch(corpus, cfg, split=split, step=step, rank=rank, micro_step=micro_step,

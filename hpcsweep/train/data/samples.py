@@ -3,7 +3,7 @@
 The samples a trial uses are ``hpcsweep.files.chat_samples.select_samples``'s (``data.max_samples``,
 ``data.overlong``); a truncated sample with no loss token left is left out too. The validation split
 is whole samples: a seeded ``data.val_fraction`` of them (at least one). Each split's rows come from
-``hpcsweep.train.packing.SampleRows``; the global batch of a step is the next
+``hpcsweep.train.data.packing.SampleRows``; the global batch of a step is the next
 ``batch_size x world_size x grad_accum`` rows, and a rank and micro-step take one contiguous slice
 of it, as windows are taken from a token file, so a batch is a pure function of its numbers.
 """
@@ -20,8 +20,8 @@ from hpcsweep.config import DataConfig
 from hpcsweep.files.chat_samples import check_samples
 from hpcsweep.files.token_cache import MASK_NAME, OFFSETS_NAME, chat_rendering, text_corpus
 from hpcsweep.files.token_file import TokenFileError, read_token_header
-from hpcsweep.train.batch import Batch
-from hpcsweep.train.packing import IGNORE, SampleRows
+from hpcsweep.train.data.batch import Batch
+from hpcsweep.train.data.packing import IGNORE, SampleRows
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ _SPLITS = {"train": 0, "val": 1}
 @dataclass(frozen=True)
 class SampleCorpus:
     """The rows of a corpus of whole samples, training and validation: a chat corpus's samples, or a
-    text corpus's documents (``hpcsweep.train.document_rows``)."""
+    text corpus's documents (``hpcsweep.train.data.document_rows``)."""
 
     train: SampleRows
     val: SampleRows

@@ -5,7 +5,7 @@ its targets its last ``n - 1``, a target being ``IGNORE`` where the sample's mas
 ids run ``0 .. n - 2``, restarting at each sample; the row's padding (the tokenizer's pad id) is one more
 run of positions from 0, with ``IGNORE`` targets, and is marked as no sample's (``RowBatch.real``), so it
 routes no token of a MoE balance. The trainer tells the attention where each sample starts from the
-restarts (``hpcsweep.train.sample_attention``: a block-diagonal mask, or flash attention's
+restarts (``hpcsweep.train.data.sample_attention``: a block-diagonal mask, or flash attention's
 variable-length sequences), so a packed row computes what its samples compute run alone.
 
 Which samples share a row is a pure function of ``(seed, split, epoch)``: each epoch visits the
