@@ -54,7 +54,8 @@ sys.path.insert(0, str(REPO))  # runnable from a checkout
 from gpu_check import checkpoint_times, folder_model_keys  # noqa: E402  (benchmarks/ is sys.path[0] as a script)
 
 from hpcsweep.config import trial_config_from_dict, trial_config_to_dict  # noqa: E402
-from hpcsweep.train import expert_lora, lora, optim  # noqa: E402
+from hpcsweep.train import lora, optim  # noqa: E402
+from hpcsweep.train.moe import expert_lora  # noqa: E402
 from hpcsweep.train import model as model_lib  # noqa: E402
 from hpcsweep.train.worker import EXIT_OK, run_trial  # noqa: E402
 from tests.model_folders import make_model_folder  # noqa: E402

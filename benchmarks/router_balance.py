@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))  # runnable from a checkout
 
 from hpcsweep.config import ModelConfig, MoeConfig  # noqa: E402
 from hpcsweep.train import model as models  # noqa: E402
-from hpcsweep.train import moe_balance  # noqa: E402
+from hpcsweep.train.moe import load_balance  # noqa: E402
 from hpcsweep.train.distributed import WorldInfo  # noqa: E402
 
 ONE = WorldInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend=None)
@@ -40,7 +40,7 @@ def step_seconds(balanced: bool, steps: int) -> float:
     """CPU seconds per step of steps 2..``steps``, with or without the balance attached."""
     cfg = ModelConfig(moe=MoeConfig(aux_loss_coef=0.001, bias_update_rate=0.001))
     net = models.build_model(cfg, seed=0)
-    balance = moe_balance.attach(net, cfg) if balanced else moe_balance.NoBalance()
+    balance = load_balance.attach(net, cfg) if balanced else load_balance.NoBalance()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(0)
     net.train()

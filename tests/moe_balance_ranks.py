@@ -15,7 +15,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcsweep.config import ModelConfig, MoeConfig  # noqa: E402
-from hpcsweep.train import moe_balance  # noqa: E402
+from hpcsweep.train.moe import load_balance  # noqa: E402
 from hpcsweep.train.distributed import WorldInfo  # noqa: E402
 from tests.moe_models import skew_router, tiny_moe  # noqa: E402
 
@@ -28,7 +28,7 @@ def main(out: Path, steps: int, rate: float) -> None:
                       backend="gloo")
     model = tiny_moe("v3")
     skew_router(model, "v3")
-    balance = moe_balance.attach(model, ModelConfig(moe=MoeConfig(aux_loss_coef=0.0, bias_update_rate=rate)))
+    balance = load_balance.attach(model, ModelConfig(moe=MoeConfig(aux_loss_coef=0.0, bias_update_rate=rate)))
     bias = model.model.layers[1].mlp.gate.e_score_correction_bias
     generator = torch.Generator().manual_seed(rank)
     model.train()

@@ -23,7 +23,7 @@ class LoraConfig:
     named for the model's architecture (``hpcsweep.model.lora_targets.DEFAULT_LORA_TARGETS``)."""
     experts: bool = True
     """Whether a MoE model's routed experts get adapters too: a rank-r adapter per expert on its fused
-    ``gate_up_proj`` and ``down_proj``, run on the tokens routed to it (``hpcsweep.train.expert_lora``).
+    ``gate_up_proj`` and ``down_proj``, run on the tokens routed to it (``hpcsweep.train.moe.expert_lora``).
     false: only ``target_modules`` (attention, dense and shared-expert MLPs) train."""
 
     def __post_init__(self) -> None:

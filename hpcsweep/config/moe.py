@@ -10,7 +10,8 @@ from .validation import _require
 
 @dataclass(kw_only=True)
 class MoeConfig:
-    """Router balance of a MoE model (``hpcsweep.train.moe_balance``; docs/user/moe.md). A dense model ignores it."""
+    """Router balance of a MoE model (``hpcsweep.train.moe.load_balance``; docs/user/moe.md). A dense model
+    ignores it."""
 
     aux_loss_coef: float | None = None
     """Weight of the auxiliary balance loss added to the training loss, as the architecture's authors
@@ -18,7 +19,7 @@ class MoeConfig:
     and Qwen-MoE: transformers' ``load_balancing_loss_func``). null: the folder's own value
     (``aux_loss_alpha`` or ``router_aux_loss_coef`` in its config.json; none there: off), and under
     ``model.peft=lora`` for a router with DeepSeek-V3's bias at least 0.3 (its bias update is then off;
-    ``moe_balance.LORA_BIAS_ROUTER_AUX_LOSS_COEF``); 0: off."""
+    ``load_balance.LORA_BIAS_ROUTER_AUX_LOSS_COEF``); 0: off."""
     bias_update_rate: float = 0.001
     """DeepSeek-V3's aux-loss-free balance (routers with an ``e_score_correction_bias``): before each
     optimizer step each expert's bias moves by this much toward the mean load (its tokens summed over

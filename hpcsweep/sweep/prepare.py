@@ -109,7 +109,7 @@ def check_pretrained_model(trial: TrialConfig, folder: ModelFolder | None) -> No
         return
     check_model_folder(folder, trust_remote_code=model.trust_remote_code, random_init=model.random_init)
     if folder.needs_remote_code and model.moe.aux_loss_coef is not None:
-        # Its own code routes and adds its own balance loss (hpcsweep.train.own_gate_stats): a coefficient
+        # Its own code routes and adds its own balance loss (hpcsweep.train.moe.own_gate_stats): a coefficient
         # given here would train nothing, and the user would believe it did.
         raise ValueError(
             f"model.moe.aux_loss_coef={model.moe.aux_loss_coef} is not allowed with {folder.key}: it runs its "

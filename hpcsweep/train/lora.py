@@ -10,7 +10,7 @@ Which weights get adapters (``hpcsweep.model.lora_targets``, the one list the me
   null: the architecture's defaults), as peft's ``lora.Linear``;
 - with ``model.lora.experts`` (true by default) the routed experts of a MoE model, which transformers 5 stores
   fused as two 3-D parameters per layer (``mlp.experts.gate_up_proj``, ``down_proj``): each expert gets a
-  rank-r adapter of its own on both, as peft's ``target_parameters``. ``hpcsweep.train.expert_lora`` computes
+  rank-r adapter of its own on both, as peft's ``target_parameters``. ``hpcsweep.train.moe.expert_lora`` computes
   every expert's adapter on the tokens routed to it in grouped GEMMs over the tokens sorted by expert, so
   neither ``W + s·B·A`` nor the expert weight gradient is built;
 - a model that runs its folder's own code (DeepSeek-MoE-16B's ``modeling_deepseek.py``) keeps each routed
@@ -122,7 +122,7 @@ def apply_lora(net: torch.nn.Module, cfg: ModelConfig, *, seed: int) -> torch.nn
         return net
     import peft
 
-    from hpcsweep.train import expert_lora
+    from hpcsweep.train.moe import expert_lora
 
     torch.manual_seed(adapter_seed(seed))
     config = peft_config(cfg, net)
@@ -157,7 +157,7 @@ def training_flops_per_token(
 ) -> float:
     """Training FLOPs per token that run, for MFU: ``hpcsweep.train.model.flops_per_token``, less under LoRA
     the frozen base's weight gradients (2 x its active parameters), which are never computed (the routed
-    experts' included: ``hpcsweep.train.expert_lora`` builds no expert weight gradient), plus the adapters'
+    experts' included: ``hpcsweep.train.moe.expert_lora`` builds no expert weight gradient), plus the adapters'
     own forward and backward (``adapter_flops_per_token`` of ``net``, the peft model, when given).
     ``config`` is the transformers config of the base (``model.config``).
     """

@@ -95,7 +95,7 @@ def wrap_model(
         return model
     # Buffers stay equal on every rank without a sync before each forward: rotary tables never change,
     # and DeepSeek-V3's routing bias changes by an update every rank computes alike from counts summed over
-    # all ranks (hpcsweep.train.moe_balance). They are equal from the start, so the sync at construction
+    # all ranks (hpcsweep.train.moe.load_balance). They are equal from the start, so the sync at construction
     # changes nothing (a broadcast from rank 0 each step would only repeat what each rank has); the older
     # spelling, broadcast_buffers=False, filled every worker's log with a deprecation warning.
     ddp = DistributedDataParallel(model, forward_sync_buffers=False, find_unused_parameters=find_unused_parameters)

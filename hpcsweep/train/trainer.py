@@ -30,10 +30,11 @@ from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
 from hpcsweep.train import gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
 from hpcsweep.train.data import corpora
-from hpcsweep.train import head_loss, moe_balance, router_stats, step_timer, task_scores, trackers
+from hpcsweep.train import head_loss, step_timer, task_scores, trackers
+from hpcsweep.train.moe import load_balance, router_stats
 from hpcsweep.train.data import sample_attention
 from hpcsweep.train.profiling import StepProfiler
-from hpcsweep.train.routed_tokens import routed_tokens
+from hpcsweep.train.moe.routed_tokens import routed_tokens
 from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.checkpoint import CheckpointManager
 from hpcsweep.train.loss import chunked_cross_entropy
@@ -94,7 +95,7 @@ class Trainer:
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation,
                                        self.weights_dtype).to(world.device)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
-        self.balance = moe_balance.attach(self.model, cfg.model)
+        self.balance = load_balance.attach(self.model, cfg.model)
         self.head_loss = head_loss.attach(self.model, tcfg.loss_kernel, tcfg.loss_chunk_tokens, world.device.type)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

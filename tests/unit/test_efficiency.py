@@ -15,7 +15,7 @@ from hpcsweep.results.efficiency import (
 )
 from hpcsweep.results.event_reader import ScalarSeries
 from hpcsweep.results.heatmap import heatmap_path, time_unit, utilisation_grid
-from hpcsweep.train import router_stats
+from hpcsweep.train.moe import router_stats
 
 from .sweep_fixtures import make_sweep, metrics
 

@@ -1,4 +1,4 @@
-"""Expert LoRA (``hpcsweep.train.expert_lora``): peft's adapters on fused routed experts, run as grouped GEMMs over
+"""Expert LoRA (``hpcsweep.train.moe.expert_lora``): peft's adapters on fused routed experts, run as grouped GEMMs over
 the tokens sorted by expert beside the frozen weight's. Same outputs and gradients as peft's own ``ParamWrapper``
 forward at 4 to 256 experts, no fold, no expert weight gradient, no host sync, peft's format on disk, dropout, and
 the padded ``bmm`` fallback equal to the grouped GEMM."""
@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.model import lora_targets
-from hpcsweep.train import expert_lora, lora, model
+from hpcsweep.train import lora, model
+from hpcsweep.train.moe import expert_lora
 
 from tests.model_folders import TINY_DEEPSEEK
 

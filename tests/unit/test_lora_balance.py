@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from hpcsweep.config import LoraConfig, ModelConfig, MoeConfig
-from hpcsweep.train import lora, moe_balance
+from hpcsweep.train import lora
+from hpcsweep.train.moe import load_balance
 
-LORA_DEFAULT = moe_balance.LORA_BIAS_ROUTER_AUX_LOSS_COEF
+LORA_DEFAULT = load_balance.LORA_BIAS_ROUTER_AUX_LOSS_COEF
 
 
 def tiny_v3(**overrides) -> torch.nn.Module:
@@ -38,7 +39,7 @@ def test_lora_turns_the_aux_loss_on_for_a_bias_router_by_default(peft, moe, fold
     net = tiny_v3(**({} if folder_alpha is None else {"aux_loss_alpha": folder_alpha}))
     if peft == "lora":
         net = lora.apply_lora(net, cfg, seed=0)
-    balance = moe_balance.attach(net, cfg)
+    balance = load_balance.attach(net, cfg)
     assert (balance.aux_loss_coef, balance.bias_update_rate) == (coef, rate)
 
 
@@ -47,4 +48,4 @@ def test_a_router_without_a_bias_keeps_its_folders_coefficient_under_lora():
 
     config = MixtralConfig(router_aux_loss_coef=0.001)
     cfg = ModelConfig(peft="lora")
-    assert moe_balance.effective_aux_loss_coef(cfg, config, bias_router=False) == 0.001
+    assert load_balance.effective_aux_loss_coef(cfg, config, bias_router=False) == 0.001

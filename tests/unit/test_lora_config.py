@@ -40,7 +40,7 @@ def test_bad_lora_values_name_the_nested_key(values, message):
 
 
 def test_dropout_is_allowed_on_moe_models_whose_experts_get_adapters():
-    # hpcsweep.train.expert_lora applies dropout to the routed experts' adapters (tests/unit/test_expert_lora.py).
+    # hpcsweep.train.moe.expert_lora applies dropout to the routed experts' adapters (tests/unit/test_expert_lora.py).
     assert lora_model(dropout=0.1).lora.dropout == 0.1
     assert lora_model(dropout=0.1).lora.experts is True
     assert lora_model(experts=False).lora.experts is False

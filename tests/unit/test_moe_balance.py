@@ -1,4 +1,4 @@
-"""Router balance (hpcsweep.train.moe_balance): the losses as each family's authors define them, DeepSeek-V3's
+"""Router balance (hpcsweep.train.moe.load_balance): the losses as each family's authors define them, DeepSeek-V3's
 bias update, the statistics, and tiny DeepSeek-V2/V3 MoEs pulled back from a router biased toward one expert."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.config import ModelConfig, MoeConfig, trial_config_from_dict
-from hpcsweep.train import lora, moe_balance, router_stats
+from hpcsweep.train import lora
+from hpcsweep.train.moe import load_balance, router_stats
 from hpcsweep.train.distributed import WorldInfo
 
 from ..moe_models import skew_router, tiny_moe
@@ -58,7 +59,7 @@ def test_balance_halves_the_max_mean_load_of_a_router_biased_toward_one_expert(k
         model = tiny_moe(kind)
         skew_router(model, kind)
         settings = moe if on else MoeConfig(aux_loss_coef=0.0, bias_update_rate=0.0)
-        reports = train(model, moe_balance.attach(model, ModelConfig(moe=settings)), steps=100)
+        reports = train(model, load_balance.attach(model, ModelConfig(moe=settings)), steps=100)
         last[on] = reports[-1]["max_mean_load"]  # over steps 81-100
         assert reports[0]["max_mean_load"] > 4.0  # both start collapsed onto expert 0 (16 experts, top-2: ceiling 8)
     with capsys.disabled():
@@ -90,7 +91,7 @@ def deepseek_moegate_aux_loss(logits, chosen, *, sequences: int, top_k: int, seq
 @pytest.mark.parametrize("seq_aux", [True, False])
 def test_deepseek_v2_loss_is_deepseeks_moegate_loss_summed_over_layers(seq_aux):
     model = tiny_moe("v2", num_hidden_layers=3, seq_aux=seq_aux)
-    balance = moe_balance.attach(model, ModelConfig(moe=MoeConfig(aux_loss_coef=0.5)))
+    balance = load_balance.attach(model, ModelConfig(moe=MoeConfig(aux_loss_coef=0.5)))
     model.train()
     model(input_ids=batch(torch.Generator().manual_seed(0), rows=3, seq=8))
     expected = sum(deepseek_moegate_aux_loss(r.logits, r.chosen, sequences=3, top_k=2, seq_aux=seq_aux)
@@ -108,7 +109,7 @@ def test_deepseek_v2_loss_is_deepseeks_moegate_loss_summed_over_layers(seq_aux):
 @pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
 def test_switch_family_loss_equals_the_models_own_aux_loss(kind):
     model = tiny_moe(kind)
-    balance = moe_balance.attach(model, ModelConfig(moe=MoeConfig()))
+    balance = load_balance.attach(model, ModelConfig(moe=MoeConfig()))
     assert balance.aux_loss_coef == model.config.router_aux_loss_coef == 0.001  # null: the folder's own
     model.train()
     out = model(input_ids=batch(torch.Generator().manual_seed(0), rows=2, seq=8), output_router_logits=True)
@@ -125,12 +126,12 @@ def test_switch_family_loss_equals_the_models_own_aux_loss(kind):
 
 def test_the_coefficient_is_the_folders_own_unless_set_and_zero_switches_it_off():
     v2, v3 = tiny_moe("v2"), tiny_moe("v3")
-    assert moe_balance.effective_aux_loss_coef(ModelConfig(), v2.config) == 0.001  # aux_loss_alpha
-    assert moe_balance.effective_aux_loss_coef(ModelConfig(), v3.config) == 0.0  # V3 balances by its bias
+    assert load_balance.effective_aux_loss_coef(ModelConfig(), v2.config) == 0.001  # aux_loss_alpha
+    assert load_balance.effective_aux_loss_coef(ModelConfig(), v3.config) == 0.0  # V3 balances by its bias
     # A DeepSeek-V3 config.json with aux_loss_alpha (the released one has 0.001) adds its sequence-wise loss.
-    assert moe_balance.effective_aux_loss_coef(ModelConfig(), tiny_moe("v3", aux_loss_alpha=0.001).config) == 0.001
-    assert moe_balance.effective_aux_loss_coef(ModelConfig(moe=MoeConfig(aux_loss_coef=0.02)), v3.config) == 0.02
-    balance = moe_balance.attach(v2, ModelConfig(moe=MoeConfig(aux_loss_coef=0.0)))
+    assert load_balance.effective_aux_loss_coef(ModelConfig(), tiny_moe("v3", aux_loss_alpha=0.001).config) == 0.001
+    assert load_balance.effective_aux_loss_coef(ModelConfig(moe=MoeConfig(aux_loss_coef=0.02)), v3.config) == 0.02
+    balance = load_balance.attach(v2, ModelConfig(moe=MoeConfig(aux_loss_coef=0.0)))
     v2.train()
     v2(input_ids=batch(torch.Generator().manual_seed(0), rows=2, seq=8))
     assert balance.take_aux_loss() == 0.0
@@ -142,14 +143,14 @@ def test_a_dense_model_has_nothing_to_balance():
 
     dense = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2))
-    balance = moe_balance.attach(dense, ModelConfig(arch="llama"))
-    assert isinstance(balance, moe_balance.NoBalance)
+    balance = load_balance.attach(dense, ModelConfig(arch="llama"))
+    assert isinstance(balance, load_balance.NoBalance)
     assert (balance.take_aux_loss(), balance.window_report(ONE)) == (0.0, {})
 
 
 def test_evaluation_forwards_are_not_counted():
     model = tiny_moe("v3")
-    balance = moe_balance.attach(model, ModelConfig())
+    balance = load_balance.attach(model, ModelConfig())
     model.eval()
     with torch.no_grad():
         model(input_ids=batch(torch.Generator().manual_seed(0)))
@@ -163,7 +164,7 @@ def test_evaluation_forwards_are_not_counted():
 def test_the_v3_bias_moves_by_the_rate_toward_the_mean_load_each_step():
     model = tiny_moe("v3")
     skew_router(model, "v3")
-    balance = moe_balance.attach(model, ModelConfig(moe=MoeConfig(bias_update_rate=0.001)))
+    balance = load_balance.attach(model, ModelConfig(moe=MoeConfig(bias_update_rate=0.001)))
     bias = model.model.layers[1].mlp.gate.e_score_correction_bias
     before = bias.clone()
     model.train()
@@ -183,7 +184,7 @@ def test_the_v3_bias_moves_by_the_rate_toward_the_mean_load_each_step():
 def test_under_lora_the_v3_bias_stays_and_the_aux_loss_reaches_the_adapters():
     cfg = trial_config_from_dict({"model": {"peft": "lora", "lora": {"r": 4}, "moe": {"aux_loss_coef": 1.0}}}).model
     model = lora.apply_lora(tiny_moe("v3"), cfg, seed=0)
-    balance = moe_balance.attach(model, cfg)
+    balance = load_balance.attach(model, cfg)
     assert balance.bias_update_rate == 0.0
     model.train()
     inputs = batch(torch.Generator().manual_seed(0))
@@ -231,7 +232,7 @@ def test_gradient_checkpointing_recomputes_forwards_without_counting_them_twice(
         model = tiny_moe("v3")
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        balance = moe_balance.attach(model, ModelConfig(moe=MoeConfig(aux_loss_coef=0.1, bias_update_rate=0.0)))
+        balance = load_balance.attach(model, ModelConfig(moe=MoeConfig(aux_loss_coef=0.1, bias_update_rate=0.0)))
         reports = train(model, balance, steps=2, window=2)
         counts[checkpointing] = reports[0]
     assert counts[True] == counts[False]

@@ -9,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hpcsweep.export.weights import load_trial_model, trial_config
-from hpcsweep.train import moe_balance
+from hpcsweep.train.moe import load_balance
 from hpcsweep.train import worker as train
 
 from .trial_dirs import make_trial_dir, read_metrics
@@ -46,7 +46,7 @@ def test_a_trials_metrics_carry_the_router_statistics(tmp_path, peft):
     assert list(router["layers"]) == ["1"]
     assert router["layers"]["1"]["tokens"] == 2 * 4 * 32 * 2
     # V3's bias update is off under LoRA; the aux loss stands in for it by default.
-    lora_coef = moe_balance.LORA_BIAS_ROUTER_AUX_LOSS_COEF if peft == "lora" else 0.0
+    lora_coef = load_balance.LORA_BIAS_ROUTER_AUX_LOSS_COEF if peft == "lora" else 0.0
     assert (router["experts"], router["top_k"], router["aux_loss_coef"]) == (4, 2, lora_coef)
     assert 1.0 <= router["max_mean_load"] <= 2.0 and 0.0 <= router["idle_fraction"] <= 1.0
     assert router["aux_loss"] > 0

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from hpcsweep.config import ModelConfig, MoeConfig
-from hpcsweep.train import moe_balance
+from hpcsweep.train.moe import load_balance
 from hpcsweep.train.data import sample_attention
 from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.distributed import WorldInfo
 from hpcsweep.train.data.packing import SampleRows
-from hpcsweep.train.routed_tokens import routed_tokens
+from hpcsweep.train.moe.routed_tokens import routed_tokens
 
 from ..moe_models import skew_router, tiny_moe
 
@@ -53,7 +53,7 @@ def balance_of(kind: str, seq_aux: bool = True):
         skew_router(model, kind)
     model.train()
     moe = MoeConfig(aux_loss_coef=0.01, bias_update_rate=0.001)
-    return model, moe_balance.attach(model, ModelConfig(moe=moe))
+    return model, load_balance.attach(model, ModelConfig(moe=moe))
 
 
 def run_rows(model, balance, batch: Batch) -> torch.Tensor:

@@ -21,8 +21,8 @@ routing code is copied and the model is asked for nothing when it is dense.
   does not, nor do we). The bias is a persistent buffer, so it is in every checkpoint. Under LoRA the
   update is off: an adapter export cannot carry a changed base buffer; the aux loss stands in for it,
   on by default (``LORA_BIAS_ROUTER_AUX_LOSS_COEF`` for a null ``model.moe.aux_loss_coef``).
-- **Router statistics** of each log window (``hpcsweep.train.router_stats``); for a model whose own
-  code routes, from its gates alone (``hpcsweep.train.own_gate_stats``).
+- **Router statistics** of each log window (``hpcsweep.train.moe.router_stats``); for a model whose own
+  code routes, from its gates alone (``hpcsweep.train.moe.own_gate_stats``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 
 from hpcsweep.config import ModelConfig
-from hpcsweep.train import router_stats
-from hpcsweep.train.routed_tokens import RoutedTokens
+from hpcsweep.train.moe import router_stats
+from hpcsweep.train.moe.routed_tokens import RoutedTokens
 from hpcsweep.train.distributed import WorldInfo, take_sums
-from hpcsweep.train.own_gate_stats import OwnGateStats, own_gates
+from hpcsweep.train.moe.own_gate_stats import OwnGateStats, own_gates
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class NoBalance:
 def attach(net: torch.nn.Module, cfg: ModelConfig) -> RouterBalance | OwnGateStats | NoBalance:
     """The balance of ``net``'s routers per ``cfg.moe`` (``NoBalance`` for a dense model), its hooks
     registered. A model whose own code routes (``MoEGate``s that transformers does not record) gets
-    router statistics alone (``hpcsweep.train.own_gate_stats``): its code trains its own balance. Call
+    router statistics alone (``hpcsweep.train.moe.own_gate_stats``): its code trains its own balance. Call
     after LoRA is applied and before DDP or FSDP wraps the model."""
     routers = _routers(net)
     if not routers:

@@ -1,11 +1,11 @@
 """Router statistics of a MoE model whose own code routes (a folder's ``auto_map``, such as DeepSeek-MoE-16B).
 
-transformers records no router of such code, so ``hpcsweep.train.moe_balance`` finds none to balance.
+transformers records no router of such code, so ``hpcsweep.train.moe.load_balance`` finds none to balance.
 Its routers are still there: DeepSeek's own code (DeepSeek-MoE, and DeepSeek-V2/V3 as their authors
 ship them) names each one ``MoEGate`` and has it return ``(topk_idx, topk_weight, aux_loss)``, the
 experts each token went to and, in training, the balance loss the code adds itself (``aux_loss_alpha``
 times DeepSeek's loss). A forward hook on each gate keeps its last training forward's choices, so the
-same statistics as for transformers' routers (``hpcsweep.train.router_stats``: max/mean load, idle
+same statistics as for transformers' routers (``hpcsweep.train.moe.router_stats``: max/mean load, idle
 experts, the aux loss, per layer and overall) reach metrics.json's ``router``, TensorBoard's ``moe/*``
 and ``report --efficiency``'s collapse rule. Nothing is added to the loss here: the code trains its
 own balance, with its own coefficient.
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from hpcsweep.train import router_stats
+from hpcsweep.train.moe import router_stats
 from hpcsweep.train.distributed import WorldInfo, take_sums
-from hpcsweep.train.routed_tokens import RoutedTokens
+from hpcsweep.train.moe.routed_tokens import RoutedTokens
 
 GATE_CLASS = "MoEGate"
 """The class name DeepSeek's own code gives its routers."""
