@@ -2,7 +2,7 @@
 
 ``--best`` is the trial with the lowest ``best_val_loss`` in its metrics.json among the trials that
 have a checkpoint (``--by KEY``: the best by another key, the largest for an accuracy or task score); ``--trial N`` is trial N. Of the trial's checkpoints, ``best`` is the one with the
-lowest validation loss in its name (``hpcsweep.train.checkpoint`` keeps the top-k by it, weights
+lowest validation loss in its name (``hpcsweep.train.checkpoint.manager`` keeps the top-k by it, weights
 only), ``last`` the newest. Only checkpoints whose weights are complete count. Every refusal is an
 ``ExportRefused`` with the one line to print.
 
@@ -25,7 +25,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.files.metric_keys import finite_metric
 from hpcsweep.results.table import JobQuery, higher_is_better, load_sweep, read_record, resolve_trial_dir
 from hpcsweep.slurm.job_states import query_job_states
-from hpcsweep.train.checkpoint import CheckpointError, checkpoint_paths, inspect_checkpoint, parse_name
+from hpcsweep.train.checkpoint.manager import CheckpointError, checkpoint_paths, inspect_checkpoint, parse_name
 
 
 UNFINISHED_STATUSES = ("running", "pending")

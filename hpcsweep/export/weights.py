@@ -20,9 +20,9 @@ import yaml
 from hpcsweep.config import TrialConfig, trial_config_from_dict
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train import lora, model
-from hpcsweep.train.checkpoint import TRAINER_FILE, WEIGHTS_DIR, load_plain_file
-from hpcsweep.train.checkpoint_store import SafeFileSystemReader
-from hpcsweep.train.trained_state import load_trained_state_dict, trained_state_dict
+from hpcsweep.train.checkpoint.manager import TRAINER_FILE, WEIGHTS_DIR, load_plain_file
+from hpcsweep.train.checkpoint.store import SafeFileSystemReader
+from hpcsweep.train.checkpoint.trained_state import load_trained_state_dict, trained_state_dict
 
 
 def trial_config(trial_dir: Path) -> TrialConfig:

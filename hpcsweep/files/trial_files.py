@@ -14,7 +14,7 @@ TRAIN_LOG = "train.log"
 TB_DIR = "tb"
 """The trial's TensorBoard folder (its run is a folder below it: ``hpcsweep.files.tb_runs``)."""
 CHECKPOINT_DIR = "checkpoints"
-"""The trial's checkpoints (``hpcsweep.train.checkpoint``)."""
+"""The trial's checkpoints (``hpcsweep.train.checkpoint.manager``)."""
 PROFILE_DIR = "profile"
 """The trial's profiler traces, one folder per window, and the request files (``hpcsweep.control.profile_request``)."""
 TRIAL_FILES = (METRICS_FILE, CONFIG_FILE, ENVIRONMENT_FILE)

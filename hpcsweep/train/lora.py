@@ -2,7 +2,7 @@
 
 ``apply_lora`` wraps a built (or loaded) model in a ``peft`` model before DDP sees it, so DDP registers
 only the adapters; the optimizer (``hpcsweep.train.optim``) takes only parameters that need a gradient,
-and a checkpoint holds only those (``hpcsweep.train.trained_state``).
+and a checkpoint holds only those (``hpcsweep.train.checkpoint.trained_state``).
 
 Which weights get adapters (``hpcsweep.model.lora_targets``, the one list the memory plan reads too):
 

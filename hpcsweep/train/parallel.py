@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hpcsweep.config import TrainerConfig
 from hpcsweep.train.distributed import WorldInfo
 from hpcsweep.train.gpu_choices import DeviceFacts
-from hpcsweep.train.trained_state import trained_state_dict
+from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 
 ParallelMode = Literal["ddp", "fsdp"]
 

@@ -28,7 +28,8 @@ from hpcsweep.model.record import ModelRecord
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
-from hpcsweep.train import gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel, trained_state
+from hpcsweep.train import gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel
+from hpcsweep.train.checkpoint import trained_state
 from hpcsweep.train.data import corpora
 from hpcsweep.train import head_loss, step_timer, task_scores, trackers
 from hpcsweep.train.moe import load_balance, router_stats
@@ -36,9 +37,9 @@ from hpcsweep.train.data import sample_attention
 from hpcsweep.train.profiling import StepProfiler
 from hpcsweep.train.moe.routed_tokens import routed_tokens
 from hpcsweep.train.data.batch import Batch
-from hpcsweep.train.checkpoint import CheckpointManager
+from hpcsweep.train.checkpoint.manager import CheckpointManager
 from hpcsweep.train.loss import chunked_cross_entropy
-from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message
+from hpcsweep.train.checkpoint.schedule import SaveSchedule, first_save_message
 from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,

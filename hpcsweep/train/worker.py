@@ -38,7 +38,7 @@ from hpcsweep.files.attempt_file import read_attempt
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.model.record import record_from_dict
 from hpcsweep.train import fault, gpu_choices, parallel, worker_records
-from hpcsweep.train.checkpoint import trial_already_done
+from hpcsweep.train.checkpoint.manager import trial_already_done
 from hpcsweep.train.distributed import (
     GpusNotUsable,
     barrier,

@@ -13,7 +13,7 @@ import logging
 
 from hpcsweep.control.outcome import Outcome
 from hpcsweep.train import fault
-from hpcsweep.train.checkpoint import trial_already_done
+from hpcsweep.train.checkpoint.manager import trial_already_done
 from hpcsweep.trial import budget_watch, failures, preempt
 from hpcsweep.trial.attempt import TrialAttempt
 from hpcsweep.trial.records import check_trial_config, read_metrics

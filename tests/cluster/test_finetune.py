@@ -93,7 +93,7 @@ def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exp
 
     # Checkpoints hold what trains (the adapters, and the router's bias buffer), never the base: under 6% (the
     # adapters cover attention, the dense and shared MLPs and every routed expert: 5.2% of this small base).
-    from hpcsweep.train.checkpoint_store import read_metadata
+    from hpcsweep.train.checkpoint.store import read_metadata
 
     full_weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     for checkpoint in (trial_dir / "checkpoints").glob("step*.pt"):
@@ -120,7 +120,7 @@ def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exp
 
     from hpcsweep.export.weights import load_trial_model, trial_config
     from hpcsweep.train.metrics import weights_sha256
-    from hpcsweep.train.trained_state import trained_state_dict
+    from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 
     fresh = torch.load(tmp_path / "logits.pt")
     best_dir = tmp_path / best["trial_dir"]

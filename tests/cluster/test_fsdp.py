@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 import yaml
 
 from hpcsweep.config import trial_config_from_dict
-from hpcsweep.train.checkpoint_store import SafeFileSystemReader, read_metadata
+from hpcsweep.train.checkpoint.store import SafeFileSystemReader, read_metadata
 from hpcsweep.train.metrics import weights_sha256
 from hpcsweep.train.model import build_model
 

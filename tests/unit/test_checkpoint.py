@@ -13,7 +13,7 @@ import torch
 
 from hpcsweep.files.attempt_file import WorkerAttempt, write_attempt
 from hpcsweep.train import worker as train
-from hpcsweep.train.checkpoint import (
+from hpcsweep.train.checkpoint.manager import (
     RESUME_DIR,
     TRAINER_FILE,
     WEIGHTS_DIR,
@@ -26,9 +26,9 @@ from hpcsweep.train.checkpoint import (
     plan_retention,
     remove_stale_temp,
 )
-from hpcsweep.train.checkpoint_store import check_complete, read_metadata
+from hpcsweep.train.checkpoint.store import check_complete, read_metadata
 from hpcsweep.train.distributed import init_distributed
-from hpcsweep.train.rng_state import rng_state, set_rng_state
+from hpcsweep.train.checkpoint.rng_state import rng_state, set_rng_state
 from hpcsweep.train.trainer import Trainer
 
 from .trial_dirs import make_trial_dir, read_metrics

@@ -3,7 +3,7 @@
 import pytest
 
 from hpcsweep.config import TrainerConfig
-from hpcsweep.train.checkpoint_schedule import SaveSchedule, first_save_message, save_due
+from hpcsweep.train.checkpoint.schedule import SaveSchedule, first_save_message, save_due
 
 
 @pytest.mark.parametrize(

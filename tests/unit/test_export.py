@@ -17,7 +17,7 @@ from hpcsweep.export.weights import load_trial_model, trial_config
 from hpcsweep.files.sweep_record import SweepRecord, TrialRecord, now_iso, write_sweep_record
 from hpcsweep.train import worker as train
 from hpcsweep.train.metrics import weights_sha256
-from hpcsweep.train.trained_state import trained_state_dict
+from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 
 from .test_lora import LORA, SMALL
 from .trial_dirs import make_trial_dir, read_metrics

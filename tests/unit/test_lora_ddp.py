@@ -5,7 +5,7 @@ import torch
 
 from hpcsweep.export.weights import load_trial_model, trial_config
 from hpcsweep.train.metrics import weights_sha256
-from hpcsweep.train.trained_state import trained_state_dict
+from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 
 from .test_trainer_ddp import BASE, torchrun
 from .trial_dirs import make_trial_dir, read_metrics

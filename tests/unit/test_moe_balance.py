@@ -197,7 +197,7 @@ def test_under_lora_the_v3_bias_stays_and_the_aux_loss_reaches_the_adapters():
     assert any("layers.1.self_attn" in n for n in changed)  # the adapters before the router feel the loss
     bias_key = "base_model.model.model.layers.1.mlp.gate.e_score_correction_bias"
     assert bias_key in dict(model.named_buffers())
-    from hpcsweep.train.trained_state import trained_state_dict
+    from hpcsweep.train.checkpoint.trained_state import trained_state_dict
     assert any(k.endswith("mlp.gate.e_score_correction_bias") for k in trained_state_dict(model))
 
 

@@ -126,7 +126,7 @@ def test_the_journal_opens_with_plain_optuna(search):
 
 
 def test_every_rank_of_a_ddp_trial_stops_where_rank_0_is_told_to_prune(search, tmp_path):
-    from hpcsweep.train.checkpoint import trial_already_done
+    from hpcsweep.train.checkpoint.manager import trial_already_done
 
     from hpcsweep.files.attempt_file import WorkerAttempt, write_attempt
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcsweep.train.checkpoint import RESUME_DIR, WEIGHTS_DIR, checkpoint_paths, parse_name
-from hpcsweep.train.checkpoint_store import read_metadata
+from hpcsweep.train.checkpoint.manager import RESUME_DIR, WEIGHTS_DIR, checkpoint_paths, parse_name
+from hpcsweep.train.checkpoint.store import read_metadata
 from hpcsweep.train.fault import MARKER_FILE
 
 from .test_trainer_ddp import free_port

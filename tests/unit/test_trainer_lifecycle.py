@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from hpcsweep.train import worker as train
-from hpcsweep.train.checkpoint import parse_name
+from hpcsweep.train.checkpoint.manager import parse_name
 from hpcsweep.train.data.corpora import write_token_file
 
 from .trial_dirs import make_trial_dir, read_metrics

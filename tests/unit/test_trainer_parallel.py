@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hpcsweep.train.checkpoint_store import read_metadata
+from hpcsweep.train.checkpoint.store import read_metadata
 
 from .test_trainer_ddp import losses, make_trial, torchrun
 from .trial_dirs import read_metrics

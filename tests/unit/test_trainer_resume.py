@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpcsweep.train import worker as train
-from hpcsweep.train.checkpoint import parse_name
+from hpcsweep.train.checkpoint.manager import parse_name
 
 from .trial_dirs import make_trial_dir, read_metrics
 

@@ -3,9 +3,9 @@
 A checkpoint is a directory ``checkpoints/stepNNNNNNNN-valLOSS.pt/`` when the trial evaluated at that
 step (LOSS is that step's validation loss), else ``checkpoints/stepNNNNNNNN.pt/``:
 
-- ``model/``: the weights that train, a DCP checkpoint (``hpcsweep.train.checkpoint_store``): every
+- ``model/``: the weights that train, a DCP checkpoint (``hpcsweep.train.checkpoint.store``): every
   rank writes its share, each rank reads what it needs. Under LoRA only the adapters: a frozen base
-  is never saved (``hpcsweep.train.trained_state``).
+  is never saved (``hpcsweep.train.checkpoint.trained_state``).
 - ``resume/``: what only resuming needs, a DCP checkpoint too: the optimizer state and every
   rank's RNG state (each rank writes and reads its own), and with a stateful gradient
   communication hook (PowerSGD, local SGD: ``hpcsweep.train.grad_comm``) each rank's state of it.
@@ -40,10 +40,10 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.train import fault
-from hpcsweep.train.checkpoint_store import CheckpointStore, DcpStore, check_complete
+from hpcsweep.train.checkpoint.store import CheckpointStore, DcpStore, check_complete
 from hpcsweep.train.distributed import WorldInfo, broadcast_object
-from hpcsweep.train.rng_state import rng_state, set_rng_state
-from hpcsweep.train.trained_state import load_trained_state_dict, trained_state_dict
+from hpcsweep.train.checkpoint.rng_state import rng_state, set_rng_state
+from hpcsweep.train.checkpoint.trained_state import load_trained_state_dict, trained_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,8 @@ class CheckpointManager:
     ):
         self.directory, self.keep_top_k, self.world = directory, keep_top_k, world
         self.base_model = dict(base_model or {})
-        """The base model's identity (``hpcsweep.train.trained_state.base_model_identity``), in ``trainer.pt``."""
+        """The base model's identity (``hpcsweep.train.checkpoint.trained_state.base_model_identity``), in
+        ``trainer.pt``."""
         self.is_coordinator = world.rank == 0
         if self.is_coordinator:
             directory.mkdir(parents=True, exist_ok=True)
