@@ -27,3 +27,15 @@ def test_every_path_the_documented_commands_write_is_ignored_by_git():
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *relative], cwd=REPO, capture_output=True,
                              text=True, timeout=60).stdout.split()
     assert sorted(set(relative) - set(ignored)) == []
+
+
+def test_the_readme_is_a_start_page_that_begins_with_the_two_commands():
+    """Issue 41: the README is a start page (at most 200 lines); its first two commands are the newcomer's: install
+    and run a small sweep, then install everything and run the tests, before any section."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
+    commands = [line.strip() for line in lines if line.startswith("    ") and line.strip()]
+    first_section = next(n for n, line in enumerate(lines) if line.startswith("## "))
+    assert commands[:2] == ["pip install torch==2.13.0 -e . && python -m hpcsweep -m model.lr=1e-4,3e-4",
+                            "scripts/test.sh"]
+    assert all(lines.index("    " + c) < first_section for c in commands[:2])
