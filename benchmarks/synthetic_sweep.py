@@ -24,7 +24,7 @@ from hpcsweep.results.hparams import hparams_summary
 from hpcsweep.results.tfrecord import masked_crc32c_many
 
 TAGS = ("train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
-"""The trainer's tags (``hpcsweep.train.metrics.TAGS``, not imported: it needs torch)."""
+"""The trainer's tags (``hpcsweep.train.trackers.metrics.TAGS``, not imported: it needs torch)."""
 START_TIME = 1.7e9
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")

@@ -15,7 +15,7 @@ TRACKER_BACKENDS = ("tensorboard", "mlflow", "wandb")
 
 @dataclass(kw_only=True)
 class MlflowConfig:
-    """MLflow tracking (``logging.backends`` names ``mlflow``; see ``hpcsweep.train.trackers``)."""
+    """MLflow tracking (``logging.backends`` names ``mlflow``; see ``hpcsweep.train.trackers.backends``)."""
 
     tracking_uri: str | None = None
     """Where runs go: ``http(s)://HOST:PORT`` of an MLflow server, ``sqlite:///PATH``, or a

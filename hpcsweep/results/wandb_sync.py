@@ -1,6 +1,6 @@
 """The one command that uploads a sweep's offline W&B runs, for ``status`` and ``report`` to print.
 
-A trial that logs to W&B offline (``logging.wandb.mode``; see ``hpcsweep.train.wandb_tracker``)
+A trial that logs to W&B offline (``logging.wandb.mode``; see ``hpcsweep.train.trackers.wandb_logger``)
 leaves its run under its trial dir. From a login node that reaches W&B, one ``wandb sync`` uploads
 them all; running it again uploads only what is new.
 """

@@ -38,7 +38,7 @@ def check_trackers(cfg: LoggingConfig) -> None:
 
 def create_default_mlflow_stores(trials: Iterable[tuple[LoggingConfig, Path]]) -> None:
     """Create the sweep-dir SQLite store and experiment of each trial that logs to MLflow by default."""
-    from hpcsweep.train.mlflow_tracker import experiment_id, experiment_name, tracking_uri
+    from hpcsweep.train.trackers.mlflow_logger import experiment_id, experiment_name, tracking_uri
 
     done = set()
     for cfg, trial_dir in trials:

@@ -28,10 +28,12 @@ from hpcsweep.model.record import ModelRecord
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
-from hpcsweep.train import gpu_choices, grad_comm, lora, memory_record, metrics, model, optim, parallel
+from hpcsweep.train import gpu_choices, grad_comm, lora, memory_record, model, optim, parallel
+from hpcsweep.train.trackers import metrics
 from hpcsweep.train.checkpoint import trained_state
 from hpcsweep.train.data import corpora
-from hpcsweep.train import head_loss, step_timer, task_scores, trackers
+from hpcsweep.train import head_loss, step_timer, task_scores
+from hpcsweep.train.trackers import backends
 from hpcsweep.train.moe import load_balance, router_stats
 from hpcsweep.train.data import sample_attention
 from hpcsweep.train.profiling import StepProfiler
@@ -157,7 +159,7 @@ class Trainer:
         ranks = all_gather_objects(world, me)
         self.report["ranks"] = ranks
         self.report["nodes"] = sorted({r["node"] for r in ranks})
-        self.logger = trackers.build_loggers(cfg.logging, rank=world.rank, world_size=world.world_size, tb_dir=tb_dir,
+        self.logger = backends.build_loggers(cfg.logging, rank=world.rank, world_size=world.world_size, tb_dir=tb_dir,
                                              trial_dir=trial_dir, nodes=self.report["nodes"])
         # Exact resume on CPU holds at one intra-op thread count: a reduction split over threads sums in another order.
         self.report.update(device_name=self.device_facts.name, parallel=self.parallel,

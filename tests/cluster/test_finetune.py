@@ -119,7 +119,7 @@ def test_a_lora_sweep_of_a_pretrained_folder_on_its_text_resumes_exactly_and_exp
     import torch
 
     from hpcsweep.export.weights import load_trial_model, trial_config
-    from hpcsweep.train.metrics import weights_sha256
+    from hpcsweep.train.trackers.metrics import weights_sha256
     from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 
     fresh = torch.load(tmp_path / "logits.pt")

@@ -10,8 +10,9 @@ import torch.distributed.checkpoint as dcp
 import yaml
 
 from hpcsweep.config import trial_config_from_dict
+from hpcsweep.results.failure import submitit_logs
 from hpcsweep.train.checkpoint.store import SafeFileSystemReader, read_metadata
-from hpcsweep.train.metrics import weights_sha256
+from hpcsweep.train.trackers.metrics import weights_sha256
 from hpcsweep.train.model import build_model
 
 from .conftest import TWO_NODES_TWO_PROCESSES, EndedTrial, read_json, usr2_at_step, wait_until_ended
@@ -57,6 +58,11 @@ def test_an_fsdp_trial_saves_one_shard_per_rank_and_hashes_the_whole_model(fsdp_
     assert len(embed.chunks) == 4  # sharded on dim 0, a quarter per rank
     assert {c.sizes[0] for c in embed.chunks} == {embed.size[0] // 4}
     assert gathered_weights_sha256(fsdp_trial.trial_dir) == metrics["weights_sha256"]
+    # A run that is right is quiet (issue 41: every task's .err held FSDP2's "returned a view tensor" warning).
+    (err_log, *_) = submitit_logs(fsdp_trial.trial_dir.parent, fsdp_trial.job_id, ".err")
+    for log in [err_log, fsdp_trial.trial_dir / "train.log"]:
+        text = log.read_text()
+        assert "Warning" not in text and "returned a view tensor" not in text, f"{log}:\n{text[-3000:]}"
 
 
 def test_scancel_usr2_to_an_fsdp_trial_requeues_and_resumes_bit_identical(tmp_path, slurm_env, fsdp_trial):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from hpcsweep.train.metrics import TensorBoardLogger
+from hpcsweep.train.trackers.metrics import TensorBoardLogger
 
 
 def write_hydra_record(trial_dir: Path, override_dirname: str) -> None:

@@ -22,7 +22,7 @@ from hpcsweep.export.source import running_refusal
 from hpcsweep.export.weights import load_trial_model, trial_config
 from hpcsweep.files.sweep_record import SweepRecord, TrialRecord, now_iso, write_sweep_record
 from hpcsweep.train import worker as train
-from hpcsweep.train.metrics import weights_sha256
+from hpcsweep.train.trackers.metrics import weights_sha256
 from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 from tests.export_folders import make_bf16_folder, make_remote_code_folder
 

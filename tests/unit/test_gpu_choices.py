@@ -11,7 +11,7 @@ import torch
 from hpcsweep.config import ModelConfig, TrainerConfig, trial_config_from_dict
 from hpcsweep.train import gpu_choices
 from hpcsweep.train.gpu_choices import DeviceFacts, GpuChoices
-from hpcsweep.train.metrics import peak_flops
+from hpcsweep.train.trackers.metrics import peak_flops
 from hpcsweep.train.model import build_model
 from hpcsweep.train.worker import EXIT_FAILED, run_trial
 

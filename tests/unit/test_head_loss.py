@@ -17,7 +17,7 @@ from hpcsweep.train.head_loss import (
     linear_loss_and_accuracy,
 )
 from hpcsweep.train.loss import IGNORE_INDEX, chunked_cross_entropy
-from hpcsweep.train.metrics import accuracy_counts
+from hpcsweep.train.trackers.metrics import accuracy_counts
 
 from ..loss_memory import tiny_lm
 

@@ -25,7 +25,7 @@ from hpcsweep.results.hparams import (
     trial_hparams,
     write_trial_hparams,
 )
-from hpcsweep.train.metrics import TensorBoardLogger
+from hpcsweep.train.trackers.metrics import TensorBoardLogger
 
 from .sweep_fixtures import make_sweep
 from .tb_fixtures import write_hydra_record

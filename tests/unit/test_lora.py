@@ -11,7 +11,7 @@ from hpcsweep.train import lora, model, optim
 from hpcsweep.train import worker as train
 from hpcsweep.train.checkpoint.manager import TRAINER_FILE, WEIGHTS_DIR, load_plain_file
 from hpcsweep.train.checkpoint.store import read_metadata
-from hpcsweep.train.metrics import weights_sha256
+from hpcsweep.train.trackers.metrics import weights_sha256
 from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 
 from .trial_dirs import make_trial_dir, read_metrics

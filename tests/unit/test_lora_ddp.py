@@ -4,7 +4,7 @@ back whole in one process without a process group (as the export reads it), with
 import torch
 
 from hpcsweep.export.weights import load_trial_model, trial_config
-from hpcsweep.train.metrics import weights_sha256
+from hpcsweep.train.trackers.metrics import weights_sha256
 from hpcsweep.train.checkpoint.trained_state import trained_state_dict
 
 from .test_trainer_ddp import BASE, torchrun

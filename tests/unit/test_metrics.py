@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcsweep.results.table import mean_tokens_per_s
-from hpcsweep.train.metrics import mfu, peak_flops
+from hpcsweep.train.trackers.metrics import mfu, peak_flops
 
 
 @pytest.mark.parametrize(

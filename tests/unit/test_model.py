@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from hpcsweep.config import ModelConfig, build_group
-from hpcsweep.train.metrics import weights_sha256
+from hpcsweep.train.trackers.metrics import weights_sha256
 from hpcsweep.train.model import build_model, flops_per_token, hf_config
 
 torch.set_num_threads(1)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from hpcsweep.config import DataConfig, ModelConfig
 from hpcsweep.model.folder import model_identity, read_model_folder
 from hpcsweep.train.data import corpora
-from hpcsweep.train.metrics import weights_sha256
+from hpcsweep.train.trackers.metrics import weights_sha256
 from hpcsweep.train.model import build_model, flops_per_token, hf_config, load_dtype
 
 torch.set_num_threads(1)

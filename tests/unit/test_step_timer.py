@@ -7,7 +7,7 @@ import torch
 
 from hpcsweep.files.tb_runs import run_event_files
 from hpcsweep.results.event_reader import read_runs
-from hpcsweep.train import metrics
+from hpcsweep.train.trackers import metrics
 from hpcsweep.train import worker as train
 from hpcsweep.train.memory_record import PeakMemory
 from hpcsweep.train.step_timer import (

@@ -300,7 +300,7 @@ def test_two_ranks_wait_for_rank_0s_scores_and_stop_early_together(tmp_path, fac
 
 
 def test_val_accuracy_counts_next_token_hits_and_leaves_out_targets_that_take_no_loss():
-    from hpcsweep.train.metrics import accuracy_counts
+    from hpcsweep.train.trackers.metrics import accuracy_counts
 
     logits = torch.tensor([[[5.0, 0.0, 0.0], [0.0, 5.0, 0.0], [5.0, 0.0, 0.0], [0.0, 0.0, 5.0]]])
     targets = torch.tensor([[-100, 1, 2, 2]])  # the first is a prompt token (chat data): not counted

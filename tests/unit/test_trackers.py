@@ -16,8 +16,8 @@ import yaml
 
 from hpcsweep.config import LoggingConfig, MlflowConfig, trial_config_from_dict
 from hpcsweep.sweep import tracker_check
-from hpcsweep.train import tracker_run
-from hpcsweep.train.trackers import build_loggers
+from hpcsweep.train.trackers import tracked_run
+from hpcsweep.train.trackers.backends import build_loggers
 
 SMALL = ["trainer.max_steps=6", "trainer.eval_every=3", "trainer.log_every=1", "data.batch_size=4", "data.seq_len=32"]
 
@@ -57,10 +57,10 @@ def test_a_backend_whose_package_is_missing_is_named_with_its_install_line(monke
 
 
 def test_a_run_goes_on_after_a_stop_and_a_failed_trial_starts_a_retry_run():
-    assert tracker_run.choose_run(None, None) == tracker_run.RunChoice(run_id=None)
-    assert tracker_run.choose_run({"run_id": "r1"}, "running") == tracker_run.RunChoice(run_id="r1")
-    assert tracker_run.choose_run({"run_id": "r1"}, "failed") == tracker_run.RunChoice(run_id=None, retry_of="r1")
-    assert tracker_run.choose_run({"status": "failed", "error": "x"}, "running") == tracker_run.RunChoice(run_id=None)
+    assert tracked_run.choose_run(None, None) == tracked_run.RunChoice(run_id=None)
+    assert tracked_run.choose_run({"run_id": "r1"}, "running") == tracked_run.RunChoice(run_id="r1")
+    assert tracked_run.choose_run({"run_id": "r1"}, "failed") == tracked_run.RunChoice(run_id=None, retry_of="r1")
+    assert tracked_run.choose_run({"status": "failed", "error": "x"}, "running") == tracked_run.RunChoice(run_id=None)
 
 
 def make_trial_dir(root: Path, num: int, overrides: list[str]) -> Path:
@@ -266,10 +266,10 @@ def test_an_mlflow_server_that_answers_after_5_s_costs_a_step_nothing_and_the_en
     import torch
     from mlflow import MlflowClient
 
-    from hpcsweep.train import mlflow_tracker, trackers
+    from hpcsweep.train.trackers import backends, mlflow_logger
 
     # A flush at almost every step: synchronous, each would hold the step 5 s.
-    monkeypatch.setattr(mlflow_tracker, "FLUSH_EVERY_S", 0.3)
+    monkeypatch.setattr(mlflow_logger, "FLUSH_EVERY_S", 0.3)
     proxy = SlowProxy(mlflow_server, delay_s=5.0)
     uri = f"http://127.0.0.1:{proxy.port}"
     trial_dir = make_trial_dir(tmp_path, 0, ["model.lr=1e-3"])
@@ -306,7 +306,7 @@ def test_an_mlflow_server_that_answers_after_5_s_costs_a_step_nothing_and_the_en
     slow.finish("completed", {"step": step, "best_val_loss": 0.5})
     fields = slow.report_fields()
     slow.close()
-    assert time.monotonic() - ended <= trackers.FINISH_WAIT_S + 2
+    assert time.monotonic() - ended <= backends.FINISH_WAIT_S + 2
     # Behind the slow server every scalar arrived, and the run ended, within the wait.
     record = fields["trackers"]["mlflow"]
     assert record["status"] == "ok", record
@@ -320,16 +320,16 @@ def test_a_tracker_that_never_answers_costs_the_end_of_a_trial_the_bounded_wait_
     import threading
     import time
 
-    from hpcsweep.train import trackers
-    from hpcsweep.train.metrics import Logger
+    from hpcsweep.train.trackers import backends
+    from hpcsweep.train.trackers.metrics import Logger
 
     class Stuck(Logger):
         def finish(self, status, summary):
             threading.Event().wait()  # a server that never answers
 
-    monkeypatch.setattr(trackers, "FINISH_WAIT_S", 1.0)
+    monkeypatch.setattr(backends, "FINISH_WAIT_S", 1.0)
     trial_dir = make_trial_dir(tmp_path, 0, [])
-    loggers = trackers.Trackers(trial_dir, None, {"stuck": Stuck})
+    loggers = backends.Trackers(trial_dir, None, {"stuck": Stuck})
     loggers.log({"train/loss": 1.0}, 1)
     start = time.monotonic()
     loggers.finish("completed", {"step": 1})

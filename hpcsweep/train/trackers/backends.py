@@ -1,7 +1,7 @@
 """A trial's loggers, as ``logging.backends`` names them: TensorBoard, MLflow, W&B, on rank 0 only.
 
 ``build_loggers`` returns one ``Trackers`` logger that hands every scalar to each backend at the
-same step. MLflow and W&B run on threads of their own (``hpcsweep.train.tracker_thread``): a step
+same step. MLflow and W&B run on threads of their own (``hpcsweep.train.trackers.thread``): a step
 only queues their calls, and the end of the trial waits for them ``FINISH_WAIT_S`` at most, all of them
 together. A tracker that fails (server down, disk full, package broken, or still sending at that
 deadline) never fails the trial: the failure is logged once as a warning, that tracker is left out
@@ -22,9 +22,9 @@ from typing import Any
 from hpcsweep.config import LoggingConfig
 from hpcsweep.files import metrics_file
 from hpcsweep.files.trial_files import TrialFiles
-from hpcsweep.train import tracker_run
-from hpcsweep.train.metrics import Logger, TensorBoardLogger, logging_rank
-from hpcsweep.train.tracker_thread import TrackerThread
+from hpcsweep.train.trackers import tracked_run
+from hpcsweep.train.trackers.metrics import Logger, TensorBoardLogger, logging_rank
+from hpcsweep.train.trackers.thread import TrackerThread
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,9 @@ class Trackers(Logger):
                 self.unsaved.discard(name)
             self.records[name] = {**self.records.get(name, {}), **tracker.report_fields(), "status": "ok"}
         if self.records:
-            runs = tracker_run.read_runs(self.trial_dir)
+            runs = tracked_run.read_runs(self.trial_dir)
             runs.update(self.records)
-            tracker_run.write_runs(self.trial_dir, runs)
+            tracked_run.write_runs(self.trial_dir, runs)
 
     def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         if self.local is not None:
@@ -102,7 +102,7 @@ class Trackers(Logger):
         for name, tracker in list(self.active.items()):
             if not tracker.settle(self.deadline):
                 self._failed(name, TimeoutError(f"its sends had not ended {FINISH_WAIT_S:g} s after the trial's end "
-                                                "(hpcsweep.train.trackers.FINISH_WAIT_S)"))
+                                                "(hpcsweep.train.trackers.backends.FINISH_WAIT_S)"))
         self._check()
 
     def finish(self, status: str, summary: Mapping[str, Any]) -> None:
@@ -133,7 +133,7 @@ def build_loggers(
 
     Call before this attempt first writes metrics.json: the status the last attempt left there
     decides whether each tracker continues the trial's run or starts a new one
-    (``tracker_run.choose_run``).
+    (``tracked_run.choose_run``).
     """
     if rank != logging_rank(world_size):
         return Logger()
@@ -141,21 +141,21 @@ def build_loggers(
     previous = metrics_file.read_metrics(TrialFiles(trial_dir).metrics)
     previous_status = previous.get("status") if previous else None
     local = TensorBoardLogger(tb_dir) if "tensorboard" in cfg.backends else None
-    runs = tracker_run.read_runs(trial_dir)
+    runs = tracked_run.read_runs(trial_dir)
 
-    def identity() -> tracker_run.RunIdentity:
-        return tracker_run.run_identity(trial_dir, env, nodes)
+    def identity() -> tracked_run.RunIdentity:
+        return tracked_run.run_identity(trial_dir, env, nodes)
 
-    def choice(name: str) -> tracker_run.RunChoice:
-        return tracker_run.choose_run(runs.get(name), previous_status)
+    def choice(name: str) -> tracked_run.RunChoice:
+        return tracked_run.choose_run(runs.get(name), previous_status)
 
     starts: dict[str, Callable[[], Logger]] = {}
     if "mlflow" in cfg.backends:
-        from hpcsweep.train.mlflow_tracker import MlflowLogger
+        from hpcsweep.train.trackers.mlflow_logger import MlflowLogger
 
         starts["mlflow"] = lambda: MlflowLogger(cfg.mlflow, trial_dir, identity(), choice("mlflow"))
     if "wandb" in cfg.backends:
-        from hpcsweep.train.wandb_tracker import WandbLogger
+        from hpcsweep.train.trackers.wandb_logger import WandbLogger
 
         starts["wandb"] = lambda: WandbLogger(cfg.wandb, trial_dir, identity(), choice("wandb"), env)
     # wandb.init stays on the trial's thread: wandb sets up its service process from there.

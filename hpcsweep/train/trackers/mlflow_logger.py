@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.config import MlflowConfig
-from hpcsweep.train.metrics import Logger
-from hpcsweep.train.tracker_run import RunChoice, RunIdentity, param_text, sweep_dir_of
+from hpcsweep.train.trackers.metrics import Logger
+from hpcsweep.train.trackers.tracked_run import RunChoice, RunIdentity, param_text, sweep_dir_of
 
 DEFAULT_DB = "mlflow.db"
 """The SQLite store in the sweep dir when ``logging.mlflow.tracking_uri`` is null."""
@@ -36,7 +36,7 @@ FLUSH_EVERY_S = 15.0
 """Scalars are sent at most this often (and when the run ends or pauses): one store round trip costs
 tens of ms of CPU (SQLAlchemy, HTTP), which at every log window of a small model's fast steps was a
 6 % slowdown (``benchmarks/tracker_cost.py``). The sends run on the tracker's own thread
-(``hpcsweep.train.tracker_thread``), so a slow server holds up no step. A trial killed outright loses at
+(``hpcsweep.train.trackers.thread``), so a slow server holds up no step. A trial killed outright loses at
 most this much."""
 PARAM_LENGTH = 6000
 """MLflow's longest param value (``MAX_PARAM_VAL_LENGTH``); longer values are cut."""
@@ -105,7 +105,7 @@ class MlflowLogger(Logger):
             self.flush()
 
     def flush(self) -> None:
-        """Send the scalars logged since the last flush (on the tracker's thread: ``tracker_thread``)."""
+        """Send the scalars logged since the last flush (on the tracker's thread: ``thread``)."""
         pending, self.pending = self.pending, []
         for start in range(0, len(pending), METRIC_BATCH):
             self.client.log_batch(self.run_id, metrics=pending[start : start + METRIC_BATCH], synchronous=True)

@@ -7,7 +7,7 @@ one tracker's start and every later call, in order, on its own daemon thread; th
 queues them. At the end of a trial the trial waits for the queued calls until a deadline
 (``trackers.FINISH_WAIT_S``) and then goes on without them: a slow tracker costs a trial that wait
 once, at most. A call that raises stops the thread; the trial's thread reads ``error`` and reports
-the tracker as failed (``hpcsweep.train.trackers``).
+the tracker as failed (``hpcsweep.train.trackers.backends``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hpcsweep.train.metrics import Logger
+from hpcsweep.train.trackers.metrics import Logger
 
 POLL_S = 0.05
 """How often a wait looks whether the thread ended (it may end without reaching the wait's mark)."""

@@ -3,7 +3,7 @@
 Each trial is one run of each tracker (MLflow, W&B), grouped by sweep. The run ids live in the
 trial dir (``trackers.json``), so a requeued or resumed trial continues its own run; a trial that
 failed and is tried again starts a new run, tagged as the retry of the old one. Pure decisions and
-one small file: the trackers' own clients are in ``mlflow_tracker`` and ``wandb_tracker``.
+one small file: the trackers' own clients are in ``mlflow_logger`` and ``wandb_logger``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Compute nodes often reach no internet, so on a Slurm node the run is offline by 
 and ``python -m hpcsweep.status``/``report`` print the one ``wandb sync`` command that uploads the
 whole sweep from a login node. Runs of a sweep share a W&B group (the sweep dir). The run id is kept
 in the trial dir, so a requeued trial continues its run (``resume="allow"``). ``wandb.init`` runs on the
-trial's thread; ``log`` and ``finish`` on the tracker's own (``hpcsweep.train.tracker_thread``): a
+trial's thread; ``log`` and ``finish`` on the tracker's own (``hpcsweep.train.trackers.thread``): a
 ``finish`` that waits on an unreachable online server (90 s and more) costs the trial
 ``trackers.FINISH_WAIT_S`` at most.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcsweep.config import WandbConfig
-from hpcsweep.train.metrics import Logger
-from hpcsweep.train.tracker_run import RunChoice, RunIdentity
+from hpcsweep.train.trackers.metrics import Logger
+from hpcsweep.train.trackers.tracked_run import RunChoice, RunIdentity
 
 def wandb_mode(cfg: WandbConfig, env: Mapping[str, str]) -> str:
     """``offline`` or ``online``: ``auto`` is offline inside a Slurm job."""
