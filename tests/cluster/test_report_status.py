@@ -1,4 +1,6 @@
-"""report and status on a real 4-trial Slurm sweep where one trial fails at run time."""
+"""report and status on a real 4-trial Slurm sweep where one trial fails at run time; what issue 41 found in a
+first hour on it: a pipe closed by ``head``, a shell without ``SLURM_CONF``, the install a trial records when the
+sweep runs from a data folder."""
 
 from __future__ import annotations
 
@@ -73,3 +75,25 @@ def test_report_and_status_of_a_sweep_with_a_failed_trial(tmp_path, slurm_env):
     assert status.returncode == 1, status.stdout + status.stderr
     assert "3 completed, 1 failed" in status.stdout
     assert "error: IndexError: index out of range in self" in status.stdout
+
+    # report | head -1: the pipe closes after one line; report exits 0, quietly, with its CSV written.
+    piped_csv = tmp_path / "piped.csv"
+    piped = subprocess.run(f"set -o pipefail; {sys.executable} -m hpcsweep.report {sweep_dir} --markdown --csv {piped_csv} "
+                           "| head -1", shell=True, executable="/bin/bash", env=slurm_env, capture_output=True,
+                           text=True, timeout=120)
+    assert piped.returncode == 0 and "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr, piped.stderr
+    assert len(piped.stdout.splitlines()) == 1 and len(list(csv.DictReader(piped_csv.open()))) == len(CORPORA)
+
+    # A shell without the cluster's environment: status says the Slurm configuration is not found, and how to set it.
+    # (SLURM_CONF names a missing file here, not unset: a machine may have a default /etc/slurm/slurm.conf.)
+    lost = {**slurm_env, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
+    confused = hpcsweep_tool("hpcsweep.status", [str(sweep_dir)], lost)
+    assert (f"Slurm's configuration was not found: SLURM_CONF={tmp_path}/no-such-slurm.conf is no file"
+            in confused.stdout + confused.stderr), confused.stdout + confused.stderr
+    assert "scripts/slurm-cluster env" in confused.stdout + confused.stderr
+
+    # Run from a data folder (tmp_path), each trial still records the hpcsweep it ran: version and commit.
+    import hpcsweep
+
+    recorded = json.loads((sweep_dir / "0" / "environment.json").read_text())["hpcsweep"]
+    assert recorded["version"] == hpcsweep.__version__ and len(recorded["commit"]) == 40, recorded

@@ -167,3 +167,19 @@ def test_a_two_node_search_trial_runs_its_chosen_parameters_and_is_pruned_on_bot
     # Pruned at its first evaluation, and both nodes stopped there: their jobs completed, nothing hung.
     assert by_num[1].state.name == "PRUNED" and intermediate_steps(journal, by_num[1]._trial_id) == [10]
     assert (pruned["status"], pruned["step"]) == ("pruned", 10)
+
+
+def test_a_4_trial_median_search_on_slurm_says_when_its_lowered_pruner_starts(tmp_path, slurm_env):
+    """Issue 41: the docs' 4-trial median search could never prune (n_startup_trials=5) and said nothing; on Slurm
+    the submit now says the start-up it lowered, and the study's pruner has it."""
+    small = [o for o in SMALL_TRIAL if not o.startswith("trainer.warmup_steps")]  # SPACE searches it
+    result = run_hpcsweep([*SEARCH, *SPACE, *small, "hydra.sweeper.n_trials=4", "hydra.sweeper.pruner=median"],
+                          tmp_path, slurm_env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("pruner median (prunes once 1 trial has completed: n_startup_trials=5 lowered to 1 for the pruner, as 4 "
+            "trials would leave it none to prune)") in result.stdout + result.stderr
+    sweep_dir = only_sweep_dir(tmp_path)
+    assert read_json(sweep_dir / "search" / "search.json")["settings"]["pruner_startup_trials"] == 1
+    # The words and the record were under test, not the trials: free the cluster for the other tests.
+    array_id = read_json(sweep_dir / "sweep.json")["arrays"][0]["array_job_id"]
+    subprocess.run(["scancel", array_id], env=slurm_env, check=True, timeout=60)
