@@ -31,7 +31,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
 
 from hpcsweep.config import TrainerConfig, trial_config_from_dict  # noqa: E402
-from hpcsweep.train import model, step_timer  # noqa: E402
+from hpcsweep.train import model  # noqa: E402
+from hpcsweep.train.observe import step_timer  # noqa: E402
 from hpcsweep.train.data import corpora  # noqa: E402
 from hpcsweep.train.distributed import WorldInfo  # noqa: E402
 from hpcsweep.train.trainer import Trainer  # noqa: E402

@@ -3,7 +3,7 @@
 The request goes through the trial dir, as a stop file does (``hpcsweep.control.profile_request``),
 not through a signal that NCCL or Slurm may use: rank 0 of the trial reads it at its next step
 boundary, and every rank profiles the same steps and writes its own Chrome/Perfetto trace under
-``TRIAL_DIR/profile/steps-START-END/`` (``hpcsweep.train.profiling``). ``--wait`` waits, up to
+``TRIAL_DIR/profile/steps-START-END/`` (``hpcsweep.train.observe.profiling``). ``--wait`` waits, up to
 ``--timeout`` seconds, until every rank's trace is written and prints their paths. A trial that is
 not in the sweep or not running, or a ``--steps`` out of range, is refused with one line (exit 2)
 and nothing is asked. SWEEP_DIR may also be one trial dir (trial 0).

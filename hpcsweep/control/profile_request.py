@@ -2,7 +2,7 @@
 
 ``python -m hpcsweep.profile`` writes ``profile/request.json``; rank 0 of the trial sees it at a
 step boundary, every rank agrees on it in the step's stop check, and the trial profiles its next
-steps (``hpcsweep.train.profiling``). Rank 0 removes the request once it is taken, and writes
+steps (``hpcsweep.train.observe.profiling``). Rank 0 removes the request once it is taken, and writes
 ``profile/request-done.json`` (naming the request and the traces of every rank) once its own trace
 is written. Where the traces of a window go is named here, for the trainer, the command and status.
 

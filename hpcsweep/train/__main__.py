@@ -4,10 +4,11 @@ import os
 import sys
 
 from hpcsweep.model.offline import stay_offline
-from hpcsweep.train.rank_logging import quiet_cpp_warnings_off_rank_0
+from hpcsweep.train.observe.rank_logging import quiet_cpp_warnings_off_rank_0
 
 stay_offline()  # before the worker imports transformers (hpcsweep.model.offline says why)
-quiet_cpp_warnings_off_rank_0(os.environ)  # before the worker imports torch (hpcsweep.train.rank_logging says why)
+# Before the worker imports torch (hpcsweep.train.observe.rank_logging says why).
+quiet_cpp_warnings_off_rank_0(os.environ)
 
 from hpcsweep.train.worker import main  # noqa: E402
 

@@ -28,15 +28,17 @@ from hpcsweep.model.record import ModelRecord
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
-from hpcsweep.train import gpu_choices, grad_comm, lora, memory_record, model, optim, parallel
+from hpcsweep.train import gpu_choices, grad_comm, lora, model, optim, parallel
+from hpcsweep.train.observe import memory_record
 from hpcsweep.train.trackers import metrics
 from hpcsweep.train.checkpoint import trained_state
 from hpcsweep.train.data import corpora
-from hpcsweep.train import head_loss, step_timer, task_scores
+from hpcsweep.train import head_loss, task_scores
+from hpcsweep.train.observe import step_timer
 from hpcsweep.train.trackers import backends
 from hpcsweep.train.moe import load_balance, router_stats
 from hpcsweep.train.data import sample_attention
-from hpcsweep.train.profiling import StepProfiler
+from hpcsweep.train.observe.profiling import StepProfiler
 from hpcsweep.train.moe.routed_tokens import routed_tokens
 from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.checkpoint.manager import CheckpointManager

@@ -14,7 +14,7 @@ signal handler would, so tests exercise the real save-and-requeue path) or a sav
 once per trial dir (``hpcsweep.train.fault``).
 
 For the runner's failure handling and hang watchdog, a worker leaves its progress, its Python
-stacks and its traceback in the node's worker dir (``hpcsweep.train.worker_records``).
+stacks and its traceback in the node's worker dir (``hpcsweep.train.observe.worker_records``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from hpcsweep.files import metrics_file
 from hpcsweep.files.attempt_file import read_attempt
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.model.record import record_from_dict
-from hpcsweep.train import fault, gpu_choices, parallel, worker_records
+from hpcsweep.train import fault, gpu_choices, parallel
+from hpcsweep.train.observe import worker_records
 from hpcsweep.train.checkpoint.manager import trial_already_done
 from hpcsweep.train.distributed import (
     GpusNotUsable,

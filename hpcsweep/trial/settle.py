@@ -15,7 +15,7 @@ from typing import Any
 from hpcsweep.control import stop
 from hpcsweep.control.outcome import Outcome
 from hpcsweep.files.metrics_file import write_metrics
-from hpcsweep.train import worker_records
+from hpcsweep.train.observe import worker_records
 from hpcsweep.trial import failures, preempt
 from hpcsweep.trial.attempt import TrialAttempt
 from hpcsweep.trial.failure_class import Failure

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsweep.train import worker_records
+from hpcsweep.train.observe import worker_records
 from hpcsweep.trial.failure_class import HANG, Failure
 
 log = logging.getLogger(__name__)

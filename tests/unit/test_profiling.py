@@ -13,7 +13,7 @@ from hpcsweep import profile, status
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.control import profile_request
 from hpcsweep.train import worker as train
-from hpcsweep.train.profiling import StepProfiler, Window, profiler_options, request_window, window_from
+from hpcsweep.train.observe.profiling import StepProfiler, Window, profiler_options, request_window, window_from
 from hpcsweep.train.trainer import Trainer
 from hpcsweep.trial.identity import config_differences
 

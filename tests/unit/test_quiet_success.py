@@ -7,7 +7,7 @@ import logging
 import socket
 import threading
 
-from hpcsweep.train.rank_logging import cpp_log_level
+from hpcsweep.train.observe.rank_logging import cpp_log_level
 from hpcsweep.trial import rendezvous_store
 from hpcsweep.trial.rendezvous import Rendezvous
 from hpcsweep.trial.rendezvous_store import DONE_KEY, agents_store, all_done

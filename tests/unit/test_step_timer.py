@@ -9,8 +9,8 @@ from hpcsweep.files.tb_runs import run_event_files
 from hpcsweep.results.event_reader import read_runs
 from hpcsweep.train.trackers import metrics
 from hpcsweep.train import worker as train
-from hpcsweep.train.memory_record import PeakMemory
-from hpcsweep.train.step_timer import (
+from hpcsweep.train.observe.memory_record import PeakMemory
+from hpcsweep.train.observe.step_timer import (
     OTHER,
     PHASES,
     CudaEventClock,
@@ -195,7 +195,7 @@ def test_peak_memory_on_cpu_is_the_process_peak_which_never_resets():
 
 
 def test_the_cpu_trial_peak_is_never_below_a_windows_though_vmhwm_reads_lower_later(monkeypatch):
-    from hpcsweep.train import memory_record
+    from hpcsweep.train.observe import memory_record
 
     # Linux folds the resident set into VmHWM only at some unmaps: a later reading can be lower.
     readings = iter([500 * 2**20, 400 * 2**20, 450 * 2**20])

@@ -8,7 +8,7 @@ import sys
 import time
 
 from hpcsweep.files.trial_files import TrialFiles
-from hpcsweep.train import worker_records
+from hpcsweep.train.observe import worker_records
 from hpcsweep.trial.failure_class import HANG
 from hpcsweep.trial.watchdog import HangWatchdog, check_interval, hung_rank, stalled_for
 
@@ -32,7 +32,7 @@ def test_check_interval_is_bounded():
 HUNG_WORKER = """
 import sys, threading
 from pathlib import Path
-from hpcsweep.train import worker_records
+from hpcsweep.train.observe import worker_records
 d = Path(sys.argv[1])
 stream = worker_records.enable_stack_dumps(d, 0)
 worker_records.write_progress(d, rank=1, local_rank=0, node="nodeA", step=5)

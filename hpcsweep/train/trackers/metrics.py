@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 TAGS = ("train/loss", "val/loss", "val/accuracy", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
-# The step-time breakdown's (hpcsweep.train.step_timer).
+# The step-time breakdown's (hpcsweep.train.observe.step_timer).
 TAGS += ("time/data_pct", "time/compute_pct", "time/optimizer_pct", "time/checkpoint_pct", "time/logging_pct", "mem/peak_gb")
 
 

@@ -6,7 +6,7 @@ CPU: compared with nothing). ``memory_peak`` is what rank 0 measured: on CUDA
 ``torch.cuda.max_memory_allocated``, comparable with the plan's ``tensors_bytes`` (the plan less
 its fixed overhead, which the caching allocator does not see); on CPU the process's peak resident
 set (Linux: ``VmHWM``; elsewhere ``ru_maxrss``), which also counts the interpreter and every library. ``PeakMemory`` also gives
-each log window its own peak (``hpcsweep.train.step_timer``) without losing the trial's.
+each log window its own peak (``hpcsweep.train.observe.step_timer``) without losing the trial's.
 """
 
 from __future__ import annotations
