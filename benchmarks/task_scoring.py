@@ -65,7 +65,7 @@ def worker(rank: int, root: str, port: int, rounds: int, out: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from hpcsweep.config import TasksConfig
-    from hpcsweep.train.task_scores import TaskScorer, scores_from_results
+    from hpcsweep.train.scores.task_scorer import TaskScorer, scores_from_results
     from tests.task_fixtures import TASK
 
     model_dir, task_dir = Path(root) / "model", Path(root) / "tasks"

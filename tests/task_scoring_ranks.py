@@ -12,7 +12,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from hpcsweep.config import TasksConfig
-from hpcsweep.train.task_scores import TaskScorer
+from hpcsweep.train.scores.task_scorer import TaskScorer
 from tests.task_fixtures import TASK
 
 torch.set_num_threads(1)

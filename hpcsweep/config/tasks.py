@@ -15,7 +15,7 @@ def _task_key(key: str) -> tuple[str, str] | None:
 
 @dataclass(kw_only=True)
 class TasksConfig:
-    """Task scores from lm-evaluation-harness on the trial's model (``hpcsweep.train.task_scores``,
+    """Task scores from lm-evaluation-harness on the trial's model (``hpcsweep.train.scores.task_scorer``,
     docs/user/task-scores.md). Needs ``pip install 'hpcsweep[tasks]'`` and a tokenizer."""
 
     names: list[str] = field(default_factory=list)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 TASKS_KEY = "tasks"
-"""metrics.json's task scores: ``{NAME: {METRIC: value}}`` (``hpcsweep.train.task_scores``)."""
+"""metrics.json's task scores: ``{NAME: {METRIC: value}}`` (``hpcsweep.train.scores.task_scorer``)."""
 
 
 def metric_value(metrics: Mapping[str, Any] | None, key: str) -> float | None:

@@ -13,7 +13,8 @@ import os
 from collections.abc import MutableMapping
 
 HUB_OFFLINE_VARIABLES = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-"""HF_DATASETS_OFFLINE: lm-eval's tasks read their data through the datasets package (``hpcsweep.train.task_scores``)."""
+"""HF_DATASETS_OFFLINE: lm-eval's tasks read their data through the datasets package
+(``hpcsweep.train.scores.task_scorer``)."""
 
 
 def stay_offline(environ: MutableMapping[str, str] | None = None) -> None:

@@ -85,7 +85,8 @@ class TrialRow:
     val_accuracy: float | None = None
     """Next-token accuracy on the validation split at the last evaluation (metrics.json ``val_accuracy``)."""
     task_scores: dict[str, float] = field(default_factory=dict)
-    """The latest task scores by ``tasks.NAME.METRIC`` (metrics.json ``tasks``; ``hpcsweep.train.task_scores``)."""
+    """The latest task scores by ``tasks.NAME.METRIC`` (metrics.json ``tasks``;
+    ``hpcsweep.train.scores.task_scorer``)."""
     tokens_per_s: float | None = None
     """The latest logged window's throughput (metrics.json's ``tokens_per_s``)."""
     mean_tokens_per_s: float | None = None

@@ -38,7 +38,7 @@ from hpcsweep.sweep.jsonl_checks import check_corpus_lines
 from hpcsweep.sweep.model_records import SweepModelRecords
 from hpcsweep.sweep.sweep_trials import SweepConfigError, trial_label
 from hpcsweep.sweep.text_preparation import checked_samples, sweep_text_corpus
-from hpcsweep.train.task_files import check_tasks
+from hpcsweep.files.task_files import check_tasks
 from hpcsweep.trial.identity import (
     ConfigMismatch,
     differences_text,

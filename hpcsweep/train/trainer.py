@@ -33,7 +33,8 @@ from hpcsweep.train.observe import memory_record
 from hpcsweep.train.trackers import metrics
 from hpcsweep.train.checkpoint import trained_state
 from hpcsweep.train.data import corpora
-from hpcsweep.train import head_loss, task_scores
+from hpcsweep.train import head_loss
+from hpcsweep.train.scores import task_scorer
 from hpcsweep.train.observe import step_timer
 from hpcsweep.train.trackers import backends
 from hpcsweep.train.moe import load_balance, router_stats
@@ -131,7 +132,7 @@ class Trainer:
         self.early = optim.EarlyStopping(tcfg.early_stop_patience, tcfg.early_stop_min_delta, tcfg.early_stop_mode)
         # best_val_loss is reported whatever early stopping watches.
         self.best_val = optim.EarlyStopping(0, 0.0)
-        self.task_scorer = task_scores.build_task_scorer(
+        self.task_scorer = task_scorer.build_task_scorer(
             cfg.tasks, tokenizer_folder(cfg.data, cfg.model), rank=world.rank, world_size=world.world_size,
             trust_remote_code=cfg.model.trust_remote_code)
         self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
@@ -460,7 +461,7 @@ class Trainer:
     def task_scorer_due(self) -> bool:
         """Whether the trial's lm-eval tasks run after this step (``tasks.every``, and at the end)."""
         tasks = self.cfg.tasks
-        return bool(tasks.names) and task_scores.is_due(self.step, tasks.every, self.cfg.trainer.max_steps)
+        return bool(tasks.names) and task_scorer.is_due(self.step, tasks.every, self.cfg.trainer.max_steps)
 
     def log_tasks(self) -> bool:
         """Score the tasks, each rank its share (rank 0 sends the gathered scores to all), report them; True when
@@ -469,7 +470,7 @@ class Trainer:
             scores = self.task_scorer.score(self.model, heartbeat=lambda: [hook(self, self.step) for hook in self.hooks])
         scores = broadcast_object(self.world, scores)
         with self.step_timer.phase("logging"):
-            self.logger.log(task_scores.tensorboard_scalars(scores), self.step)
+            self.logger.log(task_scorer.tensorboard_scalars(scores), self.step)
             self.report[TASKS_KEY] = scores
             self.write_report()
             log.info("step %d tasks %s", self.step, scores)

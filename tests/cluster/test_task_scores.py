@@ -57,7 +57,7 @@ def base_score(model, tasks) -> float:
     from transformers import AutoModelForCausalLM
 
     from hpcsweep.config import TasksConfig
-    from hpcsweep.train.task_scores import TaskScorer
+    from hpcsweep.train.scores.task_scorer import TaskScorer
 
     base = AutoModelForCausalLM.from_pretrained(model, local_files_only=True)
     scorer = TaskScorer(TasksConfig(names=[TASK], include_path=str(tasks)), str(model))

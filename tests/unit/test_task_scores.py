@@ -19,9 +19,9 @@ from hpcsweep.export.source import TrialChoice, best_trial
 from hpcsweep.files.metric_keys import metric_value, task_score_keys
 from hpcsweep.results.table import load_sweep, sort_rows
 from hpcsweep.search.study import objective_value
-from hpcsweep.train import task_files
+from hpcsweep.files import task_files
 from hpcsweep.train.optim import EarlyStopping
-from hpcsweep.train.task_scores import is_due, scores_from_results, tensorboard_scalars
+from hpcsweep.train.scores.task_scorer import is_due, scores_from_results, tensorboard_scalars
 from tests.task_fixtures import TASK, make_fact_model, write_fact_corpus, write_fact_task
 
 from .sweep_fixtures import make_sweep, metrics
@@ -189,7 +189,7 @@ def test_task_runs_log_no_lm_eval_warning_and_leave_its_logger_as_it_was(fact_fi
     import logging
 
     from hpcsweep.config import TasksConfig
-    from hpcsweep.train.task_scores import TaskScorer
+    from hpcsweep.train.scores.task_scorer import TaskScorer
     from transformers import AutoModelForCausalLM
 
     model_dir, _, task_dir, _ = fact_files
