@@ -44,8 +44,11 @@ dense and shared-expert MLPs. Names an architecture does not have (``q_a_proj`` 
 queries) match nothing."""
 ALL_LINEAR = "all-linear"
 """peft's name for every ``nn.Linear`` but the output head: the targets of any other architecture."""
-EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
-"""The fused routed-expert tensors of transformers' MoE layers (``[experts, out, in]`` each)."""
+EXPERT_TENSORS = ("gate_up_proj", "down_proj")
+"""The fused routed-expert tensors of transformers' MoE layers, by their names on the experts module
+(``[experts, out, in]`` each), in the order they run."""
+EXPERT_PARAMETERS = tuple(f"mlp.experts.{name}" for name in EXPERT_TENSORS)
+"""The same tensors by their path in a decoder layer: peft's ``target_parameters``."""
 
 
 def target_modules(model_type: str, configured: list[str] | None) -> list[str] | str:

@@ -28,23 +28,12 @@ from hpcsweep.model.record import ModelRecord
 from hpcsweep.results import hparams
 from hpcsweep.search.pruning import PRUNED_STEP_TAG, pruning_reporter
 from hpcsweep.telemetry.trial_telemetry import TrialTelemetry
-from hpcsweep.train import gpu_choices, grad_comm, lora, model, optim, parallel
-from hpcsweep.train.observe import memory_record
-from hpcsweep.train.trackers import metrics
+from hpcsweep.train import gpu_choices, grad_comm, head_loss, lora, model, optim, parallel
 from hpcsweep.train.checkpoint import trained_state
-from hpcsweep.train.data import corpora
-from hpcsweep.train import head_loss
-from hpcsweep.train.scores import task_scorer
-from hpcsweep.train.observe import step_timer
-from hpcsweep.train.trackers import backends
-from hpcsweep.train.moe import load_balance, router_stats
-from hpcsweep.train.data import sample_attention
-from hpcsweep.train.observe.profiling import StepProfiler
-from hpcsweep.train.moe.routed_tokens import routed_tokens
-from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.checkpoint.manager import CheckpointManager
-from hpcsweep.train.loss import chunked_cross_entropy
 from hpcsweep.train.checkpoint.schedule import SaveSchedule, first_save_message
+from hpcsweep.train.data import corpora, sample_attention
+from hpcsweep.train.data.batch import Batch
 from hpcsweep.train.distributed import (
     WorldInfo,
     all_gather_objects,
@@ -55,6 +44,13 @@ from hpcsweep.train.distributed import (
     node_name,
     sum_over_ranks,
 )
+from hpcsweep.train.loss import chunked_cross_entropy
+from hpcsweep.train.moe import load_balance, router_stats
+from hpcsweep.train.moe.routed_tokens import routed_tokens
+from hpcsweep.train.observe import memory_record, step_timer
+from hpcsweep.train.observe.profiling import StepProfiler
+from hpcsweep.train.scores import task_scorer
+from hpcsweep.train.trackers import backends, metrics
 from hpcsweep.control.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
 from hpcsweep.control.stop import STOP_REQUESTED, StopRequest
 
@@ -313,7 +309,7 @@ class Trainer:
 
     def _loss_and_accuracy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of one validation batch (on the CPU), and ``(correct, counted)`` next-token predictions
-        (targets of -100 take no part in either)."""
+        (``IGNORE_INDEX`` targets take no part in either)."""
         attention = self._attention(batch)
         batch = batch.to(self.world.device)
         if self.head_loss is not None:  # a chunk of logits at a time, as in training: no more memory than a step

@@ -38,7 +38,6 @@ from hpcsweep.files.attempt_file import read_attempt
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.model.record import record_from_dict
 from hpcsweep.train import fault, gpu_choices, parallel
-from hpcsweep.train.observe import worker_records
 from hpcsweep.train.checkpoint.manager import trial_already_done
 from hpcsweep.train.distributed import (
     GpusNotUsable,
@@ -49,6 +48,7 @@ from hpcsweep.train.distributed import (
     node_name,
     ranks_from_env,
 )
+from hpcsweep.train.observe import worker_records
 from hpcsweep.train.trainer import (
     EXIT_FAILED,
     EXIT_OK,

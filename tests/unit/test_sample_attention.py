@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hpcsweep.model.ignore_index import IGNORE_INDEX
 from hpcsweep.train.data import sample_attention
-from hpcsweep.train.data.packing import IGNORE, SampleRows
+from hpcsweep.train.data.packing import SampleRows
 
 VOCAB = 96
 SEQ_LEN = 40
@@ -69,7 +70,7 @@ def forward(model, inputs, position_ids, attn: str) -> torch.Tensor:
 
 
 def summed_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
 
 
 def gradients(model) -> dict[str, torch.Tensor]:
@@ -101,7 +102,8 @@ def test_a_packed_rows_logits_and_gradients_equal_its_samples_run_alone(arch, at
             ids = torch.from_numpy(tokens[start : start + n].astype(np.int64))[None]
             alone = model(input_ids=ids[:, :-1]).logits  # the folder's own settings, one sample: nothing to keep apart
             torch.testing.assert_close(logits[r, at : at + n - 1], alone[0], rtol=0, atol=1e-5)
-            sample_targets = torch.where(torch.from_numpy(mask[start + 1 : start + n].astype(bool)), ids[0, 1:], IGNORE)
+            takes = torch.from_numpy(mask[start + 1 : start + n].astype(bool))
+            sample_targets = torch.where(takes, ids[0, 1:], IGNORE_INDEX)
             summed_loss(alone, sample_targets[None]).backward()
             at += n - 1
     alone_grads = gradients(model)

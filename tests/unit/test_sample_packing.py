@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.config import ModelConfig
+from hpcsweep.model.ignore_index import IGNORE_INDEX
 from hpcsweep.train.data.batch import Batch
+from hpcsweep.train.data.packing import SampleRows, pack_rows
 from hpcsweep.train.distributed import WorldInfo
 from hpcsweep.train.model import build_model
-from hpcsweep.train.data.packing import IGNORE, SampleRows, pack_rows
 from hpcsweep.train.trainer import Trainer
 
 VOCAB = 96
@@ -76,7 +77,8 @@ def test_a_packed_row_of_three_samples_has_their_loss_and_gradients_run_alone(ar
     combined = torch.zeros(())
     for start, n, count in zip(starts, lengths, counts):
         ids = torch.from_numpy(tokens[start : start + n].astype(np.int64))[None]
-        targets = torch.where(torch.from_numpy(mask[start + 1 : start + n].astype(bool)), ids[0, 1:], IGNORE)[None]
+        takes = torch.from_numpy(mask[start + 1 : start + n].astype(bool))
+        targets = torch.where(takes, ids[0, 1:], IGNORE_INDEX)[None]
         alone = loss_of(model, ids[:, :-1], targets)  # no position ids: 0 .. n-2, no packing
         (alone * count / sum(counts)).backward()
         combined += alone.detach() * count / sum(counts)
@@ -110,8 +112,8 @@ def test_unpacked_rows_are_one_sample_each_padded_and_padding_takes_no_loss():
         n = int(lengths[sample])
         start = int(starts[sample])
         assert batch.inputs[r, : n - 1].tolist() == tokens[start : start + n - 1].tolist()
-        assert (batch.targets[r, n - 1 :] == IGNORE).all()
-        assert (batch.targets[r, : n - 1] != IGNORE).sum() == mask[start + 1 : start + n].sum()
+        assert (batch.targets[r, n - 1 :] == IGNORE_INDEX).all()
+        assert (batch.targets[r, : n - 1] != IGNORE_INDEX).sum() == mask[start + 1 : start + n].sum()
         assert batch.position_ids[r, : n - 1].tolist() == list(range(n - 1))
     assert batch.used == sum(LENGTHS) - 3
     assert rows.fill_rate() == pytest.approx((sum(LENGTHS) - 3) / (3 * SEQ_LEN))
@@ -169,7 +171,7 @@ def test_a_packed_text_corpus_reads_its_documents_apart(tmp_path):
     packed = load_corpus(cfg, 384, str(folder))
     eos = load_tokenizer(str(folder)).eos_token_id
     batch = get_rows(packed, cfg, split="train", step=0, rank=0, micro_step=0, world_size=1, grad_accum=1)
-    assert batch.loss_tokens == int((batch.targets != IGNORE).sum()) > 0
+    assert batch.loss_tokens == int((batch.targets != IGNORE_INDEX).sum()) > 0
     # Each run of positions from 0 is one document (or a piece of one): no EOS among its inputs, so no
     # token attends across a document boundary; a run that ends a document has EOS as its last target.
     positions, inputs, targets = batch.position_ids.numpy(), batch.inputs.numpy(), batch.targets.numpy()
@@ -177,7 +179,7 @@ def test_a_packed_text_corpus_reads_its_documents_apart(tmp_path):
     for row in range(2):
         bounds = [*np.flatnonzero(positions[row] == 0), cfg.seq_len]
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            if (targets[row, lo:hi] == IGNORE).all():
+            if (targets[row, lo:hi] == IGNORE_INDEX).all():
                 continue  # the row's padding
             assert eos not in inputs[row, lo:hi].tolist()
             documents += targets[row, hi - 1] == eos

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcsweep.train.data.packing import IGNORE
+from hpcsweep.model.ignore_index import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
 class Batch:
-    """One micro-batch: inputs, next-token targets (``IGNORE``: no loss), and the position ids of packed
+    """One micro-batch: inputs, next-token targets (``IGNORE_INDEX``: no loss), and the position ids of packed
     rows (None: ``0 .. seq_len - 1`` in every row)."""
 
     inputs: torch.Tensor

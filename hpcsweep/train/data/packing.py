@@ -1,10 +1,10 @@
 """Rows of whole samples: packed into ``data.seq_len`` positions and kept apart, or one a row, padded.
 
 A sample of ``n`` tokens fills ``n - 1`` positions of a row: its inputs are its first ``n - 1`` tokens,
-its targets its last ``n - 1``, a target being ``IGNORE`` where the sample's mask is 0. Its position
+its targets its last ``n - 1``, a target being ``IGNORE_INDEX`` where the sample's mask is 0. Its position
 ids run ``0 .. n - 2``, restarting at each sample; the row's padding (the tokenizer's pad id) is one more
-run of positions from 0, with ``IGNORE`` targets, and is marked as no sample's (``RowBatch.real``), so it
-routes no token of a MoE balance. The trainer tells the attention where each sample starts from the
+run of positions from 0, with ``IGNORE_INDEX`` targets, and is marked as no sample's (``RowBatch.real``), so
+it routes no token of a MoE balance. The trainer tells the attention where each sample starts from the
 restarts (``hpcsweep.train.data.sample_attention``: a block-diagonal mask, or flash attention's
 variable-length sequences), so a packed row computes what its samples compute run alone.
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-IGNORE = -100
-"""A target that takes no loss (``torch.nn.functional.cross_entropy``'s default ``ignore_index``)."""
+from hpcsweep.model.ignore_index import IGNORE_INDEX
+
 OPEN_ROWS = 64
 """Rows still open to later samples while packing: more fill rows better, and cost more time."""
 
@@ -56,7 +56,7 @@ class RowBatch:
 
     inputs: np.ndarray
     targets: np.ndarray
-    """``IGNORE`` where no loss is taken."""
+    """``IGNORE_INDEX`` where no loss is taken."""
     position_ids: np.ndarray
     real: np.ndarray
     """True where a position holds a sample's token, False on padding."""
@@ -108,7 +108,7 @@ class SampleRows:
         """Rows ``first_row .. first_row + rows - 1`` as arrays."""
         shape = (rows, self.seq_len)
         inputs = np.full(shape, self.pad_id, dtype=np.int64)
-        targets = np.full(shape, IGNORE, dtype=np.int64)
+        targets = np.full(shape, IGNORE_INDEX, dtype=np.int64)
         positions = np.empty(shape, dtype=np.int64)
         real = np.zeros(shape, dtype=bool)
         used = 0
@@ -120,7 +120,7 @@ class SampleRows:
                 takes = (np.ones(n - 1, dtype=bool) if self.mask is None
                          else np.asarray(self.mask[start + 1 : start + n], dtype=bool))
                 inputs[r, at : at + n - 1] = ids[:-1]
-                targets[r, at : at + n - 1] = np.where(takes, ids[1:], IGNORE)
+                targets[r, at : at + n - 1] = np.where(takes, ids[1:], IGNORE_INDEX)
                 positions[r, at : at + n - 1] = np.arange(n - 1)
                 at += n - 1
             positions[r, at:] = np.arange(self.seq_len - at)

@@ -20,8 +20,9 @@ from hpcsweep.config import DataConfig
 from hpcsweep.files.chat_samples import check_samples
 from hpcsweep.files.token_cache import MASK_NAME, OFFSETS_NAME, chat_rendering, text_corpus
 from hpcsweep.files.token_file import TokenFileError, read_token_header
+from hpcsweep.model.ignore_index import IGNORE_INDEX
 from hpcsweep.train.data.batch import Batch
-from hpcsweep.train.data.packing import IGNORE, SampleRows
+from hpcsweep.train.data.packing import SampleRows
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class SampleCorpus:
         arrays = source.batch(first, rows)
         targets = torch.from_numpy(arrays.targets)
         return Batch(torch.from_numpy(arrays.inputs), targets, torch.from_numpy(arrays.position_ids),
-                     int((targets != IGNORE).sum()), torch.from_numpy(arrays.real))
+                     int((targets != IGNORE_INDEX).sum()), torch.from_numpy(arrays.real))
 
     def fill_rate(self) -> float:
         """Useful positions over row positions of the training rows (their first epoch)."""

@@ -46,8 +46,7 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora.layer import ParamWrapper
 
-EXPERT_TENSORS = ("gate_up_proj", "down_proj")
-"""The fused parameters of a transformers experts module (``[E, out, in]`` each), in the order they run."""
+from hpcsweep.model.lora_targets import EXPERT_TENSORS
 
 
 class GroupedLoraParamWrapper(ParamWrapper):
@@ -219,7 +218,7 @@ def experts_forward(
     sorted_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
     groups = Groups.of(sorted_ids, experts.num_experts)
     rows = hidden_states[order // top_k]
-    gate_up, down = adapters.get("gate_up_proj"), adapters.get("down_proj")
+    gate_up, down = (adapters.get(name) for name in EXPERT_TENSORS)
     # The frozen products' outputs are not saved for their backward: adding the adapter's in place is safe.
     hidden = grouped_mm(rows.to(experts.gate_up_proj.dtype), experts.gate_up_proj.transpose(1, 2), groups)
     if gate_up is not None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from hpcsweep.model.ignore_index import IGNORE_INDEX
+
 TAGS = ("train/loss", "val/loss", "val/accuracy", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu")
 # The step-time breakdown's (hpcsweep.train.observe.step_timer).
 TAGS += ("time/data_pct", "time/compute_pct", "time/optimizer_pct", "time/checkpoint_pct", "time/logging_pct", "mem/peak_gb")
@@ -133,8 +135,8 @@ class TensorBoardLogger(Logger):
 
 def accuracy_counts(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``[correct, counted]`` (float64) next-token predictions of ``logits`` against ``targets``; a
-    target of -100 (no loss taken there, as chat data's prompt tokens) is not counted."""
-    counted = targets != -100
+    target of ``IGNORE_INDEX`` (no loss taken there, as chat data's prompt tokens) is not counted."""
+    counted = targets != IGNORE_INDEX
     correct = (logits.argmax(dim=-1) == targets) & counted
     return torch.stack([correct.sum(), counted.sum()]).to(torch.float64)
 
