@@ -1,5 +1,5 @@
 """The package layout follows the data flow: imports run one way, with no cycle, and the login
-node's commands import no torch."""
+node's commands import no torch. Inside ``train``, the rooms import down: never the trainer or the worker."""
 
 from __future__ import annotations
 
@@ -218,3 +218,100 @@ def test_login_node_code_imports_no_torch(modules):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+TRAIN = PACKAGE / "train"
+TRAIN_ROOMS = {
+    "data": (),
+    "moe": ("data",),
+    "checkpoint": (),
+    "trackers": (),
+    "observe": (),
+    "scores": (),
+}
+"""``train``'s rooms, a sub-package per concern, each with the other rooms it may import (the MoE room's
+routed tokens are counted over a ``data`` batch)."""
+TRAIN_BASE = ("distributed", "fault", "gpu_choices")
+"""``train``'s top modules below the rooms: the world and its collectives, the fault hooks, the device's
+facts. A room may import them; they import no room, and of ``train`` only each other."""
+TRAIN_TOP_FILES = 15
+"""The most ``.py`` files ``train``'s top may hold, ``__init__`` and ``__main__`` included: the rest is in rooms."""
+
+
+def train_part(module: str) -> str | None:
+    """Where in ``train`` a module is: its room, ``base`` (``TRAIN_BASE``), ``top`` (the rest of the top,
+    ``trainer`` and ``worker`` among them), or None outside ``train`` and for the package itself."""
+    parts = module.split(".")
+    if parts[:2] != ["hpcsweep", "train"] or len(parts) < 3:
+        return None
+    if parts[2] in TRAIN_ROOMS:
+        return parts[2]
+    return "base" if parts[2] in TRAIN_BASE else "top"
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports inside ``train`` that run up: a room importing the top (``trainer``, ``worker``, ...) or a
+    room not listed for it, a base module importing a room or the top."""
+    bad = []
+    for importer, imported in graph.items():
+        source = train_part(importer)
+        if source is None or source == "top":
+            continue
+        allowed = {"base"} if source == "base" else {source, "base", *TRAIN_ROOMS[source]}
+        for target in sorted(imported):
+            dest = train_part(target)
+            if dest is not None and dest not in allowed:
+                bad.append(f"{importer} ({source}) imports {target} ({dest})")
+    return bad
+
+
+def room_rule(room: str) -> str:
+    """What room ``room``'s docstring must say it may import of ``train``, generated from TRAIN_ROOMS."""
+    rooms = [f"``{other}``" for other in TRAIN_ROOMS[room]]
+    base = listed([f"``{name}``" for name in TRAIN_BASE])
+    allowed = listed(["this room", *rooms, f"the base modules {base}"])
+    never = "never ``trainer``, ``worker``, train's other top modules or any other room"
+    return f"Of ``train``, imports only {allowed}; {never}"
+
+
+def test_train_rooms_import_down():
+    assert room_violations(import_graph()) == []
+
+
+def test_the_room_check_catches_an_upward_import():
+    graph = {
+        "hpcsweep.train.data.batch": {"hpcsweep.train.trainer", "hpcsweep.train.distributed"},
+        "hpcsweep.train.moe.load_balance": {"hpcsweep.train.data.batch", "hpcsweep.train.checkpoint.store"},
+        "hpcsweep.train.distributed": {"hpcsweep.train.gpu_choices", "hpcsweep.train.observe.step_timer"},
+        "hpcsweep.train.trainer": {"hpcsweep.train.moe.load_balance"},
+    }
+    assert room_violations(graph) == [
+        "hpcsweep.train.data.batch (data) imports hpcsweep.train.trainer (top)",
+        "hpcsweep.train.moe.load_balance (moe) imports hpcsweep.train.checkpoint.store (checkpoint)",
+        "hpcsweep.train.distributed (base) imports hpcsweep.train.observe.step_timer (observe)",
+    ]
+
+
+def test_train_holds_only_its_rooms_and_a_short_top():
+    rooms = sorted(p.parent.name for p in TRAIN.glob("*/__init__.py"))
+    assert rooms == sorted(TRAIN_ROOMS)
+    top = sorted(p.name for p in TRAIN.glob("*.py"))
+    assert len(top) <= TRAIN_TOP_FILES, top
+    assert {f"{name}.py" for name in TRAIN_BASE} <= set(top)
+
+
+def test_each_room_docstring_states_its_purpose_and_import_rule():
+    wrong = []
+    for room in TRAIN_ROOMS:
+        doc = ast.get_docstring(ast.parse((TRAIN / room / "__init__.py").read_text())) or ""
+        if not doc.split("\n", 1)[0].strip():
+            wrong.append(f"hpcsweep/train/{room}/__init__.py: its first line must say what the room holds")
+        if room_rule(room) not in " ".join(doc.split()):
+            wrong.append(f"hpcsweep/train/{room}/__init__.py must say: {room_rule(room)}.")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_preparation_imports_no_train():
+    graph = import_graph()
+    assert [(m, t) for m, targets in graph.items() if part_of(m) == "prepare"
+            for t in targets if part_of(t) == "train"] == []
