@@ -83,17 +83,31 @@ class Trainer:
     ) -> None:
         self.cfg, self.world, self.trial_dir = cfg, world, trial_dir
         self.stop_event, self.hooks, self.signal_delay_s = stop_event, tuple(hooks), signal_delay_s
-        tcfg = cfg.trainer
         self.is_writer = world.rank == metrics.logging_rank(world.world_size)
+        self.model_record = model_record  # the folder as the login node read it (None: read here)
+        # The parts in the order the data flows; each step reads only what the steps before it built.
+        self._choose()  # device facts -> precision, attention, kernels (pure)
+        self._build_model()  # the folder's model, its adapters, balance and head loss
+        memory_plan = self._distribute()  # DDP or FSDP by the memory plan, gradient communication
+        self._build_training()  # data, optimizer and schedule, task scores, checkpoints
+        self._start_reporting(memory_plan, restarts, search_trial)  # report, trackers, profiler, telemetry
+
+    def _choose(self) -> None:
+        """What this device runs the trial with: ``gpu_choices``' pure decisions, applied to torch's backends."""
+        cfg, world = self.cfg, self.world
         self.device_facts = gpu_choices.device_facts(world.device)
-        self.own_code = model.own_code(cfg.model, model_record)
+        self.own_code = model.own_code(cfg.model, self.model_record)
         self.choices = gpu_choices.choose(
-            tcfg, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available(),
+            cfg.trainer, cfg.model, self.device_facts, flash_available=gpu_choices.flash_attention_available(),
             packing=bool(cfg.data.packing), own_code=self.own_code,
         )
         self.backend_before = gpu_choices.apply_backend_settings(self.choices, world.device.type)
         self.weights_dtype = model.load_dtype(self.choices.precision, frozen_base=cfg.model.peft != "none",
                                               device=world.device)
+
+    def _build_model(self) -> None:
+        """The model on this device with its LoRA adapters, router balance and loss at the head, in train mode."""
+        cfg, tcfg, world = self.cfg, self.cfg.trainer, self.world
         self.model = model.build_model(cfg.model, tcfg.seed, self.choices.attn_implementation,
                                        self.weights_dtype).to(world.device)
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
@@ -102,12 +116,16 @@ class Trainer:
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
-        find_unused = gpu_choices.find_unused_parameters(lora.trainable_parameter_names(self.model))
         self.peak_memory = memory_record.PeakMemory(world.device)
         self.step_timer = step_timer.build_step_timer(world.device.type, self.peak_memory,
                                                       enabled=tcfg.step_timing and self.is_writer)
-        memory_plan = memory_record.worker_memory_plan(
-            cfg, world.world_size, world.device, self.choices.precision, self.choices.attn_implementation, model_record)
+
+    def _distribute(self) -> dict[str, Any]:
+        """``self.net``: the model under DDP, or FSDP where the memory plan says DDP cannot fit; returns the plan."""
+        cfg, tcfg, world = self.cfg, self.cfg.trainer, self.world
+        find_unused = gpu_choices.find_unused_parameters(lora.trainable_parameter_names(self.model))
+        memory_plan = memory_record.worker_memory_plan(cfg, world.world_size, world.device, self.choices.precision,
+                                                       self.choices.attn_implementation, self.model_record)
         self.parallel = parallel.resolve_parallel(tcfg, ddp_fits=memory_record.planned_parallel(memory_plan) != "fsdp")
         if self.parallel == "fsdp" and cfg.tasks.names:
             # The login node refuses this already (hpcsweep.sweep.memory_check), where its GPU's memory is known.
@@ -119,6 +137,11 @@ class Trainer:
                 deterministic=self.choices.deterministic, grad_comm=tcfg.grad_comm, find_unused=find_unused),
         )
         self.grad_comm = grad_comm.register_grad_comm(self.net, tcfg)
+        return memory_plan
+
+    def _build_training(self) -> None:
+        """The data, the optimizer and its schedule, early stopping, the task scorer and the checkpoints."""
+        cfg, tcfg, world = self.cfg, self.cfg.trainer, self.world
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
         self.corpus = corpora.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model),
                                           trust_remote_code=cfg.model.trust_remote_code)
@@ -131,11 +154,15 @@ class Trainer:
         self.task_scorer = task_scorer.build_task_scorer(
             cfg.tasks, tokenizer_folder(cfg.data, cfg.model), rank=world.rank, world_size=world.world_size,
             trust_remote_code=cfg.model.trust_remote_code)
-        self.ckpt = CheckpointManager(TrialFiles(trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
-                                      base_model=trained_state.base_model_identity(cfg.model, model_record))
+        self.ckpt = CheckpointManager(TrialFiles(self.trial_dir).checkpoints, keep_top_k=tcfg.keep_top_k, world=world,
+                                      base_model=trained_state.base_model_identity(cfg.model, self.model_record))
         self.save_schedule = SaveSchedule(
             tcfg.ckpt_every, tcfg.ckpt_every_min, is_coordinator=self.is_writer, agree=lambda flag: any_rank(world, flag)
         )
+
+    def _start_reporting(self, memory_plan: dict[str, Any], restarts: int, search_trial: Path | None) -> None:
+        """The loop's counters, metrics.json's report, the trackers, the profiler and the telemetry thread."""
+        cfg, tcfg, world, trial_dir = self.cfg, self.cfg.trainer, self.world, self.trial_dir
         tb_dir = tb_runs.trial_run_dir(trial_dir)
         if self.is_writer:
             hparams.write_trial_hparams(trial_dir, tb_dir)
