@@ -6,8 +6,8 @@ into these dataclasses. Every error is a ``ValueError`` that names the key (``mo
 and what is allowed, so a bad sweep stops on the login node before anything is submitted.
 
 One module per group (``model`` with its nested ``lora`` and ``moe``, ``data``, ``trainer``, ``tasks``,
-``nccl``, ``topology``, ``logging``, ``resume``), ``trial`` for the ``TrialConfig`` that composes them,
-``schema`` for the groups by name and a group built from a plain mapping, and ``validation`` for the
+``objective``, ``nccl``, ``topology``, ``logging``, ``resume``), ``trial`` for the ``TrialConfig`` that composes
+them, ``schema`` for the groups by name and a group built from a plain mapping, and ``validation`` for the
 wording of a refused value. Everything public is re-exported here: import it from ``hpcsweep.config``.
 Imports nothing of hpcsweep outside this package; never a stage or a command module.
 """
@@ -20,6 +20,7 @@ from .lora import LoraConfig
 from .model import FOLDER_ARCHITECTURE_KEYS, ModelConfig
 from .moe import MoeConfig
 from .nccl import NcclConfig
+from .objective import DPO_LOSSES, ObjectiveConfig
 from .resume import ResumeConfig
 from .schema import build_group, config_defaults, config_keys, group_keys, mapping_keys, unknown_key_message
 from .tasks import TasksConfig
@@ -35,6 +36,7 @@ from .trial import (
 
 __all__ = [
     "CHAT_TEMPLATE_OWN_NAMES",
+    "DPO_LOSSES",
     "EVAL_METRICS",
     "FOLDER_ARCHITECTURE_KEYS",
     "TRACKER_BACKENDS",
@@ -45,6 +47,7 @@ __all__ = [
     "ModelConfig",
     "MoeConfig",
     "NcclConfig",
+    "ObjectiveConfig",
     "ResumeConfig",
     "TasksConfig",
     "TopologyConfig",

@@ -24,10 +24,12 @@ variables that it (the messages, the generation prompt) or the tokenizer (its sp
 class DataConfig:
     """Where training tokens come from and how they are batched."""
 
-    kind: Literal["synthetic", "file", "text", "chat"] = "synthetic"
+    kind: Literal["synthetic", "file", "text", "chat", "preference"] = "synthetic"
     """``synthetic``: a built-in corpus with learnable structure; ``file``: a token file at ``path``;
     ``text``: the user's text files (``files``), tokenized once into ``cache_dir``; ``chat``: the user's
-    instruction samples (``.jsonl`` ``files``), rendered with the tokenizer's chat template."""
+    instruction samples (``.jsonl`` ``files``), rendered with the tokenizer's chat template; ``preference``:
+    the user's preference pairs (``.jsonl`` ``files``: a prompt, a chosen and a rejected answer), for
+    ``objective=dpo``."""
     path: str | None = None
     """The memory-mapped token file (``kind=file``), made by ``scripts/prepare-data``."""
     seq_len: int = 64
@@ -102,11 +104,11 @@ class DataConfig:
                      "a finite number (the value is part of the JSON cache key and the model card)")
         if self.kind == "file":
             _require(bool(self.path), "data.path", self.path, "a token file path when data.kind=file")
-        if self.kind in ("text", "chat"):
+        if self.kind in ("text", "chat", "preference"):
             patterns = [self.files] if isinstance(self.files, str) else list(self.files or [])
             _require(
                 bool(patterns) and all(patterns), "data.files", self.files,
-                "a glob or a list of globs of .jsonl files when data.kind=chat" if self.kind == "chat"
+                f"a glob or a list of globs of .jsonl files when data.kind={self.kind}" if self.kind != "text"
                 else "a glob or a list of globs of .txt/.jsonl files when data.kind=text",
             )
             _require(bool(self.cache_dir), "data.cache_dir", self.cache_dir, f"a directory when data.kind={self.kind}")

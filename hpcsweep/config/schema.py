@@ -14,6 +14,7 @@ from .data import DataConfig
 from .logging import LoggingConfig
 from .model import ModelConfig
 from .nccl import NcclConfig
+from .objective import ObjectiveConfig
 from .resume import ResumeConfig
 from .tasks import TasksConfig
 from .topology import TopologyConfig
@@ -164,6 +165,7 @@ _GROUPS: dict[str, type] = {
     "topology": TopologyConfig,
     "logging": LoggingConfig,
     "tasks": TasksConfig,
+    "objective": ObjectiveConfig,
 }
 
 

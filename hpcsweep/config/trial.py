@@ -11,6 +11,7 @@ from .data import DataConfig, check_corpus_fits
 from .logging import LoggingConfig
 from .model import ModelConfig
 from .nccl import NcclConfig
+from .objective import ObjectiveConfig
 from .resume import ResumeConfig
 from .schema import _GROUPS, _LAUNCH_GROUPS, build_group, unknown_key_message
 from .tasks import TasksConfig, _task_key
@@ -30,9 +31,11 @@ class TrialConfig:
     topology: TopologyConfig
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
     def __post_init__(self) -> None:
         self._check_task_keys()
+        self._check_objective_data()
         if self.model.path is not None:
             return  # the folder's sizes count: hpcsweep.model.folder checks them against the data
         _require(
@@ -41,7 +44,7 @@ class TrialConfig:
             self.data.seq_len,
             f"at most model.max_position_embeddings={self.model.max_position_embeddings}",
         )
-        if self.data.kind in ("text", "chat"):
+        if self.data.kind in ("text", "chat", "preference"):
             _require(
                 tokenizer_folder(self.data, self.model) is not None,
                 "data.tokenizer",
@@ -56,6 +59,13 @@ class TrialConfig:
                 corpus_vocab_size=self.model.vocab_size,
                 source=f"the synthetic corpus (data.synthetic_tokens={self.data.synthetic_tokens})",
             )
+
+    def _check_objective_data(self) -> None:
+        """DPO trains on preference pairs, and preference pairs train only with DPO."""
+        _require(self.objective.kind != "dpo" or self.data.kind == "preference", "data.kind", self.data.kind,
+                 "preference when objective=dpo (DPO trains on chosen and rejected answers: data=preference)")
+        _require(self.data.kind != "preference" or self.objective.kind == "dpo", "objective.kind", self.objective.kind,
+                 "dpo when data.kind=preference (next-token training has no use for the rejected answers)")
 
     def _check_task_keys(self) -> None:
         """A task score watched by early stopping is one the trial measures, more than once."""

@@ -27,7 +27,7 @@ def test_ints_are_accepted_as_floats():
         ({"trainer": {"precision": "fp8"}}, "trainer.precision='fp8' is not allowed: one of 'fp32', 'bf16', 'fp16'"),
         ({"nccl": {"preset": "x"}}, "nccl.preset='x' is not allowed: one of 'a100_ib'"),
         ({"topology": {"mode": "near"}}, "topology.mode='near' is not allowed: one of 'switches', 'pin', 'off'"),
-        ({"extra": {}}, "extra is not a config key (config groups: model, data, trainer, nccl, topology, logging, tasks, resume)"),
+        ({"extra": {}}, "extra is not a config key (config groups: model, data, trainer, nccl, topology, logging, tasks, objective, resume)"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(values, message):

@@ -21,7 +21,7 @@ import hpcsweep.configs
 from hpcsweep.config import config_defaults, config_keys, trial_config_from_dict
 
 CONFIGS = Path(hpcsweep.configs.__file__).parent
-TRIAL_GROUPS = ("model", "data", "trainer", "nccl", "topology", "tasks")
+TRIAL_GROUPS = ("model", "data", "trainer", "nccl", "topology", "tasks", "objective")
 
 
 def repeated_defaults(values: Mapping[str, Any], base: Mapping[str, Any], where: str) -> list[str]:
@@ -109,9 +109,15 @@ def test_every_preset_composes_into_a_valid_trial(choice):
         "data=file": {"path": "corpus.bin"},
         "data=text": {"files": "corpus/*.txt", "tokenizer": "tokenizer"},
         "data=chat": {"files": "sft/*.jsonl", "tokenizer": "tokenizer"},
+        "data=preference": {"files": "pairs/*.jsonl", "tokenizer": "tokenizer"},
         "model=pretrained": {"path": "/shared/models/x"},
     }.get(choice, {})
-    composed = compose(choice, *(f"{group}.{key}={value}" for key, value in path.items()))
+    # Presets that only make a trial together: DPO trains on preference pairs, and those only with DPO.
+    partner = {
+        "data=preference": ["objective=dpo"],
+        "objective=dpo": ["data=preference", "data.files=pairs/*.jsonl", "data.tokenizer=tokenizer"],
+    }.get(choice, [])
+    composed = compose(choice, *(f"{group}.{key}={value}" for key, value in path.items()), *partner)
     assert composed[group] == {**config_defaults()[group], **yaml_values(CONFIGS / group / f"{option}.yaml"), **path}
     trial_config_from_dict(composed)
 
