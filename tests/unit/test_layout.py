@@ -228,6 +228,7 @@ TRAIN_ROOMS = {
     "trackers": (),
     "observe": (),
     "scores": (),
+    "preference": (),
 }
 """``train``'s rooms, a sub-package per concern, each with the other rooms it may import (the MoE room's
 routed tokens are counted over a ``data`` batch)."""
