@@ -1,6 +1,6 @@
-"""Every line of a chat corpus (and of a ``data=text`` corpus's ``.jsonl`` files) read on the login node, before
-anything is queued: a line that is not JSON, or not a sample, is refused here with the preparation job's own
-words (``FILE:LINE ...``) instead of after that job waited for a node.
+"""Every line of a chat or preference corpus (and of a ``data=text`` corpus's ``.jsonl`` files) read on the login
+node, before anything is queued: a line that is not JSON, or not a sample (a pair), is refused here with the
+preparation job's own words (``FILE:LINE ...``) instead of after that job waited for a node.
 
 These files are megabytes, checked at about 300 MB a CPU-second (64 MiB of multi-turn chat samples in 0.23 s,
 measured when this was written): a corpus of up to ``CHECK_BYTES`` is read whole. A bigger
@@ -21,6 +21,7 @@ from typing import Any
 
 from hpcsweep.files.token_cache import TextCorpus
 from hpcsweep.prepare.chat_render import sample_messages
+from hpcsweep.prepare.preference_samples import preference_pair
 from hpcsweep.prepare.text_documents import CorpusError, is_jsonl, line_number, pieces_of
 
 CHECK_BYTES = 64 << 20
@@ -35,8 +36,8 @@ FALLBACK_BYTES_PER_TOKEN = 4
 
 @dataclass(frozen=True)
 class LinesChecked:
-    """What the check read: the samples (chat) or documents (text) of the lines read, their text's bytes, and
-    how much of the corpus that was."""
+    """What the check read: the samples (chat), pairs (preference) or documents (text) of the lines read, their
+    text's bytes, and how much of the corpus that was."""
 
     samples: int
     text_bytes: int
@@ -90,12 +91,14 @@ def check_lines(files: Sequence[tuple[str, int]], kind: str, budget: int = CHECK
                 window: int = WINDOW_BYTES) -> LinesChecked:
     """Read ``files`` (``(path, size)``; sampled as ``windows`` says) as ``kind``'s corpus: ``chat``, every
     line a sample (``messages``, or ``prompt`` and ``completion``) with an assistant turn, every file ``.jsonl``;
-    ``text``, every line of its ``.jsonl`` files a JSON object with a string ``text`` (its ``.txt`` files are
-    whole documents, not read here). ``CorpusError`` names the first bad file and line."""
-    if kind == "chat":
+    ``preference``, every line a pair (``prompt``, ``chosen`` and ``rejected``, as strings or messages), every
+    file ``.jsonl``; ``text``, every line of its ``.jsonl`` files a JSON object with a string ``text`` (its
+    ``.txt`` files are whole documents, not read here). ``CorpusError`` names the first bad file and line."""
+    if kind in ("chat", "preference"):
         not_jsonl = [path for path, _ in files if not is_jsonl(path)]
         if not_jsonl:
-            raise CorpusError(f"data.files matches {not_jsonl[0]}, not a .jsonl file: data.kind=chat reads JSON lines")
+            raise CorpusError(f"data.files matches {not_jsonl[0]}, not a .jsonl file: data.kind={kind} reads JSON "
+                              "lines")
     lines = [(path, size) for path, size in files if is_jsonl(path)]
     samples = text_bytes = checked = 0
     for path, start, end in windows(lines, budget, window):
@@ -122,7 +125,14 @@ def _document_text(record: Any, where: str) -> str:
     return record["text"]
 
 
-_CONTENT: dict[str, Callable[[Any, str], str]] = {"chat": _chat_text, "text": _document_text}
+def _pair_text(record: Any, where: str) -> str:
+    # The prompt once, though the preparation will render it with each answer: the estimate counts the text.
+    pair = preference_pair(record, where)
+    return "".join(m["content"] for m in pair.prompt) + pair.chosen + pair.rejected
+
+
+_CONTENT: dict[str, Callable[[Any, str], str]] = {"chat": _chat_text, "text": _document_text,
+                                                  "preference": _pair_text}
 """Each kind's reading of one parsed line: its text, or ``CorpusError`` naming ``FILE:LINE``."""
 
 
@@ -198,7 +208,7 @@ def check_corpus_lines(corpus: TextCorpus, kind: str, files_setting: Any) -> str
         rate, how = tokens_per_byte(corpus.tokenizer_folder, first_text([f for f in files if is_jsonl(f[0])], kind))
     except CorpusError as err:
         raise ValueError(f"data.files={files_setting!r} is not allowed: {err}") from None
-    noun = "chat samples" if kind == "chat" else "documents in .jsonl files"
+    noun = {"chat": "chat samples", "preference": "preference pairs"}.get(kind, "documents in .jsonl files")
     _checked[key] = f"data.files={files_setting!r}: {checked.summary(noun, rate, how)}"
     return _checked[key]
 

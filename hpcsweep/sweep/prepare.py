@@ -136,10 +136,13 @@ def check_token_file(trial: TrialConfig, model_vocab_size: int, vocab_key: str =
     unreadable, made with another tokenizer than the trial's, or when its corpus does not fit the
     model's vocabulary (``model.vocab_size``, or that of the folder ``model.path`` names) and
     ``data.seq_len``. For ``data.kind=text``: naming ``data.files`` or the tokenizer when they cannot
-    be used, and checking the cache entry once it exists."""
+    be used, and checking the cache entry once it exists. For ``data.kind=preference``: every line."""
     data = trial.data
     if data.kind == "chat":
         check_chat_corpus(trial)
+        return
+    if data.kind == "preference":
+        check_preference_corpus(trial)
         return
     if data.kind == "text":
         check_text_corpus(trial, model_vocab_size, vocab_key)
@@ -238,6 +241,16 @@ def check_chat_corpus(trial: TrialConfig) -> None:
         checked_samples(trial)
     else:
         _check_lines(corpus, trial)
+
+
+def check_preference_corpus(trial: TrialConfig) -> None:
+    """Every line of a ``data.kind=preference`` trial's files is a pair (``jsonl_checks``); then the trial is
+    refused, since nothing tokenizes pairs or trains on them yet (issue 43): the check is there to mend a
+    corpus before that comes."""
+    _check_lines(sweep_text_corpus(trial), trial)
+    raise ValueError(
+        f"objective=dpo is not allowed yet: the lines of data.files={trial.data.files!r} are pairs, but the "
+        "preparation job does not tokenize preference pairs and the trainer has no DPO step yet (issue 43)")
 
 
 def _check_lines(corpus: TextCorpus, trial: TrialConfig) -> None:
