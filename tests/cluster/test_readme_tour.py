@@ -40,6 +40,7 @@ PAGES = (
     "docs/user/fine-tune.md",
     "docs/user/your-text.md",
     "docs/user/instruction-tuning.md",
+    "docs/user/preference-tuning.md",
     "docs/user/lora-and-export.md",
     "docs/user/moe.md",
     "docs/user/task-scores.md",
