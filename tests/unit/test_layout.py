@@ -16,10 +16,11 @@ PLUGINS = REPO / "hydra_plugins" / "hpcsweep_plugins"
 
 STAGES = ("sweep", "trial", "train", "results")
 """The stages in data-flow order: a stage may hand work to a later one, never import an earlier one."""
-SHARED = ("config", "files", "slurm", "search", "control", "model", "memory_plan", "telemetry", "prepare")
+SHARED = ("config", "files", "slurm", "search", "control", "model", "memory_plan", "telemetry", "prepare", "container")
 """Shared by every stage; each imports only what is listed for it in ALLOWED. ``prepare`` is the preparation
 job between the login node and the trials; it is shared, not a stage, because the workers read it too (the
-tokenizer the cache entry was made with, and its pad id), and it imports no stage."""
+tokenizer the cache entry was made with, and its pad id), and it imports no stage. ``container`` is a site's
+container runtime as the login node writes it: the settings, the mounts and each runtime's flags, pure."""
 TOOLS = ("export",)
 """After a sweep, beside the stages: reads trials with the workers' code; no stage imports a tool."""
 COMMANDS = ("__main__", "app", "plan", "profile", "report", "retry", "status", "topology")
@@ -34,6 +35,7 @@ ALLOWED = {
     "memory_plan": {"config", "memory_plan", "model"},
     "telemetry": {"config", "telemetry"},
     "prepare": {"config", "files", "model", "prepare"},
+    "container": {"config", "container"},
     **{stage: {*SHARED, *STAGES[i:]} for i, stage in enumerate(STAGES)},
     "export": {*SHARED, "train", "results", "export"},
 }
@@ -197,6 +199,7 @@ def test_the_import_rule_names_what_the_table_allows_and_forbids():
         "May import only the shared packages, ``train`` and ``results``; never ``sweep``, ``trial`` or a command module")
     assert import_rule("prepare") == (
         "May import only ``config``, ``files`` and ``model``; never a stage or a command module")
+    assert import_rule("container") == "May import only ``config``; never a stage or a command module"
 
 
 @pytest.mark.parametrize(
