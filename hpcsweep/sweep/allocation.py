@@ -9,6 +9,7 @@ from typing import Any
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 
 from hpcsweep.slurm.partition_limits import AllocationRequest, Asked, parse_mem_mb
+from hpcsweep.sweep.containers import launch_of
 from hpcsweep.sweep.hooks import Allocation
 
 # Launcher keys that are submitit's: those of hydra-submitit-launcher's ``SlurmQueueConf``, which hpcsweep's
@@ -121,7 +122,9 @@ def executor_parameters(
     """``update_parameters`` keywords of a submitit AutoExecutor for one allocation.
 
     The size comes from ``allocation`` (an app's hook may set it from the trial's own config, so
-    that nobody keeps two numbers in step); ``extra_sbatch`` holds the placement options.
+    that nobody keeps two numbers in step); ``extra_sbatch`` holds the placement options. A container
+    (``params`` from ``containers.with_container``) adds its ``srun`` flags and ``slurm_python``, the
+    command that starts the image's Python: an AutoExecutor argument, which ``slurm_submit`` takes out.
     """
     out: dict[str, Any] = {}
     for key, value in params.items():
@@ -145,6 +148,10 @@ def executor_parameters(
     # nodes in a collective until NCCL's timeout. Safe for stops and retries: only the node that
     # requeues the job exits non-zero then.
     out["slurm_srun_args"] = ["--kill-on-bad-exit=1"]
+    launch = launch_of(params)
+    if launch is not None:
+        out["slurm_srun_args"] += list(launch.srun_args)
+        out["slurm_python"] = launch.python_command
     return out
 
 

@@ -170,6 +170,12 @@ class TrialHook:
         """
         return None
 
+    def container_paths(self, trials: Sequence[SweepTrial]) -> list[tuple[str, str]]:
+        """What the trials read or write outside the sweep dir (a model, data, caches), each as ``(key,
+        path)``: a sweep in a container (``hydra.launcher.container``) mounts each at the same path inside,
+        beside the sweep dir and the code snapshot. Relative paths are from where the sweep is submitted."""
+        return []
+
     def stopped_line(self, what: str) -> str:
         """The line a stopped local sweep ends the command with: ``what`` stopped and what did not start."""
         return what

@@ -201,6 +201,13 @@ class HpcsweepTrials(TrialHook):
         """The job that tokenizes a ``data=text`` corpus with no cache entry yet (``hpcsweep.sweep.text_preparation``)."""
         return submit_preparation([t.app_config[0] for t in trials], launcher, sweep_dir, [t.trial_dir for t in trials])
 
+    def container_paths(self, trials: Sequence[SweepTrial]) -> list[tuple[str, str]]:
+        """Each trial's model folder, data, token cache, tokenizer, template, task folder, NCCL topology and
+        local MLflow store (``hpcsweep.sweep.containers.trial_paths``)."""
+        from hpcsweep.sweep.containers import trial_paths
+
+        return list(dict.fromkeys(path for t in trials for path in trial_paths(t.app_config[0])))
+
     def stopped_line(self, what: str) -> str:
         """``what``, and the command that resumes the sweep."""
         from hpcsweep.sweep.resume_hint import stopped_line

@@ -36,6 +36,7 @@ from hpcsweep.files.sweep_record import (
 )
 from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.sweep.budget import announce_local_budget
+from hpcsweep.sweep.containers import check_local_container
 from hpcsweep.sweep.fork_server import PRELOAD, TrialStarter, start_method_of
 from hpcsweep.sweep.hooks import SweepStopped, SweepTrial, hook_of
 from hpcsweep.sweep.hydra_private import BASIC_LAUNCHER_MODULE
@@ -139,6 +140,7 @@ def launch_locally(launcher: Any, job_overrides: Sequence[Sequence[str]], initia
 
     hook = hook_of(launcher.task_function)
     try:
+        check_local_container(launcher.config.hydra.launcher)
         trials = check_trials(launcher, job_overrides, initial_job_idx, hook)
         plan = machine_plan(launcher.params, trials)
         start_method = start_method_of(launcher.params)

@@ -30,15 +30,17 @@ def launcher_name(option: str) -> str:
 
 
 def unknown_launcher_key_message(key: str, option: str, keys: Sequence[str]) -> str | None:
-    """Why ``hydra.launcher.KEY`` is not a key of launcher ``option`` (whose keys are ``keys``),
-    with the closest one; None when it is one."""
-    name = key.removeprefix(LAUNCHER_PREFIX).split(".")[0]
-    if name in keys and (name == key.removeprefix(LAUNCHER_PREFIX) or name in _FREE_LAUNCHER_KEYS):
+    """Why ``hydra.launcher.KEY`` is not a key of launcher ``option`` (whose keys are ``keys``, a nested
+    config's as ``KEY.SUB``: ``container.runtime``), with the closest one; None when it is one."""
+    dotted = key.removeprefix(LAUNCHER_PREFIX)
+    name = dotted.split(".")[0]
+    if dotted in keys or (name in keys and name in _FREE_LAUNCHER_KEYS):
         return None
-    guesses = difflib.get_close_matches(name, keys, n=1)
+    guesses = difflib.get_close_matches(dotted if "." in dotted else name, keys, n=1)
     hint = f"; did you mean {LAUNCHER_PREFIX}{guesses[0]}?" if guesses else ""
     launcher = launcher_name(option)
-    shown = ", ".join(sorted(k for k in keys if not k.startswith("_")))  # _target_ names the class
+    # _target_ names the class; a nested config's keys show as the config's own name.
+    shown = ", ".join(sorted(k for k in keys if not k.startswith("_") and "." not in k))
     return f"{key} is not a key of {launcher}{hint} (keys of {launcher}: {shown})"
 
 

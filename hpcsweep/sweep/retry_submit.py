@@ -31,11 +31,12 @@ from hpcsweep.slurm import commands
 from hpcsweep.slurm.usage import Usage
 from hpcsweep.sweep.allocation import check_option_values, check_time_limit
 from hpcsweep.sweep.budget import BUDGET_KEY, check_budget, trial_units
+from hpcsweep.sweep.containers import check_container, submission_params
 from hpcsweep.sweep.hooks import SweepTrial, hook_of
 from hpcsweep.sweep.retry_selection import TrialState, launcher_changes, partition_change_line, select_trials
 from hpcsweep.sweep.shared_call import LAUNCHER_FILE, load_shared_launcher
 from hpcsweep.sweep.slurm_submit import check_against_cluster, submit_trials
-from hpcsweep.sweep.snapshot import submission_snapshot, with_snapshot
+from hpcsweep.sweep.snapshot import submission_snapshot
 from hpcsweep.sweep.sweep_trials import check_trials
 from hpcsweep.sweep.text_preparation import dependency_parameters
 from hpcsweep.trial.budget_watch import horizon_s, poll_interval
@@ -133,6 +134,7 @@ def plan_retry(
     trials = _check_again(launcher, record, sweep_dir, nums)
     check_option_values(params)
     check_time_limit(params)
+    check_container(launcher, trials, params, sweep_dir)
     budget = check_budget(params)
     check_budget_left(budget, sweep.usage.spent_hours if sweep.usage else 0.0,
                       sum(trial_units(t, params) for t in trials), horizon_s(poll_interval(os.environ)))
@@ -178,7 +180,7 @@ def submit_retry(plan: RetryPlan) -> SweepRecord:
     code_dir = submission_snapshot(plan.params, plan.sweep_dir, Path.cwd())
     # A corpus whose preparation failed (or whose cache entry is gone) is tokenized again first.
     preparation = hook_of(plan.launcher.task_function).submit_preparation(
-        plan.trials, with_snapshot(plan.params, code_dir), plan.sweep_dir)
+        plan.trials, submission_params(plan.launcher, plan.trials, plan.params, plan.sweep_dir, code_dir), plan.sweep_dir)
     jobs_by_trial, arrays = submit_trials(plan.launcher, plan.trials, plan.params, plan.slurm_config, plan.sweep_dir,
                                           code_dir, retry_launcher_folder(plan.sweep_dir),
                                           extra_sbatch=dependency_parameters(preparation))

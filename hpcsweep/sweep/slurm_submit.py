@@ -47,8 +47,9 @@ from hpcsweep.sweep.allocation import (
     executor_parameters,
 )
 from hpcsweep.sweep.budget import announce_budget
+from hpcsweep.sweep.containers import check_container, submission_params
 from hpcsweep.sweep.hooks import Placement, SweepTrial, TrialHook, hook_of
-from hpcsweep.sweep.snapshot import chosen_files, submission_snapshot, with_snapshot
+from hpcsweep.sweep.snapshot import chosen_files, submission_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, TaskTrial, write_shared_launcher
 from hpcsweep.sweep.sweep_trials import check_trials, exit_with_config_error
 from hpcsweep.sweep.text_preparation import dependency_parameters
@@ -144,17 +145,28 @@ def trials_per_task(params: dict[str, Any]) -> int:
     return value
 
 
+def slurm_executor(params: Mapping[str, Any], parameters: Mapping[str, Any]) -> Any:
+    """The submitit executor of one array: ``parameters`` (``executor_parameters``'s) in the folder and with
+    the requeue cap of the launcher settings ``params``."""
+    import submitit
+
+    parameters = dict(parameters)
+    # The command that starts Python (a container's): an executor argument, not an update_parameters one.
+    python = {"slurm_python": parameters.pop("slurm_python")} if "slurm_python" in parameters else {}
+    executor = submitit.AutoExecutor(
+        folder=params["submitit_folder"],
+        cluster="slurm",
+        slurm_max_num_timeout=params["max_num_timeout"],
+        **python,
+    )
+    executor.update_parameters(**parameters)
+    return executor
+
+
 def _submit_array(
     launcher: Any, call: SharedLauncherCall, parameters: dict[str, Any], tasks: Sequence[Sequence[SweepTrial]]
 ) -> list[Any]:
-    import submitit
-
-    executor = submitit.AutoExecutor(
-        folder=launcher.params["submitit_folder"],
-        cluster="slurm",
-        slurm_max_num_timeout=launcher.params["max_num_timeout"],
-    )
-    executor.update_parameters(**parameters)
+    executor = slurm_executor(launcher.params, parameters)
     return executor.map_array(call, [[TaskTrial(t.overrides, t.num, t.app_config) for t in task] for task in tasks])
 
 
@@ -180,7 +192,8 @@ def submit_trials(
     submitit job (trials packed into one task share it) and the arrays, each recording ``params``.
     ``code_dir`` is the code snapshot the tasks import (``submission_snapshot``; None: the installed
     code). ``extra_sbatch`` (the token preparation's dependency) reaches this submission's sbatch only,
-    never the recorded settings a retry reuses.
+    never the recorded settings a retry reuses. A container (``hydra.launcher.container``) comes in
+    through ``submission_params``, as for the token preparation.
     """
     per_task = trials_per_task(params)
     max_array_size = parse_max_array_size(slurm_config)
@@ -188,7 +201,7 @@ def submit_trials(
         max_array_size = min(max_array_size, int(params["max_array_size"]))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     settings = recorded_settings(params)
-    params = with_snapshot(params, code_dir)
+    params = submission_params(launcher, trials, params, sweep_dir, code_dir)
     folder = sweep_dir / ".submitit" if launcher_folder is None else launcher_folder
     folder.mkdir(parents=True, exist_ok=True)
     shared = write_shared_launcher(folder, launcher, Singleton.get_state())
@@ -223,17 +236,19 @@ def launch_on_slurm(
         check_option_values(params)
         check_time_limit(params)
         trials_per_task(params)
+        sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
+        check_container(launcher, trials, params, sweep_dir)
         slurm_config = commands.show_config()
         check_against_cluster(trials, params, slurm_config, hook)
         budget = announce_budget(trials, params)
         app_facts = hook_of(launcher.task_function).sweep_facts(trials)
         if params.get("code_snapshot", True):  # a snapshot too large to be code is refused here
-            chosen_files(Path(str(launcher.config.hydra.sweep.dir)).resolve(), Path.cwd())
+            chosen_files(sweep_dir, Path.cwd())
     except ValueError as err:
         exit_with_config_error(err, "nothing was submitted")
-    sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
     code_dir = submission_snapshot(params, sweep_dir, Path.cwd())
-    preparation = hook_of(launcher.task_function).submit_preparation(trials, with_snapshot(params, code_dir), sweep_dir)
+    preparation = hook_of(launcher.task_function).submit_preparation(
+        trials, submission_params(launcher, trials, params, sweep_dir, code_dir), sweep_dir)
     jobs_by_trial, arrays = submit_trials(launcher, trials, params, slurm_config, sweep_dir, code_dir,
                                           extra_sbatch=dependency_parameters(preparation))
 

@@ -11,7 +11,9 @@ its log, which ``python -m hpcsweep.status`` names when it failed.
 The job's script is the launcher's ``setup`` lines, as the trials' batch scripts run them (the
 user's own, then the code snapshot's: the job imports the hpcsweep that was submitted, as the trials
 do, not the working tree as it is when the job starts), then one fixed line; the corpus, tokenizer
-and cache dir reach it as arguments, never through a shell.
+and cache dir reach it as arguments, never through a shell. In a container (``hydra.launcher.container``)
+that line runs the image's Python in it, as the trials' tasks do: a job step with pyxis's or Slurm
+OCI's flags, or Apptainer's command in front.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +33,7 @@ from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.files.chat_samples import SampleSelection, check_samples
 from hpcsweep.files.token_cache import ChatRendering, TextCorpus, TokenCacheError, chat_rendering, glob_patterns, text_corpus
 from hpcsweep.slurm import commands
+from hpcsweep.sweep.containers import launch_of
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
 
 log = logging.getLogger(__name__)
@@ -40,15 +44,18 @@ JOB_NAME = "hpcsweep-tokenize"
 SCRIPT_RUN = """\
 python="$1"
 shift
-exec "$python" -m hpcsweep.prepare "$@"
+exec {step}"$python" -m hpcsweep.prepare "$@"
 """
-"""The script's fixed end: ``$1`` is the Python to run, the rest its arguments."""
+"""The script's fixed end: ``$1`` is the Python to run, the rest its arguments; ``{step}`` the words that run
+it in a container (empty without one)."""
 
 
-def preparation_script(setup: Sequence[str]) -> str:
-    """The preparation job's script: the launcher's ``setup`` lines, then ``SCRIPT_RUN``."""
+def preparation_script(setup: Sequence[str], step: Sequence[str] = ()) -> str:
+    """The preparation job's script: the launcher's ``setup`` lines, then ``SCRIPT_RUN``; ``step``: the words in
+    front of the Python, quoted (a container's ``srun`` flags or ``apptainer exec ... IMAGE``)."""
+    run = SCRIPT_RUN.format(step=shlex.join(step) + " " if step else "")
     return "\n".join(["#!/bin/sh", "# hpcsweep's token preparation job: $1 is the Python to run, the rest its arguments.",
-                      *setup, SCRIPT_RUN])
+                      *setup, run])
 
 
 TOKENIZED_KINDS = ("text", "chat")
@@ -206,8 +213,8 @@ def submit_preparation(
     """Submit the one job that writes every missing cache entry of ``trials``; None when none is missing.
 
     The job prepares the corpora one after another, each over all its CPUs. ``params`` are the launcher
-    settings the trials are submitted with, their code snapshot's ``setup`` lines included
-    (``hpcsweep.sweep.snapshot.with_snapshot``). ``trial_dirs`` (in the order of ``trials``) are where
+    settings the trials are submitted with, their code snapshot's ``setup`` lines and container included
+    (``hpcsweep.sweep.containers.submission_params``). ``trial_dirs`` (in the order of ``trials``) are where
     it records why a trial can never start, when its corpus is too small for it.
     """
     corpora = missing_corpora(trials)
@@ -215,12 +222,15 @@ def submit_preparation(
         return None
     folder = sweep_dir / PREPARATION_DIR
     script, request = folder / "prepare.sh", folder / "request.json"
-    atomic_write_text(script, preparation_script(params.get("setup") or ()))
+    launch = launch_of(params)
+    # In a container: the image's Python, started by the launch's words.
+    step, python = (launch.step_prefix(), launch.python) if launch else ([], sys.executable)
+    atomic_write_text(script, preparation_script(params.get("setup") or (), step))
     atomic_write_text(request, preparation_request(corpora, trials, trial_dirs))
     # Each job logs to its own file (sbatch fills in %j): a retry's preparation keeps the failed one's log.
     cpus = max(t.data.prepare_cpus for t in trials if t.data.kind in TOKENIZED_KINDS)
     options = sbatch_options(params, folder / log_name("%j"), cpus)
-    job_id = commands.sbatch(options, str(script), [sys.executable, "--request", str(request)])
+    job_id = commands.sbatch(options, str(script), [python, "--request", str(request)])
     log_path = folder / log_name(job_id)
     log.info("token preparation: job %s tokenizes %s on %d CPUs (data.prepare_cpus); the trials wait on it", job_id,
              ", ".join(f"{len(c.files)} files into {c.entry}" for c in corpora), cpus)

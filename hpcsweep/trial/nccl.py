@@ -116,6 +116,18 @@ DEBUG_VARS: tuple[NcclVar, ...] = (
     NcclVar("TORCH_DISTRIBUTED_DEBUG", "DETAIL", "debug: check that all ranks call the same collectives"),
 )
 """Variables exported only with ``debug=True``."""
+IB_HCA_VAR = "NCCL_IB_HCA"
+"""Exported from ``nccl.ib_hca``."""
+TOPO_FILE_VAR = "NCCL_TOPO_FILE"
+"""Exported from ``nccl.topo_file``."""
+
+
+def exported_names() -> tuple[str, ...]:
+    """Every variable this module may export on a node, whatever the preset: a container must let the host's
+    value of each win over its image's (``hpcsweep.sweep.containers``)."""
+    names = [var.name for preset in PRESETS.values() for var in preset]
+    return tuple(dict.fromkeys([*names, IB_HCA_VAR, TOPO_FILE_VAR, *(var.name for var in DEBUG_VARS)]))
+
 
 AUTO_PRESET = "auto"
 """``nccl.preset=auto``: an InfiniBand preset where this node has an InfiniBand device, else none."""
@@ -176,7 +188,7 @@ def nccl_settings(
         layers.append((_ib_hca_var(ib_hca, ib_devices), "ib_hca"))
     if topo_file:
         layers.append(
-            (NcclVar("NCCL_TOPO_FILE", topo_file, "the cluster's own PCIe/NVLink topology description"), "topo_file")
+            (NcclVar(TOPO_FILE_VAR, topo_file, "the cluster's own PCIe/NVLink topology description"), "topo_file")
         )
 
     resolved: dict[str, NcclSetting] = {}
@@ -212,7 +224,7 @@ def _ib_hca_var(ib_hca: Sequence[str], ib_devices: Sequence[str]) -> NcclVar:
     names = list(dict.fromkeys(ib_hca))
     # The leading "=" makes NCCL match names exactly; without it "mlx5_1" also selects mlx5_10.
     return NcclVar(
-        "NCCL_IB_HCA",
+        IB_HCA_VAR,
         "=" + ",".join(names),
         f"only the {len(names)} HCA(s) nccl.ib_hca lists, matched exactly (not storage ports)",
     )

@@ -1,10 +1,12 @@
 """Launcher and sweeper configs, stored in Hydra's ConfigStore under ``hydra/launcher`` and ``hydra/sweeper``."""
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+
+from hpcsweep.container.settings import ContainerSettings
 
 _PLUGIN = "hydra_plugins.hpcsweep_plugins.launchers"
 
@@ -67,6 +69,10 @@ class SlurmLauncherConf(SlurmQueueConf):
     # The memory of one GPU in GB, for sites whose GRES names carry no size (gpu:8, gpu:tesla);
     # null: from the GRES type (a100 80, a100_40g 40, h100 80, h200 141, ...; hpcsweep.memory_plan.gpu_memory).
     gpu_mem_gb: Optional[float] = None
+    # The container every task runs in, the token preparation job's too: runtime (none, pyxis, apptainer, oci),
+    # image, mounts, workdir, env, python; each key documented in hpcsweep.container.settings.ContainerSettings
+    # and docs/user/containers.md. Checked before submitting (the image and mount sources must be readable here).
+    container: ContainerSettings = field(default_factory=ContainerSettings)
 
 
 @dataclass
@@ -160,9 +166,20 @@ LAUNCHER_CONFS: dict[str, type] = {
 extend the one of its name."""
 
 
+def _keys(conf: type) -> list[str]:
+    """A config's keys, and ``KEY.SUB`` for each key of a nested config (``container.runtime``)."""
+    names = []
+    for f in fields(conf):
+        names.append(f.name)
+        if isinstance(f.type, type) and is_dataclass(f.type):
+            names += [f"{f.name}.{sub}" for sub in _keys(f.type)]
+    return sorted(names)
+
+
 def launcher_keys() -> dict[str, list[str]]:
-    """The keys of each of hpcsweep's ``hydra/launcher`` options, the app's YAML options included."""
-    keys = {name: sorted(f.name for f in fields(conf)) for name, conf in LAUNCHER_CONFS.items()}
+    """The keys of each of hpcsweep's ``hydra/launcher`` options, the app's YAML options included; a nested
+    config's as ``KEY.SUB``."""
+    keys = {name: _keys(conf) for name, conf in LAUNCHER_CONFS.items()}
     return {**keys, **{name.removeprefix("hpcsweep_"): names for name, names in keys.items()}}
 
 
