@@ -54,6 +54,7 @@ PAGES = (
     "docs/user/profiling.md",
     "docs/user/step-time.md",
     "docs/user/sbatch.md",
+    "docs/user/containers.md",
     "docs/user/gpus.md",
     "docs/user/memory-plan.md",
     "docs/user/parallel.md",
