@@ -7,7 +7,8 @@ memory plan counts the chunk that will run:
 
 - **CPU**: :data:`CPU_CHUNK_TOKENS` (256). Measured (``benchmarks/loss_chunk.py``, benchmarks/README.md
   "loss chunk"): the head's forward and backward on one thread, 128 to the whole batch at 32k, 102k and
-  152k vocabularies; no chunk beat 256 clearly at every shape, so the default stayed.
+  152k vocabularies: 128 slower everywhere, 256 the fastest at 32k, larger chunks 3-13 % faster at
+  102k-152k; no chunk beat 256 at every shape, so the default stayed.
 - **CUDA**: Liger's fused linear cross-entropy rule: a chunk's logits about as large as the hidden
   states they come from, ``next_power_of_two(ceil(tokens / ceil(vocab / hidden)))`` rows; at least
   :data:`CUDA_MIN_CHUNK_TOKENS` rows, since every chunk reads the head's whole weight and a matmul of
