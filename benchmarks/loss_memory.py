@@ -30,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable from a checkout
 
-from hpcsweep.config import TrainerConfig  # noqa: E402
+from hpcsweep.memory_plan.loss_chunk import CPU_CHUNK_TOKENS  # noqa: E402
 from tests.loss_memory import alternate_step_peaks, tiny_lm  # noqa: E402
 
 GB = 1e9
@@ -42,8 +42,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--chunk-tokens", type=int, default=TrainerConfig().loss_chunk_tokens,
-                        help="default: trainer.loss_chunk_tokens's")
+    parser.add_argument("--chunk-tokens", type=int, default=CPU_CHUNK_TOKENS,
+                        help="default: what trainer.loss_chunk_tokens=null gives on CPU")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args()

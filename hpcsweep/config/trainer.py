@@ -51,12 +51,15 @@ class TrainerConfig:
     ``auto``: true on CPU, false on CUDA. metrics.json records what a trial ran with."""
     grad_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
-    loss_chunk_tokens: int = 256
+    loss_chunk_tokens: int | None = None
     """The cross-entropy works on this many tokens' logits at a time: the LM head computes each
     chunk's logits from the hidden states, upcasts, uses and frees them (hpcsweep.train.head_loss),
     so no logits tensor of the whole batch exists; for a model that changes its logits after the head,
     the logits are chunked instead (hpcsweep.train.loss). Smaller saves memory (about 12-16 B x chunk
-    x vocabulary), larger saves kernel launches; 0 (or a value >= the batch's tokens): one chunk."""
+    x vocabulary), larger saves kernel launches; 0 (or a value >= the batch's tokens): one chunk.
+    null (auto): 256 on CPU (measured: no chunk beat it at every shape); on CUDA Liger's rule, a chunk's logits
+    about the size of the hidden states, 512 rows at least, one chunk's fp32 logits 512 MiB at most
+    (hpcsweep.memory_plan.loss_chunk, which the memory plan resolves too)."""
     loss_kernel: Literal["auto", "torch", "liger", "cut_cross_entropy"] = "auto"
     """What computes the training loss at the head: ``torch``, the chunks above; ``liger`` or
     ``cut_cross_entropy``, a fused linear cross-entropy kernel (CUDA, and the ``liger-kernel`` or
@@ -145,8 +148,9 @@ class TrainerConfig:
         )
         _require(self.max_steps >= 1, "trainer.max_steps", self.max_steps, "an integer >= 1")
         _require(self.grad_accum >= 1, "trainer.grad_accum", self.grad_accum, "an integer >= 1")
-        _require(self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens", self.loss_chunk_tokens,
-                 "an integer >= 0 (tokens per chunk of the loss; 0: one chunk)")
+        _require(self.loss_chunk_tokens is None or self.loss_chunk_tokens >= 0, "trainer.loss_chunk_tokens",
+                 self.loss_chunk_tokens, "null (auto: chosen for the device and the model's sizes) or an integer "
+                 ">= 0 (tokens per chunk of the loss; 0: one chunk)")
         _require(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(
             0.0 <= self.min_lr_ratio <= 1.0, "trainer.min_lr_ratio", self.min_lr_ratio, "0..1"

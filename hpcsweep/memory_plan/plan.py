@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory
+from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
 from hpcsweep.memory_plan.model_shape import (
     ModelShape,
     active_parameters,
@@ -46,6 +47,8 @@ CPU_OVERHEAD_BYTES = 416 * 2**20
 model to speak of (measured: 415 MiB resident peak for a trial of a 128k-parameter model, torch 2.13
 CPU, transformers 5.24, peft 0.21, Linux x86-64)."""
 DEFAULT_LORA_RANK = 8
+AUTO = "auto"
+"""``TrainingSetup.loss_chunk_tokens`` for ``trainer.loss_chunk_tokens=null``: resolved by the plan as the trainer resolves it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,8 +85,10 @@ class TrainingSetup:
     """The model folder's own code builds its mask (``auto_map``)."""
     from_scratch: bool = False
     """No pretrained weights (a built-in model, or ``model.random_init=true``): training, not fine-tuning."""
-    loss_chunk_tokens: int | None = None
-    """``trainer.loss_chunk_tokens`` (0: one chunk); None: a loss over the whole batch's fp32 logits."""
+    loss_chunk_tokens: int | str | None = None
+    """``trainer.loss_chunk_tokens`` (0: one chunk), or :data:`AUTO` for its null (the chunk
+    ``hpcsweep.memory_plan.loss_chunk`` gives this device and shape); None: a loss over the whole batch's
+    fp32 logits."""
     reshard_after_forward: bool = True
     """``trainer.fsdp_reshard_after_forward``."""
     mapped_weights_bytes: int = 0
@@ -236,10 +241,21 @@ def head_takes_loss(shape: ModelShape, setup: TrainingSetup) -> bool:
     return logits_are_the_heads(shape.model_type) and not adapted_head
 
 
+def resolved_loss_chunk(shape: ModelShape, setup: TrainingSetup) -> int:
+    """The tokens a chunk of the loss takes in the trial (0: one chunk, as for a setup without
+    ``trainer.loss_chunk_tokens``), as the trainer resolves the key (``hpcsweep.memory_plan.loss_chunk``):
+    at the head from the hidden states, else on logits that exist."""
+    if setup.loss_chunk_tokens is None:
+        return 0
+    setting = None if setup.loss_chunk_tokens == AUTO else setup.loss_chunk_tokens
+    hidden = shape.hidden_size if head_takes_loss(shape, setup) else None
+    return loss_chunk_tokens(setting, setup.device, shape.vocab_size, hidden, setup.batch_size * setup.seq_len)
+
+
 def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     """What the loss holds at its peak.
 
-    At the head (``hpcsweep.train.head_loss``, ``trainer.loss_chunk_tokens``): one chunk's logits at a
+    The chunk is ``resolved_loss_chunk``'s. At the head (``hpcsweep.train.head_loss``): one chunk's logits at a
     time, in backward made again beside their fp32 upcast, log-softmax and gradient and the gradient
     cast back (16 B a vocabulary entry a token of the chunk; 12 B in fp32, where the upcast is the
     chunk itself); nothing of the whole batch. The fused CUDA kernels (Liger, cut-cross-entropy) are
@@ -251,7 +267,8 @@ def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     tokens, vocab = setup.batch_size * setup.seq_len, shape.vocab_size
     if setup.loss_chunk_tokens is None:
         return 12 * tokens * vocab
-    chunk = setup.loss_chunk_tokens if 0 < setup.loss_chunk_tokens < tokens else tokens
+    chunk = resolved_loss_chunk(shape, setup)
+    chunk = chunk if 0 < chunk < tokens else tokens
     if head_takes_loss(shape, setup):
         return (12 if setup.precision == "fp32" else 16) * chunk * vocab
     work = 8 if setup.precision == "fp32" else 12

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpcsweep.memory_plan.model_shape import ModelShape, shape_from_hf_config, shape_from_model_config
-from hpcsweep.memory_plan.plan import TrainingSetup
+from hpcsweep.memory_plan.plan import AUTO, TrainingSetup
 from hpcsweep.model.folder import read_model_folder
 from hpcsweep.model.record import ModelRecord
 
@@ -34,7 +34,8 @@ def setup_of_trial(
     CUDA (SDPA's mask planned for packed rows, where flash-attention needs none), eager on CPU and for
     packed rows of a model whose own code builds its mask. ``model.lora.target_modules=null`` counts adapters on the architecture's
     targets (``hpcsweep.model.lora_targets``), and the routed experts' unless ``model.lora.experts=false``.
-    ``trainer.loss_chunk_tokens`` absent: the loss over the whole batch's fp32 logits. ``record``: the
+    ``trainer.loss_chunk_tokens`` null: :data:`~hpcsweep.memory_plan.plan.AUTO`, resolved by the plan as
+    the trainer resolves it; absent: the loss over the whole batch's fp32 logits. ``record``: the
     pretrained folder as read once (``mapped_weights_bytes``).
     """
     model, trainer, data = trial.model, trial.trainer, trial.data
@@ -57,10 +58,16 @@ def setup_of_trial(
         fused_attention=attention != "eager" and (attention != "auto" or (device == "cuda" and not (packed and own_code))),
         flash_attention=attention == "flash_attention_2", packed_rows=packed, own_code=own_code,
         from_scratch=not model.path or bool(getattr(model, "random_init", False)),
-        loss_chunk_tokens=getattr(trainer, "loss_chunk_tokens", None),
+        loss_chunk_tokens=_loss_chunk_setting(trainer),
         reshard_after_forward=getattr(trainer, "fsdp_reshard_after_forward", True),
         mapped_weights_bytes=mapped_weights_bytes(model, record) if device == "cpu" else 0,
     )
+
+
+def _loss_chunk_setting(trainer: Any) -> int | str | None:
+    if not hasattr(trainer, "loss_chunk_tokens"):
+        return None
+    return AUTO if trainer.loss_chunk_tokens is None else trainer.loss_chunk_tokens
 
 
 def mapped_weights_bytes(model: Any, record: ModelRecord | None = None) -> int:

@@ -3,7 +3,9 @@
 ``hpcsweep.train.loss`` never holds fp32 logits of the whole vocabulary, but it receives the head's
 logits of every token in the compute dtype: at DeepSeek's 129k vocabulary and 8 x 4096 tokens, 8.5 GB
 in bf16. Here the head computes the loss itself from its input, the hidden states, for
-``trainer.loss_chunk_tokens`` tokens at a time: each chunk's logits are made, upcast, reduced to their
+``trainer.loss_chunk_tokens`` tokens at a time (null: resolved per batch for the device, the vocabulary
+and the hidden size by ``hpcsweep.memory_plan.loss_chunk``, as the memory plan resolves it): each
+chunk's logits are made, upcast, reduced to their
 summed cross-entropy and freed (``torch.utils.checkpoint``: backward makes them again, with the same
 kernels and autocast as the forward, so the gradients are PyTorch's own per chunk). The loss holds
 one chunk's work at a time; the price is the head's matmul once more in backward (a third more of the
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from hpcsweep.config import TrainerConfig
+from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
 from hpcsweep.model.head import logits_are_the_heads
 from hpcsweep.train.loss import IGNORE_INDEX, chunk_bounds
 from hpcsweep.train.metrics import accuracy_counts
@@ -165,10 +168,13 @@ class _Pending:
 
 
 class HeadLoss:
-    """The head of one model, made to take the loss while ``taking`` is entered."""
+    """The head of one model, made to take the loss while ``taking`` is entered.
 
-    def __init__(self, head: torch.nn.Linear, kernel: str, chunk_tokens: int) -> None:
-        self.head, self.kernel, self.chunk_tokens = head, kernel, chunk_tokens
+    ``chunk_tokens``: ``trainer.loss_chunk_tokens`` (None: auto, resolved for each batch's tokens on
+    ``device_type`` by ``hpcsweep.memory_plan.loss_chunk.loss_chunk_tokens``)."""
+
+    def __init__(self, head: torch.nn.Linear, kernel: str, chunk_tokens: int | None, device_type: str = "cpu") -> None:
+        self.head, self.kernel, self.chunk_tokens, self.device_type = head, kernel, chunk_tokens, device_type
         self._pending: _Pending | None = None
         plain_forward = head.forward
         outer = self
@@ -179,7 +185,7 @@ class HeadLoss:
                 return plain_forward(hidden)
             if pending.scoring:
                 pending.loss, pending.accuracy_counts = linear_loss_and_accuracy(
-                    hidden, module.weight, module.bias, pending.targets, outer.chunk_tokens)
+                    hidden, module.weight, module.bias, pending.targets, outer.chunk_for(pending.targets.numel()))
             else:
                 pending.loss = outer._loss(hidden, module.weight, module.bias, pending.targets)
             # Stands in for the logits: DDP finds the parameters the loss used from the model's output.
@@ -188,10 +194,16 @@ class HeadLoss:
         # The instance's forward, so the module (and its name in the state dict) stays the model's own.
         head.forward = types.MethodType(forward, head)
 
+    def chunk_for(self, tokens: int) -> int:
+        """The tokens a chunk takes for a batch of ``tokens`` (0: one chunk): the setting, or its auto
+        for this device and the head's sizes (as the memory plan counts it)."""
+        return loss_chunk_tokens(self.chunk_tokens, self.device_type, self.head.out_features, self.head.in_features,
+                                 tokens)
+
     def _loss(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
               targets: torch.Tensor) -> torch.Tensor:
         if self.kernel == "torch":
-            return linear_cross_entropy(hidden, weight, bias, targets, self.chunk_tokens)
+            return linear_cross_entropy(hidden, weight, bias, targets, self.chunk_for(targets.numel()))
         return fused_cross_entropy(self.kernel, hidden, weight, bias, targets)
 
     @contextlib.contextmanager
@@ -218,10 +230,11 @@ class HeadLoss:
             self._pending = None
 
 
-def attach(model: torch.nn.Module, setting: str, chunk_tokens: int, device_type: str,
+def attach(model: torch.nn.Module, setting: str, chunk_tokens: int | None, device_type: str,
            installed: frozenset[str] | None = None) -> HeadLoss | None:
     """The model's head made to take the training loss, or None when the loss must take the logits
-    (``choose_kernel``): call before DDP or FSDP wraps the model."""
+    (``choose_kernel``): call before DDP or FSDP wraps the model. ``chunk_tokens``:
+    ``trainer.loss_chunk_tokens``, None for auto (``HeadLoss``)."""
     head = model.get_output_embeddings()
     config: Mapping[str, Any] = model.config.to_dict()
     plain = type(head) is torch.nn.Linear and logits_are_the_heads(config.get("model_type", ""), config)
@@ -230,4 +243,4 @@ def attach(model: torch.nn.Module, setting: str, chunk_tokens: int, device_type:
         return None
     if kernel == "cut_cross_entropy" and head.bias is not None:  # its kernel takes no bias
         kernel = "torch"
-    return HeadLoss(head, kernel, chunk_tokens)
+    return HeadLoss(head, kernel, chunk_tokens, device_type)

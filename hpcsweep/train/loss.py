@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
+
 IGNORE_INDEX = -100
 """A target that takes no loss (chat data's prompt tokens; ``F.cross_entropy``'s default ``ignore_index``)."""
 
@@ -42,10 +44,12 @@ def chunk_bounds(tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:
 
 
 def chunked_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int, *, overwrite_logits: bool = False
+    logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None, *, overwrite_logits: bool = False
 ) -> torch.Tensor:
     """Mean cross-entropy of ``logits`` (``[..., V]``, any float dtype) against ``targets`` (``[...]``),
-    in fp32, over the tokens whose target is not :data:`IGNORE_INDEX`, ``chunk_tokens`` tokens at a time.
+    in fp32, over the tokens whose target is not :data:`IGNORE_INDEX`, ``chunk_tokens`` tokens at a time
+    (``trainer.loss_chunk_tokens``; None: auto, for the logits' device and vocabulary, as
+    ``hpcsweep.memory_plan.loss_chunk.loss_chunk_tokens`` resolves it for logits that already exist).
 
     Equal to ``F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())`` (to fp32 rounding),
     gradients included. ``overwrite_logits``: backward writes the gradient over ``logits``, so the
@@ -53,6 +57,7 @@ def chunked_cross_entropy(
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} differ before the vocabulary")
+    chunk_tokens = loss_chunk_tokens(chunk_tokens, logits.device.type, logits.shape[-1], None, targets.numel())
     return _ChunkedCrossEntropy.apply(
         logits.flatten(0, -2), targets.flatten(), chunk_tokens, overwrite_logits
     )

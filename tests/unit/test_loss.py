@@ -115,10 +115,24 @@ def test_shapes_that_disagree_are_refused():
 
 
 def test_the_chunk_key_is_validated_on_the_login_node():
-    assert TrainerConfig().loss_chunk_tokens == 256
+    assert TrainerConfig().loss_chunk_tokens is None  # auto: hpcsweep.memory_plan.loss_chunk
     assert TrainerConfig(loss_chunk_tokens=0).loss_chunk_tokens == 0
-    with pytest.raises(ValueError, match=r"trainer\.loss_chunk_tokens.*an integer >= 0"):
+    with pytest.raises(ValueError, match=r"trainer\.loss_chunk_tokens=-5 is not allowed: null \(auto: .*\) or an "
+                                         r"integer >= 0"):
         TrainerConfig(loss_chunk_tokens=-5)
+
+
+def test_the_auto_chunk_is_resolved_from_the_logits_device_and_vocabulary(monkeypatch):
+    """``trainer.loss_chunk_tokens=null`` (what the trainer passes by default): on CPU, 256 tokens a chunk."""
+    from hpcsweep.train import loss as loss_module
+
+    chunkings = []
+    monkeypatch.setattr(loss_module, "chunk_bounds",
+                        lambda tokens, chunk: chunkings.append((tokens, chunk)) or chunk_bounds(tokens, chunk))
+    hidden_states, weight, targets, _ = lm_head_case(torch.float32, batch=2, seq=300)
+    logits = hidden_states @ weight.T
+    chunked_cross_entropy(logits, targets, None).backward()
+    assert chunkings == [(600, 256)]
 
 
 def test_a_training_step_peaks_at_least_one_fp32_logits_tensor_lower():

@@ -18,6 +18,8 @@ from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, L
 from hpcsweep.config import ModelConfig, trial_config_from_dict
 from hpcsweep.model.lora_targets import DEFAULT_LORA_TARGETS
 from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory, gpu_memory, gres_gpu_types
+from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
+from hpcsweep.memory_plan.plan import AUTO, resolved_loss_chunk
 from hpcsweep.memory_plan import (
     TrainingSetup,
     activation_bytes_per_token,
@@ -308,6 +310,10 @@ def test_a_trials_setup_reads_its_precision_peft_and_parallel_keys():
     # null: the architecture's own targets, resolved by the plan from the model's type.
     assert setup_of_trial(trial_config_from_dict({"model": {"peft": "lora"}}), world_size=1, device="cuda").lora_targets \
         is None
+    # trainer.loss_chunk_tokens=null: auto, resolved by the plan with the model's shape; a number as it is.
+    assert setup.loss_chunk_tokens == AUTO
+    chunked = trial_config_from_dict({"trainer": {"loss_chunk_tokens": 64}})
+    assert setup_of_trial(chunked, world_size=1, device="cuda").loss_chunk_tokens == 64
 
 
 def test_a_pretrained_folder_is_planned_from_its_config_json(tmp_path):
@@ -408,6 +414,31 @@ def test_the_loss_at_the_head_holds_one_chunk_and_the_chunked_logits_the_whole_b
     assert plan_memory(shape, replace(on_logits, loss_chunk_tokens=0)).loss == 14 * tokens * vocab  # one chunk
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("config", [LLAMA_7B, V3, MOE_16B], ids=["llama-7b", "deepseek-v3", "deepseek-moe-16b"])
+def test_the_plan_counts_the_chunk_the_loss_will_run(config, device):
+    """``trainer.loss_chunk_tokens=null``: the plan and the trainer resolve it through one function."""
+    from hpcsweep.train.head_loss import HeadLoss
+
+    shape = shape_from_hf_config(config)
+    setup = TrainingSetup(precision="bf16", batch_size=8, seq_len=4096, device=device, loss_chunk_tokens=AUTO)
+    tokens, vocab = 8 * 4096, config["vocab_size"]
+    head = HeadLoss(torch.nn.Linear(config["hidden_size"], vocab, bias=False, device="meta"), "torch", None, device)
+    chunk = resolved_loss_chunk(shape, setup)
+    assert head.chunk_for(tokens) == chunk == loss_chunk_tokens(None, device, vocab, config["hidden_size"], tokens)
+    assert plan_memory(shape, setup).loss == 16 * chunk * vocab
+    # On logits that exist (a LoRA adapter on lm_head), as hpcsweep.train.loss resolves it: no hidden size.
+    on_logits = replace(setup, peft="lora", lora_targets=("q_proj", "lm_head"))
+    assert resolved_loss_chunk(shape, on_logits) == loss_chunk_tokens(None, device, vocab, None, tokens)
+
+
+def test_auto_plans_256_token_chunks_on_cpu_and_the_cuda_rule_on_a_gpu():
+    shape = shape_from_hf_config(V3)
+    setup = TrainingSetup(precision="bf16", batch_size=8, seq_len=4096, loss_chunk_tokens=AUTO)
+    assert plan_memory(shape, setup).loss == 16 * 1024 * 129_280  # Liger's 2048 rows, within 512 MiB of fp32 logits
+    assert plan_memory(shape, replace(setup, device="cpu", precision="fp32")).loss == 12 * 256 * 129_280
+
+
 def test_a_remote_code_deepseek_moe_folder_is_planned_not_skipped(tmp_path, caplog):
     (tmp_path / "config.json").write_text(json.dumps({**MOE_16B, "auto_map": {"AutoModelForCausalLM": "m.M"}}))
     model = SimpleNamespace(**{**vars(ModelConfig()), "path": str(tmp_path)})
@@ -503,10 +534,10 @@ def test_python_m_hpcsweep_plan_prints_each_plan_part_by_part_on_the_login_node(
     full = {line.split()[0]: line for line in lines[full_at + 1:lora_at]}
     # The breakdown is the plan's, part by part, with its bytes a parameter.
     shape = shape_from_hf_config(LLAMA_7B)
-    # The trainer's own loss settings (trainer.loss_chunk_tokens, when the config has it).
-    chunk = getattr(trial_config_from_dict({}).trainer, "loss_chunk_tokens", None)
+    # The trainer's own loss setting: trainer.loss_chunk_tokens=null, resolved for CUDA and the model's sizes.
+    assert trial_config_from_dict({}).trainer.loss_chunk_tokens is None
     plan = plan_memory(shape, TrainingSetup(precision="bf16", batch_size=1, seq_len=2048, world_size=8,
-                                            loss_chunk_tokens=chunk))
+                                            loss_chunk_tokens=AUTO))
     assert list(full) == ["parameters", *plan.parts, "total"]
     for part, nbytes in plan.parts.items():
         assert f" {nbytes / GIB:.2f} GB" in full[part]
