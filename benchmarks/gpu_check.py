@@ -97,8 +97,9 @@ BUDGET_S = 600
 """The whole check, on one GPU: 10 minutes."""
 
 
-LOSS_SIZES = {"tokens": 8192, "hidden": 2048, "vocab": 129_280, "chunk_tokens": 256}
-"""The loss check on a GPU: DeepSeek-V3's vocabulary, one 8k-token micro-batch (4.2 GB of fp32 logits)."""
+LOSS_SIZES = {"tokens": 8192, "hidden": 2048, "vocab": 129_280, "chunk_tokens": None}
+"""The loss check on a GPU: DeepSeek-V3's vocabulary, one 8k-token micro-batch (4.2 GB of fp32 logits), in
+the chunks ``trainer.loss_chunk_tokens=null`` gives CUDA (512 here) and in 256-token ones."""
 SMOKE_LOSS_SIZES = {"tokens": 96, "hidden": 16, "vocab": 500, "chunk_tokens": 32}
 
 
