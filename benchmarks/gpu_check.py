@@ -19,7 +19,7 @@ counted over the frozen base's forward and backward (``hpcsweep.train.lora.train
 and peak GPU memory (its routed experts train through the expert LoRA); then full fine-tuning of the same
 MoE folder, its tokens/s and peak beside LoRA's, and both trials' router statistics. Its trial builds the
 folder's architecture from the folder's config.json.
-It also checks the step-time breakdown (``hpcsweep.train.step_timer``): the fast trial's last window
+It also checks the step-time breakdown (``hpcsweep.train.observe.step_timer``): the fast trial's last window
 adds up to 100 % with its peak memory from the CUDA allocator, and on a GPU a ~125M trial reading its
 data ``SLOW_DATA_MS`` slow (``data.read_delay_ms``) shows, through CUDA events read once per window,
 the GPU waiting on data for most of its step (skipped on CPU, where the host clock times it: the unit
@@ -87,7 +87,7 @@ from hpcsweep.train import model as model_lib  # noqa: E402
 from hpcsweep.train.distributed import destroy_distributed, init_distributed  # noqa: E402
 from hpcsweep.train.trainer import Trainer  # noqa: E402
 from hpcsweep.train.fault import STOP_REASON  # noqa: E402
-from hpcsweep.train.step_timer import PHASES as STEP_PHASES  # noqa: E402
+from hpcsweep.train.observe.step_timer import PHASES as STEP_PHASES  # noqa: E402
 from hpcsweep.train.worker import EXIT_OK, EXIT_STOPPED, run_trial  # noqa: E402
 from tests.model_folders import TINY_DEEPSEEK, make_model_folder  # noqa: E402
 from benchmarks.gpu_check_loss import loss_check, loss_line  # noqa: E402
@@ -233,7 +233,7 @@ def check_run(name: str, metrics: dict[str, Any], plan: Plan, deterministic: boo
     mfu = metrics.get("mfu")
     if plan.expect_mfu and not (mfu is not None and 0 < mfu < 1):
         raise CheckFailed(f"{name}: MFU {mfu!r} on {metrics.get('device_name')!r}: expected 0 < MFU < 1 "
-                          "(None: the device is missing from hpcsweep/train/metrics.py GPU_PEAKS)")
+                          "(None: the device is missing from hpcsweep/train/trackers/metrics.py GPU_PEAKS)")
     if not plan.expect_mfu and mfu is not None:
         raise CheckFailed(f"{name}: MFU {mfu!r} on CPU, where there is no peak to divide by")
 

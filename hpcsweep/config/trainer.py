@@ -114,7 +114,7 @@ class TrainerConfig:
     steps. DDP only."""
     comm_warmup_steps: int = 20
     """Steps of plain all-reduce before ``grad_comm=powersgd`` compresses or ``sync_every`` goes local."""
-    # The step-time breakdown (hpcsweep.train.step_timer, docs/user/step-time.md).
+    # The step-time breakdown (hpcsweep.train.observe.step_timer, docs/user/step-time.md).
     step_timing: bool = True
     """Each log window records where its wall time went (data, forward+backward, optimizer,
     checkpoint, logging, other) and its peak memory: metrics.json ``step_time`` and
@@ -126,7 +126,8 @@ class TrainerConfig:
     GPM's SM- and tensor-active %) and its workers' CPU and memory, taken by a thread on each node's
     local rank 0; logged as ``sys/...`` scalars at each log window and summarised in metrics.json's
     ``telemetry``. 0 disables it."""
-    # Profiler traces (hpcsweep.train.profiling, docs/user/profiling.md): they never change what a step computes.
+    # Profiler traces (hpcsweep.train.observe.profiling, docs/user/profiling.md): they never change what a step
+    # computes.
     profile_steps: list[int] | None = None
     """``[START, END]``: run ``torch.profiler`` over optimizer steps START..END (1-based, inclusive) and
     write one Chrome/Perfetto trace per rank to ``TRIAL_DIR/profile/steps-START-END/rankR.json``. A

@@ -80,7 +80,7 @@ class TrainingSetup:
     plans SDPA's mask, the larger of the two."""
     packed_rows: bool = False
     """``data.packing``: rows of several samples, kept apart by a mask unless the kernel is flash
-    (``hpcsweep.train.sample_attention``)."""
+    (``hpcsweep.train.data.sample_attention``)."""
     own_code: bool = False
     """The model folder's own code builds its mask (``auto_map``)."""
     from_scratch: bool = False
@@ -276,7 +276,7 @@ def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
 
 
 def expert_lora_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
-    """The expert LoRA's temporaries (``hpcsweep.train.expert_lora``'s grouped GEMMs): the product x·A·B of
+    """The expert LoRA's temporaries (``hpcsweep.train.moe.expert_lora``'s grouped GEMMs): the product x·A·B of
     every token-expert on the wider tensor (``gate_up_proj``, 2I wide) in the compute dtype, made, added and
     freed (no W + s·BA is built); and, with fused experts, the adapter weights copied into the grouped GEMM's
     layout at each forward and kept for the backward, by every MoE layer whose activations are kept (one under

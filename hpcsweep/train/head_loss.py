@@ -42,8 +42,9 @@ from torch.utils.checkpoint import checkpoint
 from hpcsweep.config import TrainerConfig
 from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
 from hpcsweep.model.head import logits_are_the_heads
-from hpcsweep.train.loss import IGNORE_INDEX, chunk_bounds
-from hpcsweep.train.metrics import accuracy_counts
+from hpcsweep.model.ignore_index import IGNORE_INDEX
+from hpcsweep.train.loss import chunk_bounds
+from hpcsweep.train.trackers.metrics import accuracy_counts
 
 LOSS_KERNELS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainerConfig)["loss_kernel"])
 """``trainer.loss_kernel`` values, as the config declares them: ``torch`` is this module's chunks; the

@@ -20,8 +20,8 @@ one more ``e x V`` per token for the gradient. Outside the loss: DDP with ``find
 ``e x V`` per token lives for a moment there. The trainer uses this loss only where the LM head cannot
 take it (``hpcsweep.train.head_loss``), in training and in evaluation. Measured: benchmarks/README.md, "loss".
 
-Targets equal to :data:`IGNORE_INDEX` (-100) take no loss: the loss is the mean over the tokens that
-do, as ``F.cross_entropy``'s ``ignore_index`` has it (NaN when none does, as there).
+Targets equal to ``IGNORE_INDEX`` (``hpcsweep.model.ignore_index``) take no loss: the loss is the mean over
+the tokens that do, as ``F.cross_entropy``'s ``ignore_index`` has it (NaN when none does, as there).
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
-
-IGNORE_INDEX = -100
-"""A target that takes no loss (chat data's prompt tokens; ``F.cross_entropy``'s default ``ignore_index``)."""
+from hpcsweep.model.ignore_index import IGNORE_INDEX
 
 
 def chunk_bounds(tokens: int, chunk_tokens: int) -> list[tuple[int, int]]:

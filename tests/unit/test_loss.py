@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from hpcsweep.config import TrainerConfig
-from hpcsweep.train.batch import Batch
-from hpcsweep.train.loss import IGNORE_INDEX, chunk_bounds, chunked_cross_entropy
+from hpcsweep.model.ignore_index import IGNORE_INDEX
+from hpcsweep.train.data.batch import Batch
+from hpcsweep.train.loss import chunk_bounds, chunked_cross_entropy
 
 from ..loss_memory import alternate_step_peaks, tiny_lm, fp32_cross_entropy
 

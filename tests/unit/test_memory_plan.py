@@ -479,7 +479,7 @@ def test_the_plan_of_a_cpu_trial_is_within_20_percent_of_its_measured_peak(tmp_p
     import subprocess
     import sys
 
-    from hpcsweep.train.checkpoint_store import read_metadata
+    from hpcsweep.train.checkpoint.store import read_metadata
 
     folders = {kind: write_folder(tmp_path / f"{kind}-model", kind) for kind in ("dense", "moe")}
     runs = {}
