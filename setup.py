@@ -6,7 +6,7 @@ The top-level ``configs/`` folder ships inside the package as ``hpcsweep.configs
 
 from setuptools import find_namespace_packages, setup
 
-CONFIG_GROUPS = ["", "model", "data", "trainer", "nccl", "topology", "tasks", "hydra", "hydra/launcher"]
+CONFIG_GROUPS = ["", "model", "data", "trainer", "objective", "nccl", "topology", "tasks", "hydra", "hydra/launcher"]
 
 packages = find_namespace_packages(include=["hpcsweep", "hpcsweep.*", "hydra_plugins.*"])
 packages += ["hpcsweep.configs"]

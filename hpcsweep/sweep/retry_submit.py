@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,7 @@ def plan_retry(
     """
     from hydra.core.singleton import Singleton
     from hydra.core.utils import setup_globals
-    from omegaconf import open_dict
+    from omegaconf import DictConfig, open_dict
 
     sweep_dir = sweep_dir.resolve()
     record = read_sweep_record(sweep_dir)
@@ -130,7 +130,13 @@ def plan_retry(
         os.chdir(origin)
     launcher.params = params
     with open_dict(launcher.config.hydra.launcher):
-        launcher.config.hydra.launcher.update(params)
+        node = launcher.config.hydra.launcher
+        for key, value in params.items():
+            # A settings group (container: a structured ContainerSettings node) takes a mapping by merging.
+            if isinstance(node.get(key), DictConfig) and isinstance(value, Mapping):
+                node[key].merge_with(value)
+            else:
+                node[key] = value
     trials = _check_again(launcher, record, sweep_dir, nums)
     check_option_values(params)
     check_time_limit(params)

@@ -78,8 +78,9 @@ def test_one_preparation_job_tokenizes_the_corpus_and_the_array_starts_after_it(
 
 def test_a_failed_preparation_cancels_the_array_status_says_why_and_a_retry_prepares_again(tmp_path, slurm_env, tokenizer_folder):
     corpus = write_text_corpus(tmp_path / "corpus", corpus_documents(count=6, words_per_document=40))
-    with open(corpus / "extra.jsonl", "a") as handle:
-        handle.write("{this line is not JSON\n")
+    # A .txt document that is not UTF-8: the login node reads .jsonl lines (a bad one is refused before submit),
+    # not whole .txt files, so only the preparation job finds this.
+    (corpus / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
     sweep_dir, record, array_id = text_sweep(tmp_path, slurm_env, corpus, tokenizer_folder)
     prep_id = record["token_preparation"]["job_id"]
     assert wait_until_ended(slurm_env, prep_id, timeout=300) == "FAILED"
@@ -101,12 +102,10 @@ def test_a_failed_preparation_cancels_the_array_status_says_why_and_a_retry_prep
     log = record["token_preparation"]["log"]
     (line,) = [line for line in status.stdout.splitlines() if line.startswith("token preparation:")]
     assert line.startswith(f"token preparation: job {prep_id} FAILED (exit 1:0): the trials were cancelled"), line
-    assert line.endswith(f"log: {log}: token preparation failed: {corpus / 'extra.jsonl'}:4 is not a JSON object "
-                         "(Expecting property name enclosed in double quotes)"), line
+    assert f"log: {log}: token preparation failed: {corpus / 'latin1.txt'} is not UTF-8 text (" in line, line
 
     # The user mends the corpus; a retry tokenizes it again before the cancelled trials run.
-    (corpus / "extra.jsonl").write_text("".join(line for line in (corpus / "extra.jsonl").read_text().splitlines(True)
-                                                if not line.startswith("{this")))
+    (corpus / "latin1.txt").write_text("caf\u00e9 au lait", encoding="utf-8")
     retried = subprocess.run([sys.executable, "-m", "hpcsweep.retry", str(sweep_dir)], cwd=tmp_path, env=slurm_env,
                              capture_output=True, text=True, timeout=180)
     assert retried.returncode == 0, retried.stdout + retried.stderr
@@ -115,7 +114,7 @@ def test_a_failed_preparation_cancels_the_array_status_says_why_and_a_retry_prep
     assert again != prep_id
     # The new job logs beside the failed one, which keeps its reason.
     assert Path(record["token_preparation"]["log"]).name == f"prepare-{again}.log"
-    assert Path(log).name == f"prepare-{prep_id}.log" and "is not a JSON object" in Path(log).read_text()
+    assert Path(log).name == f"prepare-{prep_id}.log" and "is not UTF-8 text" in Path(log).read_text()
     assert wait_until_ended(slurm_env, again, timeout=300) == "COMPLETED"
     for trial in record["trials"]:
         assert wait_until_ended(slurm_env, trial["job_id"], timeout=300) == "COMPLETED"
