@@ -41,6 +41,17 @@ Render = Callable[[list[dict[str, str]], bool], str]
 """``render(messages, add_generation_prompt)``: the template's text."""
 
 
+def checked_messages(messages: list[Any], where: str, what: str = "message") -> list[dict[str, str]]:
+    """``messages`` as ``{'role', 'content'}`` dicts; ``CorpusError`` naming ``where`` and the first ``what`` (``message
+    3``, ``prompt message 0``) that is not one with a role of ``ROLES`` and string content."""
+    for number, message in enumerate(messages):
+        if (not isinstance(message, dict) or message.get("role") not in ROLES
+                or not isinstance(message.get("content"), str)):
+            raise CorpusError(f"{where}: {what} {number} is not {{'role': one of {', '.join(ROLES)}, "
+                              "'content': a string}")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 def sample_messages(record: Any, where: str) -> list[dict[str, str]]:
     """The messages of one parsed JSON line; ``CorpusError`` naming ``where`` (``FILE:LINE``) when it is
     neither form, or has no assistant turn (nothing would take the loss)."""
@@ -48,12 +59,7 @@ def sample_messages(record: Any, where: str) -> list[dict[str, str]]:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages:
             raise CorpusError(f"{where}: 'messages' is not a non-empty list")
-        for number, message in enumerate(messages):
-            if (not isinstance(message, dict) or message.get("role") not in ROLES
-                    or not isinstance(message.get("content"), str)):
-                raise CorpusError(f"{where}: message {number} is not {{'role': one of {', '.join(ROLES)}, "
-                                  "'content': a string}")
-        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        messages = checked_messages(messages, where)
     elif isinstance(record, dict) and isinstance(record.get("prompt"), str) and isinstance(record.get("completion"), str):
         messages = [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["completion"]}]
     else:

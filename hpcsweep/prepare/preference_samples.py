@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpcsweep.prepare.chat_render import ROLES
+from hpcsweep.prepare.chat_render import checked_messages
 from hpcsweep.prepare.text_documents import CorpusError
 
 ANSWERS = ("chosen", "rejected")
@@ -58,15 +58,11 @@ def preference_pair(record: Any, where: str) -> PreferencePair:
 def _prompt_messages(prompt: list[Any], where: str) -> list[dict[str, str]]:
     if not prompt:
         raise CorpusError(f"{where}: 'prompt' is an empty list of messages")
-    for number, message in enumerate(prompt):
-        if (not isinstance(message, dict) or message.get("role") not in ROLES
-                or not isinstance(message.get("content"), str)):
-            raise CorpusError(f"{where}: prompt message {number} is not {{'role': one of {', '.join(ROLES)}, "
-                              "'content': a string}")
-    if prompt[-1]["role"] != "user":
-        raise CorpusError(f"{where}: the prompt ends with role {prompt[-1]['role']!r}, not 'user': the chosen and "
+    messages = checked_messages(prompt, where, "prompt message")
+    if messages[-1]["role"] != "user":
+        raise CorpusError(f"{where}: the prompt ends with role {messages[-1]['role']!r}, not 'user': the chosen and "
                           "rejected answers reply to a user turn")
-    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+    return messages
 
 
 def _assistant_answer(answer: Any, key: str, where: str) -> str:
