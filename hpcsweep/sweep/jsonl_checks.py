@@ -175,15 +175,15 @@ def first_text(files: Sequence[tuple[str, int]], kind: str, limit: int = RATE_BY
     parts, nbytes = [], 0
     for path, _ in files:
         with open(path, "rb") as handle:
-            if not is_jsonl(path):
-                parts.append(handle.read(limit - nbytes).decode("utf-8", "ignore"))
+            if is_jsonl(path):
+                texts = (_CONTENT[kind](json.loads(line), path) for line in handle if line.strip())
             else:
-                for line in handle:
-                    if nbytes + sum(len(p) for p in parts) >= limit:
-                        break
-                    if line.strip():
-                        parts.append(_CONTENT[kind](json.loads(line), f"{path}"))
-        nbytes = sum(len(p.encode()) for p in parts)
+                texts = iter([handle.read(limit - nbytes).decode("utf-8", "ignore")])
+            for text in texts:
+                parts.append(text)
+                nbytes += len(text.encode())
+                if nbytes >= limit:
+                    break
         if nbytes >= limit:
             break
     return "".join(parts)
