@@ -37,7 +37,7 @@ trap cleanup EXIT
 eval "$("$repo/scripts/slurm-cluster" env)"
 
 set +e
-"$python" -m pytest -q -p no:cacheprovider tests/unit tests/cluster "${pytest_args[@]}"
+"$python" -m pytest -q -p no:cacheprovider --durations=40 tests/unit tests/cluster "${pytest_args[@]}"
 status=$?
 set -e
 exit "$status"

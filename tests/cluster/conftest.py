@@ -112,9 +112,18 @@ def proc_status(pid: int) -> dict[str, str]:
 
 
 def _not_stopped(pids: Sequence[int]) -> dict[int, str]:
-    """Each of ``pids`` that is not stopped yet, with its state (a process that is gone counts as stopped)."""
-    states = {pid: proc_status(pid).get("State", "T") for pid in pids}
-    return {pid: state for pid, state in states.items() if not state.startswith(("T", "Z", "X"))}
+    """Each of ``pids`` that is not stopped yet, with its state (a process that is gone counts as stopped).
+
+    A process in the kernel (state D) whose child among ``pids`` is stopped counts as held: it is a
+    vfork parent (Python's subprocess and torchrun start processes by vfork) waiting for that child to
+    exec, which the child, stopped before it could, never does while held. It cannot run a line of its
+    own until its child goes on; waiting for it to stop waited forever (CI: 'D (disk sleep)')."""
+    statuses = {pid: proc_status(pid) for pid in pids}
+    stopped_parents = {int(s["PPid"]) for s in statuses.values()
+                       if s.get("State", "T").startswith("T") and "PPid" in s}
+    states = {pid: s.get("State", "T") for pid, s in statuses.items()}
+    return {pid: state for pid, state in states.items()
+            if not state.startswith(("T", "Z", "X")) and not (state.startswith("D") and pid in stopped_parents)}
 
 
 def _stop_all(job_id: str, deadline: float) -> list[int]:
