@@ -93,8 +93,9 @@ class DataConfig:
                  "false unless data.kind=text or data.kind=chat (packing needs sample boundaries)")
         _require(self.max_samples is None or self.max_samples >= 2, "data.max_samples", self.max_samples,
                  "null or an integer >= 2 (a training and a validation sample)")
-        _require(not self.chat_template_kwargs or self.kind == "chat", "data.chat_template_kwargs",
-                 self.chat_template_kwargs, "null or {} unless data.kind=chat (only chat samples are rendered by a template)")
+        _require(not self.chat_template_kwargs or self.kind in ("chat", "preference"), "data.chat_template_kwargs",
+                 self.chat_template_kwargs, "null or {} unless data.kind=chat or preference (only chat samples and "
+                 "preference pairs are rendered by a template)")
         for name, value in (self.chat_template_kwargs or {}).items():
             _require(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None and name not in CHAT_TEMPLATE_OWN_NAMES,
                      "data.chat_template_kwargs", self.chat_template_kwargs,

@@ -4,7 +4,9 @@ An entry is ``CACHE_DIR/KEY/tokens.bin`` plus its header ``tokens.json`` (``hpcs
 A ``data=chat`` entry also holds ``mask.bin`` (uint8, 1 where the loss is taken), ``offsets.bin`` (int64,
 each sample's first token, then the total) and ``sources.bin`` (int64 pairs: each sample's file index
 and line), and its key also hashes the chat template file, ``data.train_on`` and
-``data.chat_template_kwargs``.
+``data.chat_template_kwargs``. A ``data=preference`` entry (``hpcsweep.prepare.preference_tokens``) holds
+``offsets.bin``, ``spans.bin`` and ``sources.bin`` of its sequences (each pair's prompt with its chosen answer,
+then with its rejected one); its key hashes the template and its variables as chat's does, and the kind.
 ``KEY`` hashes the tokenizer folder's files (their names and bytes) and the corpus files' absolute
 paths, sizes and modification times, so a changed tokenizer or a touched file makes a new entry, and
 the order the globs list files in does not matter (documents are read in path order).
@@ -48,7 +50,11 @@ MASK_NAME = "mask.bin"
 OFFSETS_NAME = "offsets.bin"
 """``data=chat``: int64, the first token of each sample, then the number of tokens."""
 SOURCES_NAME = "sources.bin"
-"""``data=chat``: int64 pairs, each sample's file (its index in the entry's file list) and 1-based line."""
+"""``data=chat``: int64 pairs, each sample's file (its index in the entry's file list) and 1-based line
+(``data=preference``: each sequence's)."""
+SPANS_NAME = "spans.bin"
+"""``data=preference``: int64 pairs, each sequence's answer: its first token and one past its last, from the
+sequence's start (the tokens before it are the prompt's)."""
 
 
 class TokenCacheError(ValueError):
@@ -179,8 +185,10 @@ def chat_rendering(template_path: str | None, train_on: str,
     return ChatRendering(path, digest, train_on, kwargs)
 
 
-def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile], chat: ChatRendering | None = None) -> str:
-    """The cache entry's name for this tokenizer and corpus (order of ``files`` does not matter)."""
+def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile], chat: ChatRendering | None = None,
+              preference: bool = False) -> str:
+    """The cache entry's name for this tokenizer and corpus (order of ``files`` does not matter); ``preference``:
+    the corpus's lines are preference pairs, rendered by ``chat``'s template."""
     described: dict[str, object] = {
         "format": FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_hash,
@@ -191,6 +199,8 @@ def cache_key(tokenizer_hash: str, files: Sequence[CorpusFile], chat: ChatRender
         if chat.template_kwargs:
             # Only when set: the entries rendered before the key existed keep their names.
             described["chat"]["template_kwargs"] = chat.template_variables()
+    if preference:
+        described["kind"] = "preference"
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -209,10 +219,12 @@ class TextCorpus:
     trust_remote_code: bool = False
     """``model.trust_remote_code``: the tokenizer loads with the code its folder ships. Not in the key:
     a tokenizer that needs it does not load without it, so no entry is ever written without it."""
+    preference: bool = False
+    """``data=preference``: the lines are pairs (``chat`` says how they are rendered)."""
 
     @property
     def key(self) -> str:
-        return cache_key(self.tokenizer_sha256, self.files, self.chat)
+        return cache_key(self.tokenizer_sha256, self.files, self.chat, self.preference)
 
     @property
     def entry(self) -> Path:
@@ -244,12 +256,12 @@ class TextCorpus:
 
 def text_corpus(
     files: str | Sequence[str], tokenizer_folder: str, cache_dir: str, tokenizer_key: str,
-    chat: ChatRendering | None = None, *, trust_remote_code: bool = False,
+    chat: ChatRendering | None = None, *, trust_remote_code: bool = False, preference: bool = False,
 ) -> TextCorpus:
     """The corpus ``data.files`` names, tokenized by ``tokenizer_folder`` (trusting the code it ships
     when ``trust_remote_code``), cached in ``cache_dir`` (relative paths: from the current directory).
     ``TokenCacheError`` naming the key at fault (``tokenizer_key``: the config key that named the
-    tokenizer folder)."""
+    tokenizer folder; ``preference``: its lines are preference pairs, rendered as ``chat`` says)."""
     folder = os.path.abspath(os.path.expanduser(tokenizer_folder))
     if not os.path.isdir(folder):
         raise TokenCacheError(f"{tokenizer_key}={tokenizer_folder!r} is not allowed: not a directory")
@@ -264,4 +276,5 @@ def text_corpus(
         cache_dir=os.path.abspath(os.path.expanduser(cache_dir)),
         chat=chat,
         trust_remote_code=trust_remote_code,
+        preference=preference,
     )

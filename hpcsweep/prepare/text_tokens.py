@@ -40,6 +40,7 @@ from hpcsweep.files.trial_files import TrialFiles
 from hpcsweep.model.folder_tokenizer import load_folder_tokenizer
 from hpcsweep.prepare.cache_entry import publish_entry
 from hpcsweep.prepare.chat_tokens import write_chat_files
+from hpcsweep.prepare.preference_tokens import write_preference_files
 from hpcsweep.prepare.text_documents import Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,9 @@ def write_tokens(corpus: TextCorpus, token_path: Path, workers: int, piece_bytes
 
 def write_entry(corpus: TextCorpus, workers: int, piece_bytes: int | None = None) -> Path:
     """Tokenize ``corpus`` into its cache entry unless it is there; return its token file. A chat corpus
-    is rendered by ``hpcsweep.prepare.chat_tokens``."""
+    is rendered by ``hpcsweep.prepare.chat_tokens``, a preference corpus by ``hpcsweep.prepare.preference_tokens``."""
+    if corpus.preference:
+        return publish_entry(corpus, lambda staging: write_preference_files(corpus, staging, workers, piece_bytes))
     if corpus.chat is not None:
         return publish_entry(corpus, lambda staging: write_chat_files(corpus, staging, workers, piece_bytes))
     return publish_entry(corpus, lambda staging: write_tokens(corpus, staging / TOKENS_NAME, workers, piece_bytes))
@@ -155,7 +158,8 @@ def prepare_requested(request: dict[str, Any], workers: int) -> Path:
     chat = request.get("chat")
     rendering = chat_rendering(chat["template"], chat["train_on"], chat.get("template_kwargs")) if chat else None
     corpus = text_corpus(request["files"], request["tokenizer"], request["cache_dir"], "data.tokenizer", rendering,
-                         trust_remote_code=bool(request.get("trust_remote_code")))
+                         trust_remote_code=bool(request.get("trust_remote_code")),
+                         preference=bool(request.get("preference")))
     if request.get("key") and corpus.key != request["key"]:
         raise TokenCacheError(
             f"the corpus or the tokenizer changed since the sweep was submitted (cache entry {corpus.key}, "
@@ -163,7 +167,7 @@ def prepare_requested(request: dict[str, Any], workers: int) -> Path:
         )
     token_path = write_entry(corpus, workers)
     check_needs(read_token_header(token_path), request.get("needs") or [], f"the corpus tokenized into {corpus.entry}")
-    for check in chat["checks"] if chat else ():
+    for check in chat.get("checks", ()) if chat else ():
         # An overlong sample under data.overlong=refuse fails the job, so no trial of the sweep starts.
         data = DataConfig(kind="chat", files=request["files"], **check)
         log.info("data.seq_len=%d: %s", data.seq_len, check_samples(corpus, data).summary(data))

@@ -58,14 +58,15 @@ def preparation_script(setup: Sequence[str], step: Sequence[str] = ()) -> str:
                       *setup, run])
 
 
-TOKENIZED_KINDS = ("text", "chat")
+TOKENIZED_KINDS = ("text", "chat", "preference")
 """The ``data.kind``s whose files are tokenized into the token cache."""
 
 
 @functools.cache
 def _text_corpus(files: tuple[str, ...], folder: str, cache_dir: str, tokenizer_key: str,
-                 chat: ChatRendering | None, trust_remote_code: bool) -> TextCorpus:
-    return text_corpus(list(files), folder, cache_dir, tokenizer_key, chat, trust_remote_code=trust_remote_code)
+                 chat: ChatRendering | None, trust_remote_code: bool, preference: bool) -> TextCorpus:
+    return text_corpus(list(files), folder, cache_dir, tokenizer_key, chat, trust_remote_code=trust_remote_code,
+                       preference=preference)
 
 
 @functools.cache
@@ -74,7 +75,7 @@ def _chat_rendering(template_path: str | None, train_on: str, template_kwargs: t
 
 
 def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
-    """The ``TextCorpus`` of a ``data.kind=text`` or ``chat`` trial, globbed and hashed once per distinct
+    """The ``TextCorpus`` of a ``data.kind=text``, ``chat`` or ``preference`` trial, globbed and hashed once per distinct
     (files, tokenizer, cache dir, template, its variables, train_on) in this login-node command, not once per trial of a
     1,000-trial sweep."""
     data = trial.data
@@ -82,9 +83,10 @@ def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
     assert data.files is not None and folder is not None  # DataConfig and TrialConfig check both
     key = "data.tokenizer" if data.tokenizer else "model.path"
     variables = tuple(sorted((data.chat_template_kwargs or {}).items()))
-    chat = _chat_rendering(data.chat_template, data.train_on, variables) if data.kind == "chat" else None
+    rendered = data.kind in ("chat", "preference")
+    chat = _chat_rendering(data.chat_template, data.train_on, variables) if rendered else None
     return _text_corpus(tuple(glob_patterns(data.files)), folder, data.cache_dir, key, chat,
-                        trial.model.trust_remote_code)
+                        trial.model.trust_remote_code, data.kind == "preference")
 
 
 def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
@@ -179,9 +181,12 @@ def preparation_request(
                                    "cache_dir": c.cache_dir, "key": c.key, "needs": sample_needs(trials, trial_dirs, c)}
         if c.trust_remote_code:
             request["trust_remote_code"] = True
+        if c.preference:
+            request["preference"] = True
         if c.chat is not None:
-            request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on,
-                               "checks": sample_checks(c, trials)}
+            request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on}
+            if not c.preference:
+                request["chat"]["checks"] = sample_checks(c, trials)
             if c.chat.template_kwargs:
                 request["chat"]["template_kwargs"] = c.chat.template_variables()
         requests.append(request)
