@@ -84,13 +84,14 @@ class DataConfig:
     """Pack whole samples (``kind=chat``) or documents (``kind=text``, a long one cut into row-sized
     pieces) into ``seq_len`` rows, each apart: its position ids restart and it attends to no other.
     ``false``: ``kind=chat`` has one sample a row, padded (padding takes no loss); ``kind=text`` reads
-    windows across documents. null: true for ``kind=chat``, false otherwise."""
+    windows across documents; ``kind=preference`` packs each micro-batch's sequences (prompt and answer) or pads
+    one a row. null: true for ``kind=chat`` and ``kind=preference``, false otherwise."""
 
     def __post_init__(self) -> None:
         if self.packing is None:
-            self.packing = self.kind == "chat"
-        _require(not self.packing or self.kind in ("text", "chat"), "data.packing", self.packing,
-                 "false unless data.kind=text or data.kind=chat (packing needs sample boundaries)")
+            self.packing = self.kind in ("chat", "preference")
+        _require(not self.packing or self.kind in ("text", "chat", "preference"), "data.packing", self.packing,
+                 "false unless data.kind=text, chat or preference (packing needs sample boundaries)")
         _require(self.max_samples is None or self.max_samples >= 2, "data.max_samples", self.max_samples,
                  "null or an integer >= 2 (a training and a validation sample)")
         _require(not self.chat_template_kwargs or self.kind in ("chat", "preference"), "data.chat_template_kwargs",

@@ -44,6 +44,7 @@ from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
 from hpcsweep.model.head import logits_are_the_heads
 from hpcsweep.model.ignore_index import IGNORE_INDEX
 from hpcsweep.train.loss import chunk_bounds
+from hpcsweep.train.preference.answer_logps import AnswerLogps, linear_answer_logps
 from hpcsweep.train.trackers.metrics import accuracy_counts
 
 LOSS_KERNELS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainerConfig)["loss_kernel"])
@@ -166,6 +167,10 @@ class _Pending:
     loss: torch.Tensor | None = None
     accuracy_counts: torch.Tensor | None = None
     """``[correct, counted]`` next-token predictions; scoring only."""
+    answers: tuple[torch.Tensor, int] | None = None
+    """Preference rows: each target's answer (``Batch.answers``) and how many answers there are; the head then
+    gives each answer's log-probability (``logps``) instead of a loss."""
+    logps: AnswerLogps | None = None
 
 
 class HeadLoss:
@@ -184,7 +189,13 @@ class HeadLoss:
             pending = outer._pending
             if pending is None or pending.loss is not None:
                 return plain_forward(hidden)
-            if pending.scoring:
+            if pending.answers is not None:
+                answer_ids, count = pending.answers
+                pending.logps = linear_answer_logps(
+                    hidden, module.weight, module.bias, pending.targets, answer_ids >= 0, answer_ids,
+                    chunk_tokens=outer.chunk_for(pending.targets.numel()), answers=count)
+                pending.loss = pending.logps.logps.sum()
+            elif pending.scoring:
                 pending.loss, pending.accuracy_counts = linear_loss_and_accuracy(
                     hidden, module.weight, module.bias, pending.targets, outer.chunk_for(pending.targets.numel()))
             else:
@@ -220,6 +231,14 @@ class HeadLoss:
         next-token accuracy, without gradients and always by this module's chunks (read ``.loss`` and
         ``.accuracy_counts`` after)."""
         with self._pending_as(_Pending(targets, scoring=True)) as pending:
+            yield pending
+
+    @contextlib.contextmanager
+    def answer_logps(self, targets: torch.Tensor, answers: torch.Tensor, count: int) -> Iterator[_Pending]:
+        """Within: the head's next forward gives the summed log-probability of each of ``count`` answers
+        (``hpcsweep.train.preference.answer_logps``; ``answers``: ``Batch.answers``), with gradients where they
+        are enabled, always by this module's chunks (read ``.logps`` after)."""
+        with self._pending_as(_Pending(targets, answers=(answers, count))) as pending:
             yield pending
 
     @contextlib.contextmanager

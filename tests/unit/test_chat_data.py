@@ -211,7 +211,7 @@ def test_data_chat_is_checked_before_submit(tmp_path, tokenizers):
     trial = trial_config_from_dict(composed(kind="chat", files=str(tmp_path / "*.jsonl"), tokenizer="/t"))
     assert trial.data.packing is True and trial.data.train_on == "assistant" and trial.data.overlong == "drop"
     assert trial_config_from_dict(composed(kind="text", files="/c/*.txt", tokenizer="/t")).data.packing is False
-    with pytest.raises(ValueError, match=r"^data.packing=True is not allowed: false unless data.kind=text or data.kind=chat"):
+    with pytest.raises(ValueError, match=r"^data.packing=True is not allowed: false unless data.kind=text, chat or preference"):
         trial_config_from_dict(composed(kind="synthetic", packing=True))
     with pytest.raises(ValueError, match=r"^data.train_on='answers' is not allowed"):
         trial_config_from_dict(composed(kind="chat", files="/c/*.jsonl", tokenizer="/t", train_on="answers"))

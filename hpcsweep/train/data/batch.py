@@ -21,6 +21,12 @@ class Batch:
     """Targets that take the loss."""
     real: torch.Tensor | None = None
     """True where a position holds a sample's token, False on padding (None: every position does)."""
+    answers: torch.Tensor | None = None
+    """Preference rows (``hpcsweep.train.data.pairs``): which answer each target belongs to, pair ``p``'s chosen
+    ``2p`` and rejected ``2p + 1`` (``p`` counted within the micro-batch), -1 outside the answers; None: not pairs."""
+    pairs: int = 0
+    """Preference rows: the pairs whose answers they hold (``loss_tokens`` counts them too: DPO's loss is a mean
+    over pairs)."""
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on ``device``."""
@@ -28,4 +34,4 @@ class Batch:
             return None if tensor is None else tensor.to(device)
 
         return Batch(self.inputs.to(device), self.targets.to(device), moved(self.position_ids), self.loss_tokens,
-                     moved(self.real))
+                     moved(self.real), moved(self.answers), self.pairs)

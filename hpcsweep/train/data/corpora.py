@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcsweep.train.data.batch import Batch
+    from hpcsweep.train.data.pairs import PairCorpus
     from hpcsweep.train.data.samples import SampleCorpus
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -88,15 +89,21 @@ def open_token_file(path: Path) -> tuple[np.ndarray, int]:
 
 def load_corpus(
     cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None, *, trust_remote_code: bool = False,
-) -> Corpus | SampleCorpus:
+) -> Corpus | SampleCorpus | PairCorpus:
     """The corpus ``cfg`` names, checked against the model's vocabulary.
 
     ``data.kind=text`` reads its token cache entry as ``data.kind=file`` reads ``data.path``;
     ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``), loaded
     (for packing's EOS) with ``trust_remote_code`` (``model.trust_remote_code``).
-    ``data.kind=chat`` reads its samples (``hpcsweep.train.data.samples``), and ``data.kind=text`` with
-    ``data.packing`` its documents (``hpcsweep.train.data.document_rows``).
+    ``data.kind=chat`` reads its samples (``hpcsweep.train.data.samples``), ``data.kind=preference`` its pairs
+    (``hpcsweep.train.data.pairs``), and ``data.kind=text`` with ``data.packing`` its documents
+    (``hpcsweep.train.data.document_rows``).
     """
+    if cfg.kind == "preference":
+        from hpcsweep.train.data.pairs import load_preference_corpus
+
+        assert tokenizer is not None
+        return load_preference_corpus(cfg, model_vocab_size, tokenizer, trust_remote_code=trust_remote_code)
     if cfg.kind == "chat":
         from hpcsweep.train.data.samples import load_chat_corpus
 
@@ -172,7 +179,7 @@ def get_batch(
 
 
 def get_rows(
-    corpus: Corpus | SampleCorpus,
+    corpus: Corpus | SampleCorpus | PairCorpus,
     cfg: DataConfig,
     *,
     split: str,
@@ -195,12 +202,15 @@ def get_rows(
                         grad_accum=grad_accum, rows=cfg.batch_size)
 
 
-def same_loss_tokens(corpus: Corpus | SampleCorpus) -> bool:
-    """Whether every micro-batch takes the loss on the same number of targets (windows do; rows of
-    samples do not, so a step weighs its micro-batches by their counts)."""
-    return isinstance(corpus, Corpus)
+def same_loss_tokens(corpus: Corpus | SampleCorpus | PairCorpus) -> bool:
+    """Whether every micro-batch takes the loss on the same number of targets (windows do, and pairs: each
+    micro-batch holds ``data.batch_size`` of them; rows of samples do not, so a step weighs its micro-batches by
+    their counts)."""
+    from hpcsweep.train.data.pairs import PairCorpus  # here: scripts/prepare-data imports this module and needs no torch
+
+    return isinstance(corpus, (Corpus, PairCorpus))
 
 
-def fill_rate(corpus: Corpus | SampleCorpus) -> float | None:
+def fill_rate(corpus: Corpus | SampleCorpus | PairCorpus) -> float | None:
     """A chat corpus's useful positions over its training rows' positions; None for windows (always full)."""
     return None if isinstance(corpus, Corpus) else corpus.fill_rate()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,46 @@ def answer_logps(logits: torch.Tensor, targets: torch.Tensor, answer_mask: torch
     if chunk_tokens < 0:
         raise ValueError(f"chunk_tokens={chunk_tokens}: allowed are 0 (one chunk) or a number of tokens >= 1")
     rows = answer_mask.flatten().nonzero().squeeze(1)
-    segments = segment_ids.flatten()[rows].long()
-    count = (int(segments.max()) + 1 if len(segments) else 0) if answers is None else answers
     token_logps = _AnswerTokenLogps.apply(logits.flatten(0, -2), targets.flatten(), rows, chunk_tokens)
-    summed = torch.zeros(count, dtype=token_logps.dtype, device=logits.device).index_add(0, segments, token_logps)
-    tokens = torch.zeros(count, dtype=torch.long, device=logits.device).index_add(
+    return _summed(token_logps, segment_ids.flatten()[rows].long(), answers)
+
+
+def linear_answer_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        targets: torch.Tensor, answer_mask: torch.Tensor, segment_ids: torch.Tensor, *,
+                        chunk_tokens: int, answers: int | None = None) -> AnswerLogps:
+    """``answer_logps`` of the logits ``F.linear(hidden, weight, bias)`` (``hidden`` ``[..., H]``), taken at the LM
+    head from its input as ``hpcsweep.train.head_loss`` takes the next-token loss: only the answer tokens' hidden
+    states are read, and each chunk's logits (``chunk_tokens`` answer tokens) are made, reduced to one number a
+    token and freed; with gradients, ``torch.utils.checkpoint`` makes them again in backward. Equal to
+    ``answer_logps(F.linear(hidden, weight, bias), ...)``, gradients included, with no logits of the batch."""
+    if hidden.shape[:-1] != targets.shape or not (targets.shape == answer_mask.shape == segment_ids.shape):
+        raise ValueError(f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)}, answer_mask "
+                         f"{tuple(answer_mask.shape)} and segment_ids {tuple(segment_ids.shape)} differ before the "
+                         "hidden size")
+    if chunk_tokens < 0:
+        raise ValueError(f"chunk_tokens={chunk_tokens}: allowed are 0 (one chunk) or a number of tokens >= 1")
+    rows = answer_mask.flatten().nonzero().squeeze(1)
+    picked, picked_targets = hidden.flatten(0, -2).index_select(0, rows), targets.flatten()[rows]
+    parts = []
+    for start, end in _bounds(len(rows), chunk_tokens):
+        args = (picked[start:end], weight, bias, picked_targets[start:end])
+        parts.append(checkpoint(_chunk_token_logps, *args, use_reentrant=False) if torch.is_grad_enabled()
+                     else _chunk_token_logps(*args))
+    token_logps = torch.cat(parts) if parts else picked.new_zeros(0, dtype=torch.float32)
+    return _summed(token_logps, segment_ids.flatten()[rows].long(), answers)
+
+
+def _chunk_token_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       targets: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias)
+    return -F.cross_entropy(logits.to(_work_dtype(logits)), targets, reduction="none")
+
+
+def _summed(token_logps: torch.Tensor, segments: torch.Tensor, answers: int | None) -> AnswerLogps:
+    """Each answer's sum of ``token_logps`` (the answer of each is ``segments``'), and its count of tokens."""
+    count = (int(segments.max()) + 1 if len(segments) else 0) if answers is None else answers
+    summed = torch.zeros(count, dtype=token_logps.dtype, device=token_logps.device).index_add(0, segments, token_logps)
+    tokens = torch.zeros(count, dtype=torch.long, device=token_logps.device).index_add(
         0, segments, torch.ones_like(segments))
     return AnswerLogps(summed, tokens)
 

@@ -1,0 +1,205 @@
+"""A ``data=preference`` trial's pairs: read from the token cache entry, split, served as rows of answers.
+
+The entry (``hpcsweep.prepare.preference_tokens``) holds two sequences a pair, its prompt with the chosen answer
+and with the rejected one, and each answer's span. A micro-batch is ``data.batch_size`` whole pairs (TRL's
+per-device batch counts pairs too): their ``2 x batch_size`` sequences, chosen then rejected, pair after pair,
+packed into ``data.seq_len`` rows as chat samples are (``hpcsweep.train.data.packing.pack_rows``: each sequence's
+position ids restart at 0, so the trainer's attention keeps it apart, ``sample_attention``), or one sequence a
+padded row with ``data.packing=false``. A target takes part only inside an answer: elsewhere (the prompt, the
+padding) it is ``IGNORE_INDEX``, and ``Batch.answers`` says which answer each answer target is (pair ``p``'s
+chosen ``2p``, its rejected ``2p + 1``, counted within the micro-batch), which is what
+``hpcsweep.train.preference.answer_logps`` sums over.
+
+Which pairs a step takes is a pure function of ``(seed, split, step, rank, micro-step)``: each epoch visits the
+split's pairs in a seeded order, and the global batch of a step is the next ``batch_size x world_size x
+grad_accum`` pairs of that sequence, a rank and micro-step taking one contiguous slice, as for chat samples. The
+validation split is a seeded ``data.val_fraction`` of the pairs (at least one). A sequence longer than a row
+(more than ``seq_len + 1`` tokens) drops its pair under ``data.overlong=drop``, stops the trial naming its file and
+line under ``refuse``, and is cut to ``seq_len + 1`` tokens under ``truncate`` (a pair with an answer cut away
+whole is dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpcsweep.config import DataConfig
+from hpcsweep.files.token_cache import OFFSETS_NAME, SOURCES_NAME, SPANS_NAME, chat_rendering, text_corpus
+from hpcsweep.files.token_file import TokenFileError, read_token_header
+from hpcsweep.model.ignore_index import IGNORE_INDEX
+from hpcsweep.train.data.batch import Batch
+from hpcsweep.train.data.packing import pack_rows
+from hpcsweep.train.data.samples import split_samples
+
+log = logging.getLogger(__name__)
+
+_TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+_SPLITS = {"train": 0, "val": 1}
+
+
+@dataclass(frozen=True)
+class PairRows:
+    """One split's pairs: sequence ``2i`` of ``starts``/``lengths``/``spans`` is pair ``i``'s chosen, ``2i + 1`` its
+    rejected (``spans``: each answer's ``[start, end)`` tokens, from its sequence's start)."""
+
+    tokens: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    spans: np.ndarray
+    seq_len: int
+    packing: bool
+    seed: int
+    split: int
+    pad_id: int
+
+    @property
+    def pairs(self) -> int:
+        return len(self.starts) // 2
+
+    def pair_at(self, index: int) -> int:
+        """The pair visited at global position ``index`` (epoch after epoch, each in its seeded order)."""
+        epoch, at = divmod(index, self.pairs)
+        return int(np.random.default_rng([self.seed, self.split, epoch]).permutation(self.pairs)[at])
+
+    def rows_of(self, pairs: list[int]) -> list[list[int]]:
+        """The answers of each row holding ``pairs``' sequences, each answer numbered by its place in ``pairs``
+        (``2 x place``: chosen, ``+ 1``: rejected), so a pair visited twice counts as two."""
+        if not self.packing:
+            return [[answer] for answer in range(2 * len(pairs))]
+        needs = self.lengths[self._sequences(pairs)] - 1
+        return pack_rows(needs, self.seq_len)
+
+    @staticmethod
+    def _sequences(pairs: list[int]) -> np.ndarray:
+        """The split's sequences of ``pairs``, chosen then rejected, in the order of ``pairs``."""
+        return (2 * np.asarray(pairs, dtype=np.int64)[:, None] + np.arange(2)).reshape(-1)
+
+    def batch(self, first: int, count: int) -> Batch:
+        """The ``count`` pairs visited from global position ``first``, as rows."""
+        pairs = [self.pair_at(first + i) for i in range(count)]
+        sequences = self._sequences(pairs)
+        rows = self.rows_of(pairs)
+        shape = (len(rows), self.seq_len)
+        inputs = np.full(shape, self.pad_id, dtype=np.int64)
+        targets = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+        answers = np.full(shape, -1, dtype=np.int64)
+        positions = np.empty(shape, dtype=np.int64)
+        real = np.zeros(shape, dtype=bool)
+        for r, row in enumerate(rows):
+            at = 0
+            for answer in row:
+                sequence = int(sequences[answer])
+                start, n = int(self.starts[sequence]), int(self.lengths[sequence])
+                lo, hi = (int(v) for v in self.spans[sequence])
+                ids = np.asarray(self.tokens[start : start + n], dtype=np.int64)
+                inputs[r, at : at + n - 1] = ids[:-1]
+                # Answer token j is the target at position j - 1.
+                targets[r, at + lo - 1 : at + hi - 1] = ids[lo:hi]
+                answers[r, at + lo - 1 : at + hi - 1] = answer
+                positions[r, at : at + n - 1] = np.arange(n - 1)
+                at += n - 1
+            positions[r, at:] = np.arange(self.seq_len - at)
+            real[r, :at] = True
+        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(positions), count,
+                     torch.from_numpy(real), answers=torch.from_numpy(answers), pairs=count)
+
+    def fill_rate(self) -> float:
+        """Sequence positions over row positions, the split's pairs of its first epoch in batches of all of them."""
+        rows = self.rows_of([self.pair_at(i) for i in range(self.pairs)])
+        return int((self.lengths - 1).sum()) / (len(rows) * self.seq_len)
+
+
+@dataclass(frozen=True)
+class PairCorpus:
+    """The training and validation pairs of a preference corpus, served a micro-batch of pairs at a time."""
+
+    train: PairRows
+    val: PairRows
+    vocab_size: int
+    dropped: int
+    """Pairs left out: a sequence too long under ``data.overlong=drop``, or an answer truncated away."""
+
+    def batch(self, split: str, *, step: int, rank: int, micro_step: int, world_size: int, grad_accum: int,
+              rows: int) -> Batch:
+        """This rank's and micro-step's ``rows`` pairs (``data.batch_size``) of the global batch of ``step``."""
+        source = self.train if split == "train" else self.val
+        slot = micro_step * world_size + rank
+        return source.batch((step * grad_accum * world_size + slot) * rows, rows)
+
+    def fill_rate(self) -> float:
+        """Useful positions over row positions of the training rows (their first epoch)."""
+        return self.train.fill_rate()
+
+
+def fitting_pairs(lengths: np.ndarray, spans: np.ndarray, seq_len: int, overlong: str,
+                  where: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs (indices) whose sequences fit a row of ``seq_len`` positions under ``data.overlong``, with each
+    sequence's length and span once truncated; ``ValueError`` naming a too-long pair's ``FILE:LINE`` (``where``)
+    under ``refuse``."""
+    limit = seq_len + 1
+    too_long = (lengths.reshape(-1, 2) > limit).any(axis=1)
+    if overlong == "refuse" and too_long.any():
+        first = int(np.flatnonzero(too_long)[0])
+        raise ValueError(f"data.overlong=refuse: the pair at {where[2 * first]} has a sequence of "
+                         f"{int(lengths[2 * first : 2 * first + 2].max())} tokens, more than data.seq_len + 1 = "
+                         f"{limit}; raise data.seq_len, or set data.overlong=drop or truncate")
+    if overlong == "drop":
+        keep = ~too_long
+    else:
+        lengths = np.minimum(lengths, limit)
+        spans = np.minimum(spans, lengths[:, None])
+        keep = (spans[:, 1] > spans[:, 0]).reshape(-1, 2).all(axis=1)
+    return np.flatnonzero(keep), lengths, spans
+
+
+def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str, *,
+                           trust_remote_code: bool = False) -> PairCorpus:
+    """The preference corpus ``cfg`` names, from its cache entry; ``ValueError`` naming the key when the entry is
+    missing or broken, its vocabulary is larger than the model's, or fewer than 2 pairs fit (``fitting_pairs``).
+    ``tokenizer`` (loaded with ``trust_remote_code``) gives the padding's id."""
+    assert cfg.files is not None
+    corpus = text_corpus(cfg.files, tokenizer, cfg.cache_dir, "data.tokenizer",
+                         chat_rendering(cfg.chat_template, cfg.train_on, cfg.chat_template_kwargs), preference=True)
+    if not corpus.is_cached():
+        raise ValueError(
+            f"data.files={cfg.files!r} is not allowed: no token cache entry {corpus.entry} for it (the pairs, the "
+            "tokenizer or the template changed since the sweep prepared it, or its preparation did not finish)")
+    try:
+        header = read_token_header(corpus.token_path)
+    except TokenFileError as err:
+        raise ValueError(f"data.files={cfg.files!r} is not allowed: its cache entry is broken ({err})") from None
+    if header.vocab_size > model_vocab_size:
+        raise ValueError(f"model.vocab_size={model_vocab_size} is not allowed: data.files={cfg.files!r} needs at "
+                         f"least {header.vocab_size} (its tokenizer's vocabulary)")
+    tokens = np.memmap(corpus.token_path, dtype=_TOKEN_DTYPES[header.dtype], mode="r")
+    offsets = np.fromfile(corpus.entry / OFFSETS_NAME, dtype=np.int64)
+    spans = np.fromfile(corpus.entry / SPANS_NAME, dtype=np.int64).reshape(-1, 2)
+    sources = np.fromfile(corpus.entry / SOURCES_NAME, dtype=np.int64).reshape(-1, 2)
+    where = [f"{corpus.files[f].path}:{line}" for f, line in sources.tolist()]
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    if cfg.max_samples is not None:
+        starts, lengths, spans, where = (starts[: 2 * cfg.max_samples], lengths[: 2 * cfg.max_samples],
+                                         spans[: 2 * cfg.max_samples], where[: 2 * cfg.max_samples])
+    kept, lengths, spans = fitting_pairs(lengths, spans, cfg.seq_len, cfg.overlong, where)
+    dropped = len(starts) // 2 - len(kept)
+    if len(kept) < 2:
+        raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(kept)} usable pair(s) at "
+                         f"data.seq_len={cfg.seq_len} (data.overlong={cfg.overlong}), at least 2 are needed")
+    from hpcsweep.prepare.text_tokens import load_tokenizer, pad_token_id
+
+    pad_id = pad_token_id(load_tokenizer(tokenizer, trust_remote_code=trust_remote_code))
+    train_ids, val_ids = split_samples(len(kept), cfg.val_fraction, cfg.seed)
+    log.info("preference data: %d training and %d validation pairs, %d left out (longer than data.seq_len=%d, "
+             "data.overlong=%s), %s", len(train_ids), len(val_ids), dropped, cfg.seq_len, cfg.overlong,
+             "packed into rows" if cfg.packing else "one sequence a row, padded")
+
+    def rows(ids: np.ndarray, split: str) -> PairRows:
+        sequences = (2 * kept[ids][:, None] + np.arange(2)).reshape(-1)
+        return PairRows(tokens, starts[sequences], lengths[sequences], spans[sequences], seq_len=cfg.seq_len,
+                        packing=bool(cfg.packing), seed=cfg.seed, split=_SPLITS[split], pad_id=pad_id)
+
+    return PairCorpus(rows(train_ids, "train"), rows(val_ids, "val"), header.vocab_size, dropped)
