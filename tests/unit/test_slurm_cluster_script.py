@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -251,3 +253,52 @@ def test_cluster_layout_reads_the_recorded_shape_and_defaults_without_one(tmp_pa
     (tmp_path / "etc" / "shape.json").write_text(sc.shape_json(sc.Shape(nodes=16, leaf_switches=4)))
     assert sc.cluster_layout().shape.nodes == 16
     assert len([d for d in sc.daemons(sc.cluster_layout()) if d.name.startswith("slurmd ")]) == 16
+
+
+def test_oci_conf_runs_runc_through_oci_run_and_queries_through_oci_state():
+    lay = sc.Layout(Path("/c"), sc.Shape(oci=1))
+    text = sc.render_oci_conf(lay, "/usr/sbin/runc", "/usr/bin/python3", "/repo/scripts/slurm-cluster")
+    lines = dict(line.split("=", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert lines == {
+        "RunTimeQuery": '"/c/etc/oci-state %n.%u.%j.%s.%t"',
+        "RunTimeKill": '"/usr/sbin/runc --root=/c/run/runc kill --all %n.%u.%j.%s.%t KILL"',
+        "RunTimeDelete": '"/usr/sbin/runc --root=/c/run/runc delete --force %n.%u.%j.%s.%t"',
+        "RunTimeRun": '"/usr/bin/python3 /repo/scripts/slurm-cluster oci-run /c %n %t %n.%u.%j.%s.%t %b"',
+    }
+
+
+def test_oci_state_answers_stopped_once_runc_no_longer_knows_the_container(tmp_path):
+    # A runc that knows no container, as after `runc run` removed it: the query must still give a state.
+    runc = tmp_path / "runc"
+    runc.write_text("#!/bin/sh\necho 'container does not exist' >&2\nexit 1\n")
+    runc.chmod(0o755)
+    script = tmp_path / "oci-state"
+    script.write_text(sc.render_oci_state(sc.Layout(tmp_path), str(runc)))
+    script.chmod(0o755)
+    out = subprocess.run([str(script), "node1.root.7.0.0"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == {"ociVersion": "1.0.2", "id": "node1.root.7.0.0", "status": "stopped"}
+
+
+def test_tasks_per_node_expands_slurms_counts():
+    assert sc.tasks_per_node("1(x2)") == [1, 1]
+    assert sc.tasks_per_node("2(x2),1") == [2, 2, 1]
+    assert sc.tasks_per_node("") == []
+
+
+def test_task_variables_give_each_containers_task_its_node_and_ranks():
+    env = {"SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+    got = sc.task_variables(env, "node4", 1, ["node3", "node4"], {"OMP_NUM_THREADS": "1"})
+    assert got == {"SLURMD_NODENAME": "node4", "SLURM_NODEID": "1", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+                   "OMP_NUM_THREADS": "1"}
+    with pytest.raises(sc.ClusterError, match="node1 is not in the step's nodes node3, node4"):
+        sc.task_variables(env, "node1", 0, ["node3", "node4"], {})
+
+
+def test_prolog_exports_reads_what_slurm_reads_of_a_task_prolog():
+    out = "export OMP_NUM_THREADS=1\nexport HPCSWEEP_DUMMY_GPUS=1\nprint hello\nunset X\nexport 1BAD=2\n"
+    assert sc.prolog_exports(out) == {"OMP_NUM_THREADS": "1", "HPCSWEEP_DUMMY_GPUS": "1"}
+
+
+def test_the_oci_option_is_recorded_in_the_shape_and_read_back():
+    assert sc.parse_shape(sc.shape_json(sc.Shape(oci=1))).oci == 1
+    assert sc.parse_shape('{"nodes": 4}').oci == 0
