@@ -2,7 +2,7 @@
 
 Rows are sorted by ``--metric`` (default: a search's objective, best first, else ``best_val_loss``, ascending),
 or best first by ``--sort KEY``,
-which also takes ``val_accuracy`` and task scores ``tasks.NAME.METRIC`` (largest first, as for
+which also takes ``val_accuracy``, ``objective=dpo``'s ``val_reward_accuracy`` and ``val_reward_margin``, and task scores ``tasks.NAME.METRIC`` (largest first, as for
 accuracies; ``--ascending`` turns it); failed trials come last, each with the line that says why.
 ``val_acc`` and one column per task score show what each trial measured last. ``mean tok/s`` is the throughput over the whole run, every
 attempt of a resumed trial included, from the trial's TensorBoard events. ``GB(plan/peak)`` is the
@@ -46,7 +46,7 @@ CSV_FIELDS = (
     "num", "status", "slurm_state", "job_id", "step", "max_steps", "train_loss", "val_loss", "best_val_loss",
     "val_accuracy", "mean_tokens_per_s", "tokens_per_s", "restarts", "gpu_hours", "own_gpu_hours", "world_size", "nodes", "error",
     "trial_dir",
-    "attempt", "last_stop_reason", "memory_plan_bytes", "memory_peak_bytes",
+    "attempt", "last_stop_reason", "memory_plan_bytes", "memory_peak_bytes", "val_reward_accuracy", "val_reward_margin",
 )
 
 
@@ -218,7 +218,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--metric", choices=METRICS,
                         help="sort key (default: a search's objective, else best_val_loss)")
     parser.add_argument("--sort", metavar="KEY",
-                        help="best first by KEY: a --metric, val_accuracy, or a task score tasks.NAME.METRIC "
+                        help="best first by KEY: a --metric, val_accuracy, val_reward_accuracy, val_reward_margin (objective=dpo), "
+                             "or a task score tasks.NAME.METRIC "
                              "(accuracies and task scores largest first)")
     parser.add_argument("--descending", action="store_true", help="largest first (e.g. for mean_tokens_per_s)")
     parser.add_argument("--ascending", action="store_true", help="with --sort: smallest first")

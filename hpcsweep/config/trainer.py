@@ -85,8 +85,8 @@ class TrainerConfig:
     early_stop_min_delta: float = 0.0
     """An improvement smaller than this does not count."""
     early_stop_metric: str = "val_loss"
-    """What early stopping watches: ``val_loss``, ``val_accuracy`` (checked every ``trainer.eval_every``
-    steps) or a task score ``tasks.NAME.METRIC`` (every ``tasks.every`` steps; NAME one of ``tasks.names``)."""
+    """What early stopping watches: ``val_loss``, ``val_accuracy``, with ``objective=dpo``
+    ``val_reward_accuracy`` or ``val_reward_margin`` (checked every ``trainer.eval_every`` steps) or a task score ``tasks.NAME.METRIC`` (every ``tasks.every`` steps; NAME one of ``tasks.names``)."""
     early_stop_mode: Literal["min", "max"] = "min"
     """``min``: lower is better (a loss); ``max``: higher is better (an accuracy, a task score)."""
     hang_timeout_min: float = 15.0
@@ -206,5 +206,6 @@ class TrainerConfig:
                  "grad_comm compresses): set one of trainer.sync_every=1 or trainer.grad_comm=none")
 
 
-EVAL_METRICS = ("val_loss", "val_accuracy")
-"""What every evaluation measures (``trainer.eval_every``): ``trainer.early_stop_metric`` may watch these."""
+EVAL_METRICS = ("val_loss", "val_accuracy", "val_reward_accuracy", "val_reward_margin")
+"""What an evaluation measures (``trainer.eval_every``; the reward ones with ``objective=dpo``):
+``trainer.early_stop_metric`` may watch these."""

@@ -58,10 +58,11 @@ METRICS = (
     "step", "restarts",
 )
 """Row fields ``--metric`` may sort by."""
-HIGHER_IS_BETTER = ("val_accuracy", "mean_tokens_per_s", "tokens_per_s")
+HIGHER_IS_BETTER = ("val_accuracy", "val_reward_accuracy", "val_reward_margin", "mean_tokens_per_s", "tokens_per_s")
 """Row fields whose best value is the largest (task scores are, too: ``higher_is_better``)."""
 SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s",
-                    "val_accuracy": "val/accuracy"}
+                    "val_accuracy": "val/accuracy", "val_reward_accuracy": "val/reward_accuracy",
+                    "val_reward_margin": "val/reward_margin"}
 """Where a metric comes from when metrics.json lacks it: the latest point of this scalar tag."""
 
 JobQuery = Callable[[Sequence[str]], Mapping[str, JobState]]
@@ -84,6 +85,11 @@ class TrialRow:
     best_val_loss: float | None = None
     val_accuracy: float | None = None
     """Next-token accuracy on the validation split at the last evaluation (metrics.json ``val_accuracy``)."""
+    val_reward_accuracy: float | None = None
+    """``objective=dpo``: the share of validation pairs whose chosen answer's reward beats the rejected one's, at the
+    last evaluation (metrics.json ``val_reward_accuracy``)."""
+    val_reward_margin: float | None = None
+    """``objective=dpo``: the validation pairs' mean reward margin (metrics.json ``val_reward_margin``)."""
     task_scores: dict[str, float] = field(default_factory=dict)
     """The latest task scores by ``tasks.NAME.METRIC`` (metrics.json ``tasks``;
     ``hpcsweep.train.scores.task_scorer``)."""
@@ -306,8 +312,10 @@ def row_metric(row: TrialRow, metric: str) -> float | None:
 
 
 def sort_keys(rows: Sequence[TrialRow]) -> list[str]:
-    """Every key ``report --sort`` takes for these rows: the fields of ``METRICS``, ``val_accuracy``, and their task scores."""
-    return [*METRICS, "val_accuracy", *sorted({k for row in rows for k in row.task_scores})]
+    """Every key ``report --sort`` takes for these rows: the fields of ``METRICS``, ``val_accuracy``, the DPO rewards
+    ``val_reward_accuracy`` and ``val_reward_margin``, and their task scores."""
+    return [*METRICS, "val_accuracy", "val_reward_accuracy", "val_reward_margin",
+            *sorted({k for row in rows for k in row.task_scores})]
 
 
 def higher_is_better(metric: str) -> bool:

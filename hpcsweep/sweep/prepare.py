@@ -216,7 +216,7 @@ def check_text_corpus(trial: TrialConfig, model_vocab_size: int, vocab_key: str 
 
 
 def check_chat_corpus(trial: TrialConfig) -> None:
-    """A ``data.kind=chat`` trial's tokenizer has a chat template (or ``data.chat_template`` names one)
+    """A ``data.kind=chat`` (or ``preference``) trial's tokenizer has a chat template (or ``data.chat_template`` names one)
     that reads every variable ``data.chat_template_kwargs`` sets, and its cache entry, once written, holds
     no sample it refuses (``data.overlong=refuse``)."""
     corpus = sweep_text_corpus(trial)
@@ -238,19 +238,27 @@ def check_chat_corpus(trial: TrialConfig) -> None:
                     f"{name} (the variables it reads that the key may set: {its_own})"
                 )
     if corpus.is_cached():
-        checked_samples(trial)
+        if trial.data.kind == "chat":
+            checked_samples(trial)
     else:
         _check_lines(corpus, trial)
 
 
 def check_preference_corpus(trial: TrialConfig) -> None:
-    """Every line of a ``data.kind=preference`` trial's files is a pair (``jsonl_checks``); then the trial is
-    refused, since nothing tokenizes pairs or trains on them yet (issue 43): the check is there to mend a
-    corpus before that comes."""
-    _check_lines(sweep_text_corpus(trial), trial)
-    raise ValueError(
-        f"objective=dpo is not allowed yet: the lines of data.files={trial.data.files!r} are pairs, but the "
-        "preparation job does not tokenize preference pairs and the trainer has no DPO step yet (issue 43)")
+    """A ``data.kind=preference`` trial trains what works today: LoRA, its reference the model with the adapters off
+    (full fine-tuning's reference, computed once by the preparation job, and another reference folder are not
+    built yet: issue 43); its template is checked as a chat trial's, and every line of its files not yet tokenized
+    is a pair (``jsonl_checks``)."""
+    if trial.model.peft == "none":
+        raise ValueError(
+            "model.peft=none is not allowed with objective=dpo: the reference log-probabilities come from the model "
+            "with its LoRA adapters off, and precomputing them for full fine-tuning is not built yet; set "
+            "model.peft=lora")
+    if trial.objective.reference is not None:
+        raise ValueError(
+            f"objective.reference={trial.objective.reference!r} is not allowed: only null (the model the trial starts "
+            "from, its LoRA adapters off) for now; a reference folder of its own is not built yet")
+    check_chat_corpus(trial)
 
 
 def _check_lines(corpus: TextCorpus, trial: TrialConfig) -> None:

@@ -44,11 +44,13 @@ from hpcsweep.train.distributed import (
     node_name,
     sum_over_ranks,
 )
+from hpcsweep.memory_plan.loss_chunk import loss_chunk_tokens
 from hpcsweep.train.loss import chunked_cross_entropy
 from hpcsweep.train.moe import load_balance, router_stats
 from hpcsweep.train.moe.routed_tokens import routed_tokens
 from hpcsweep.train.observe import memory_record, step_timer
 from hpcsweep.train.observe.profiling import StepProfiler
+from hpcsweep.train.preference.dpo_step import PreferenceStep, PreferenceWindow
 from hpcsweep.train.scores import task_scorer
 from hpcsweep.train.trackers import backends, metrics
 from hpcsweep.control.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
@@ -113,6 +115,12 @@ class Trainer:
         self.model = lora.apply_lora(self.model, cfg.model, seed=tcfg.seed)
         self.balance = load_balance.attach(self.model, cfg.model)
         self.head_loss = head_loss.attach(self.model, tcfg.loss_kernel, tcfg.loss_chunk_tokens, world.device.type)
+        self.preference: PreferenceStep | None = None
+        if cfg.objective.kind == "dpo":  # DPO's loss on pairs, the reference being the model with its adapters off
+            vocab = self.model.config.vocab_size
+            self.preference = PreferenceStep(cfg.objective, self.model, self.head_loss, lambda tokens: loss_chunk_tokens(
+                tcfg.loss_chunk_tokens, world.device.type, vocab, None, tokens))
+            self.preference_window = PreferenceWindow(world.device)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
@@ -175,6 +183,8 @@ class Trainer:
         self.first_save_logged = False
         self.val_loss: float | None = None
         self.val_accuracy: float | None = None
+        self.val_reward: dict[str, float] = {}
+        """``objective=dpo``: the last evaluation's ``val_reward_accuracy`` and ``val_reward_margin``."""
         self.evaluated_at: int | None = None
         # A search trial reports each evaluation to its study, which may prune it.
         self.pruning = pruning_reporter(search_trial)
@@ -311,7 +321,13 @@ class Trainer:
             last = micro == tcfg.grad_accum - 1
             # Gradients are reduced once, on the last micro-step.
             with parallel.gradient_sync(self.net, sync=last):
-                loss = self._loss(batch, attention, self.net) / divisor
+                if self.preference is not None:
+                    pairs = self.preference.pair_losses(batch, self.net,
+                                                        lambda net: self._logits(net, batch, attention))
+                    self.preference_window.add(pairs)
+                    loss = pairs.losses.mean() / divisor
+                else:
+                    loss = self._loss(batch, attention, self.net) / divisor
                 # The router balance loss trains, but train/loss stays the LM loss that val/loss compares with.
                 aux = self.balance.take_aux_loss(routed)
                 self.scaler.scale(loss + aux / tcfg.grad_accum).backward()
@@ -350,8 +366,10 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over the fixed validation batches, averaged over ranks; the next-token accuracy
-        over the same batches goes to ``self.val_accuracy``."""
+        over the same batches goes to ``self.val_accuracy`` (``objective=dpo``: ``evaluate_pairs``)."""
         tcfg, world = self.cfg.trainer, self.world
+        if self.preference is not None:
+            return self.evaluate_pairs()
         self.model.eval()
         total = torch.zeros((), device=world.device)
         counts = torch.zeros(2, device=world.device, dtype=torch.float64)
@@ -370,6 +388,31 @@ class Trainer:
         correct, counted = (mean_over_ranks(world, counts) * world.world_size).tolist()
         self.val_accuracy = correct / counted if counted else None
         return mean_over_ranks(world, total / (tcfg.eval_batches * tcfg.grad_accum)).item()
+
+    @torch.no_grad()
+    def evaluate_pairs(self) -> float:
+        """``objective=dpo``: the mean DPO loss over every pair of the fixed validation batches of every rank; the
+        pairs' reward accuracy (the share whose chosen answer's reward beats the rejected one's) and mean reward
+        margin go to ``self.val_reward``."""
+        tcfg, world = self.cfg.trainer, self.world
+        assert self.preference is not None
+        self.model.eval()
+        sums = torch.zeros(4, dtype=torch.float64, device=world.device)
+        for i in range(tcfg.eval_batches):
+            for micro in range(tcfg.grad_accum):
+                batch = corpora.get_rows(self.corpus, self.cfg.data, split="val", step=i, rank=world.rank,
+                                         micro_step=micro, world_size=world.world_size, grad_accum=tcfg.grad_accum)
+                attention = self._attention(batch)
+                batch = batch.to(world.device)
+                pairs = self.preference.pair_losses(batch, self.model, lambda net: self._logits(net, batch, attention))
+                sums += torch.stack([pairs.losses.double().sum(), pairs.metrics["rewards/accuracies"].double().sum(),
+                                     pairs.metrics["rewards/margins"].double().sum(),
+                                     torch.tensor(float(batch.pairs), dtype=torch.float64, device=world.device)])
+        self.model.train()
+        loss, accurate, margin, count = (mean_over_ranks(world, sums) * world.world_size).tolist()
+        self.val_accuracy = None
+        self.val_reward = {"val_reward_accuracy": accurate / count, "val_reward_margin": margin / count}
+        return loss / count
 
     # ----- the loop ----------------------------------------------------------------------------
 
@@ -450,6 +493,8 @@ class Trainer:
             "perf/mfu": mfu,
             **step_timer.tensorboard_scalars(window),
         }
+        if self.preference is not None:  # TRL's names: rewards/chosen, ..., logps/rejected
+            scalars.update(self.preference_window.take(self.world))
         router = self.balance.window_report(self.world)
         self.logger.log({**scalars, **router_stats.tensorboard_scalars(router)}, self.step)
         self.telemetry.log_window(self.step, self.logger)
@@ -466,11 +511,13 @@ class Trainer:
         """Report a validation loss (and ``self.val_accuracy``); True when early stopping says stop."""
         self.val_loss, self.evaluated_at = val_loss, self.step
         self.best_val.update(val_loss)
-        stop = self.early_stop_says({"val_loss": val_loss, "val_accuracy": self.val_accuracy})
+        stop = self.early_stop_says({"val_loss": val_loss, "val_accuracy": self.val_accuracy, **self.val_reward})
         with self.step_timer.phase("logging"):
             self.logger.log({"val/loss": val_loss, "val/accuracy": self.val_accuracy,
+                             **{k.replace("val_", "val/", 1): v for k, v in self.val_reward.items()},
                              "hparams/best_val_loss": self.best_val.best}, self.step)
-            self.report.update(val_loss=val_loss, val_accuracy=self.val_accuracy, best_val_loss=self.best_val.best)
+            self.report.update(val_loss=val_loss, val_accuracy=self.val_accuracy, best_val_loss=self.best_val.best,
+                               **self.val_reward)
             self.write_report()
             log.info("step %d val_loss %.4f", self.step, val_loss)
         return stop

@@ -1,25 +1,37 @@
 """``objective=dpo`` trains on preference pairs: rows of chosen and rejected sequences, packed apart or padded,
-give each answer the log-probability it has alone."""
+give each answer the log-probability it has alone; the reference is the model with every adapter off (the expert
+LoRA included), equal to the folder's own model; a trainer step's loss is DPO's formula on the model's
+log-probabilities, with the MoE balance loss kept; a stopped DPO trial resumes exactly; and a local LoRA DPO
+sweep ends with its reward accuracy in metrics.json."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from hpcsweep.config import trial_config_from_dict
 from hpcsweep.files.token_cache import chat_rendering, text_corpus
 from hpcsweep.model.ignore_index import IGNORE_INDEX
 from hpcsweep.prepare.text_tokens import write_entry
+from hpcsweep.results.table import higher_is_better, load_sweep, sort_keys
 from hpcsweep.train.data import corpora, sample_attention
+from hpcsweep.train.distributed import init_distributed
+from hpcsweep.train.moe.expert_lora import GroupedLoraParamWrapper
 from hpcsweep.train.preference.answer_logps import answer_logps, linear_answer_logps
 from tests.chat_fixtures import REAL_TEMPLATES
 from tests.model_folders import WORDS, make_model_folder
 
-from .trial_dirs import trial_config
+from hpcsweep.train import worker as train
+
+from .trial_dirs import make_trial_dir, read_metrics, trial_config
 
 torch.set_num_threads(1)
 
@@ -91,3 +103,111 @@ def test_packed_pairs_give_each_answer_its_log_probability_alone(dpo):
         # Packed: the four sequences share rows (something to keep apart); padded: one a row.
         assert batch.inputs.shape[0] == (2 if packing else 4)
     assert (logps[True] - logps[False]).abs().max() <= 1e-6, (logps[True], logps[False])
+
+
+def test_a_trainer_step_takes_dpos_formula_on_the_models_log_probabilities(tmp_path, dpo):
+    from hpcsweep.train.trainer import Trainer
+
+    folder, settings = dpo
+    settings = {**settings, "objective.beta": 0.5, "model.moe.aux_loss_coef": 0.01}
+    (tmp_path / "t").mkdir()
+    trainer = Trainer(trial_config_from_dict(trial_config(settings)), init_distributed("cpu", 60, env={}),
+                      tmp_path / "t")
+    try:
+        model = trainer.model
+        assert any(isinstance(m, GroupedLoraParamWrapper) for m in model.modules())  # the experts have adapters
+        # Adapters that change the model (peft starts B at zero), on the experts too.
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        batch = corpora.get_rows(trainer.corpus, trainer.cfg.data, split="train", step=0, rank=0, micro_step=0,
+                                 world_size=1, grad_accum=1)
+        kwargs = sample_attention.forward_kwargs(batch.position_ids, trainer.choices.attn_implementation,
+                                                 own_code=False, dtype=torch.float32, device=torch.device("cpu"))
+        with torch.no_grad():
+            policy = summed_by_answer(model(input_ids=batch.inputs, position_ids=batch.position_ids,
+                                            **kwargs).logits, batch)
+            base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                        attn_implementation=trainer.choices.attn_implementation)
+            base.train()  # as the reference runs within a training step
+            folders = summed_by_answer(base(input_ids=batch.inputs, position_ids=batch.position_ids,
+                                            **kwargs).logits, batch)
+            with model.disable_adapter():
+                reference = summed_by_answer(model(input_ids=batch.inputs, position_ids=batch.position_ids,
+                                                   **kwargs).logits, batch)
+            ours = trainer.preference.reference_logps(batch, lambda net: trainer._logits(net, batch, kwargs))
+        # The reference the trainer computes is the model with every adapter off, the experts' too: the folder's
+        # own model. fp32 sums of about 150 nats: 1e-4 is a few ulps per token; an adapter left on moves each
+        # answer by more than 1e-3 (below).
+        assert (ours.logps.double() - reference).abs().max() <= 1e-4
+        assert (reference - folders).abs().max() <= 1e-4
+        assert (policy - reference).abs().min() > 1e-3  # the adapters do change every answer
+        delta = (policy[0::2] - reference[0::2]) - (policy[1::2] - reference[1::2])
+        expected = (-F.logsigmoid(0.5 * delta)).mean()
+        aux_before = trainer.balance.window_aux.clone()
+        loss, _ = trainer.train_step()
+        # To fp32 rounding of the summed log-probabilities (the loss variants' formulas hold to 1e-6 in
+        # test_dpo_loss; here the model runs in fp32, its sums to ~1e-5).
+        assert abs(loss.item() - expected.item()) <= 1e-5, (loss, expected)
+        # The MoE balance loss was taken on the policy's forward, as in next-token training.
+        assert trainer.balance.window_aux[1] == aux_before[1] + 1 and trainer.balance.aux_loss_coef == 0.01
+        window = trainer.preference_window.take(trainer.world)
+        assert set(window) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                               "logps/chosen", "logps/rejected"}
+        assert abs(window["logps/chosen"] - policy[0::2].mean().item()) <= 1e-3
+        assert abs(window["rewards/margins"] - 0.5 * delta.mean().item()) <= 1e-4
+    finally:
+        trainer.close()
+
+
+def test_a_local_lora_dpo_sweep_reports_its_reward_accuracy(tmp_path, dpo):
+    folder, settings = dpo
+    args = ["-m", "hydra/launcher=local", "model=pretrained", "objective=dpo", "data=preference",
+            f"model.path={folder}", "model.peft=lora", f"data.files={settings['data.files']}",
+            f"data.cache_dir={tmp_path}/cache", f"data.chat_template={settings['data.chat_template']}",
+            "data.seq_len=128", "data.batch_size=4", "data.val_fraction=0.25", "model.lr=1e-2",
+            "objective.beta=0.5", "trainer.max_steps=4", "trainer.eval_every=4", "trainer.eval_batches=2",
+            "trainer.ckpt_every=4", "trainer.log_every=2"]
+    env = {**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf"}
+    result = subprocess.run([sys.executable, "-m", "hpcsweep", *args], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert sum("tokenizing 1 files with" in line for line in output.splitlines()) == 1, output[-3000:]
+    (sweep_file,) = tmp_path.glob("multirun/*/*/sweep.json")
+    trials = json.loads(sweep_file.read_text())["trials"]
+    assert len(trials) == 1
+    for trial in trials:
+        metrics = json.loads((tmp_path / trial["trial_dir"] / "metrics.json").read_text())
+        assert metrics["status"] == "completed", metrics
+        assert 0.0 <= metrics["val_reward_accuracy"] <= 1.0 and "val_reward_margin" in metrics, metrics
+        assert metrics["val_loss"] > 0 and metrics["val_accuracy"] is None
+    # TRL's training metrics went through the trackers; the reward accuracy ranks trials as task scores do.
+    data = load_sweep(sweep_file.parent, query=lambda job_ids: {})
+    (row,) = data.rows
+    assert row.val_reward_accuracy == metrics["val_reward_accuracy"] and row.val_reward_margin is not None
+    assert {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+            "logps/rejected", "val/reward_accuracy"} <= set(data.scalars[row.num])
+    assert "val_reward_accuracy" in sort_keys(data.rows) and higher_is_better("val_reward_accuracy")
+
+
+def test_a_lora_dpo_trial_stopped_and_resumed_ends_with_the_same_weights(tmp_path, monkeypatch, dpo):
+    """Checkpoint and resume are next-token training's: 4 steps straight equal 2, a stop, and 2 more (LoRA dropout
+    on, so the restored RNG state counts; two micro-steps a step)."""
+    _, settings = dpo
+    settings = {**settings, "model.lora.dropout": 0.1, "trainer.grad_accum": 2, "trainer.max_steps": 4,
+                "trainer.eval_every": 2, "trainer.eval_batches": 1, "trainer.log_every": 2}
+    straight = make_trial_dir(tmp_path / "straight", settings)
+    assert train.run_trial(straight) == 0
+    resumed = make_trial_dir(tmp_path / "resumed", settings)
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=2,rank=0")
+    assert train.run_trial(resumed) == train.EXIT_STOPPED
+    monkeypatch.delenv("HPCSWEEP_FAULT")
+    assert train.run_trial(resumed) == 0
+    done, reference = read_metrics(resumed), read_metrics(straight)
+    assert (done["status"], done["step"], done["restarts"]) == ("completed", 4, 1)
+    assert done["weights_sha256"] == reference["weights_sha256"]
+    assert done["val_reward_accuracy"] == reference["val_reward_accuracy"]
+    assert done["val_loss"] == reference["val_loss"]

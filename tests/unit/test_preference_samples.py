@@ -86,11 +86,12 @@ def test_preference_files_are_json_lines_and_their_text_is_counted(tmp_path):
     assert (checked.samples, checked.text_bytes, checked.files) == (2, prompt_bytes + 4, 1)
 
 
-def composed(**data):
-    return {"model": {"vocab_size": 384}, "data": data, "trainer": {"device": "cpu"}, "objective": {"kind": "dpo"}}
+def composed(peft="lora", **data):
+    return {"model": {"vocab_size": 384, "peft": peft}, "data": data, "trainer": {"device": "cpu"},
+            "objective": {"kind": "dpo"}}
 
 
-def test_the_login_node_checks_every_pair_then_says_dpo_does_not_train_yet(tmp_path, caplog):
+def test_the_login_node_checks_every_pair_and_takes_lora_dpo_only(tmp_path, caplog):
     folder = deepseek_v3_tokenizer(tmp_path / "deepseek-v3")
     path = tmp_path / "pairs" / "a.jsonl"
     path.parent.mkdir()
@@ -99,16 +100,20 @@ def test_the_login_node_checks_every_pair_then_says_dpo_does_not_train_yet(tmp_p
     pairs = {"kind": "preference", "files": str(tmp_path / "pairs" / "*.jsonl"), "cache_dir": str(tmp_path / "cache"),
              "tokenizer": str(folder)}
     jsonl_checks._checked.clear()
-    with caplog.at_level(logging.INFO, logger="hpcsweep.sweep.prepare"), pytest.raises(ValueError) as refused:
+    with caplog.at_level(logging.INFO, logger="hpcsweep.sweep.prepare"):
         validate_composed(composed(**pairs))
-    assert str(refused.value) == (
-        f"objective=dpo is not allowed yet: the lines of data.files='{tmp_path}/pairs/*.jsonl' are pairs, but the "
-        "preparation job does not tokenize preference pairs and the trainer has no DPO step yet (issue 43)")
     (summary,) = [r.getMessage() for r in caplog.records if "preference pairs" in r.getMessage()]
     assert re.fullmatch(rf"data.files='{tmp_path}/pairs/\*.jsonl': 1 files, [\d.]+ kB: 20 preference pairs, about "
                         r"\d+ tokens of text \(0\.\d\d a byte, as its tokenizer.json splits the first [\d.]+ kB\); "
                         "every line checked", summary), summary
     assert not (tmp_path / "cache").exists()  # read, not tokenized
+    # Full fine-tuning's reference (precomputed by the preparation job) and a reference folder are not built yet.
+    with pytest.raises(ValueError, match=r"^model.peft=none is not allowed with objective=dpo: the reference "
+                                         r"log-probabilities come from the model with its LoRA adapters off, .*; set "
+                                         r"model.peft=lora$"):
+        validate_composed(composed(peft="none", **pairs))
+    with pytest.raises(ValueError, match=r"^objective.reference='/sft' is not allowed: only null"):
+        validate_composed({**composed(**pairs), "objective": {"kind": "dpo", "reference": "/sft"}})
     lines[12] = lines[12].replace('"rejected"', '"rejeted"')
     path.write_text("\n".join(lines) + "\n")
     jsonl_checks._checked.clear()
