@@ -61,11 +61,18 @@ class TrialConfig:
             )
 
     def _check_objective_data(self) -> None:
-        """DPO trains on preference pairs, and preference pairs train only with DPO."""
+        """DPO trains on preference pairs, and preference pairs train only with DPO; early stopping watches what the
+        objective's evaluation measures."""
         _require(self.objective.kind != "dpo" or self.data.kind == "preference", "data.kind", self.data.kind,
                  "preference when objective=dpo (DPO trains on chosen and rejected answers: data=preference)")
         _require(self.data.kind != "preference" or self.objective.kind == "dpo", "objective.kind", self.objective.kind,
                  "dpo when data.kind=preference (next-token training has no use for the rejected answers)")
+        metric = self.trainer.early_stop_metric
+        _require(not metric.startswith("val_reward_") or self.objective.kind == "dpo", "trainer.early_stop_metric",
+                 metric, "val_loss, val_accuracy or a task score unless objective=dpo (only DPO measures rewards)")
+        _require(not (metric == "val_accuracy" and self.objective.kind == "dpo"), "trainer.early_stop_metric",
+                 metric, "val_loss, val_reward_accuracy, val_reward_margin or a task score with objective=dpo (DPO's "
+                 "evaluation measures rewards, not next-token accuracy)")
 
     def _check_task_keys(self) -> None:
         """A task score watched by early stopping is one the trial measures, more than once."""

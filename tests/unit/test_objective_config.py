@@ -61,6 +61,21 @@ def test_preference_pairs_need_dpo():
         trial_config_from_dict({"data": PAIRS})
 
 
+def test_early_stopping_watches_what_the_objective_measures():
+    with pytest.raises(ValueError, match=re.escape(
+            "trainer.early_stop_metric='val_reward_accuracy' is not allowed: val_loss, val_accuracy or a task score "
+            "unless objective=dpo (only DPO measures rewards)")):
+        trial_config_from_dict({"trainer": {"early_stop_metric": "val_reward_accuracy"}})
+    with pytest.raises(ValueError, match=re.escape(
+            "trainer.early_stop_metric='val_accuracy' is not allowed: val_loss, val_reward_accuracy, "
+            "val_reward_margin or a task score with objective=dpo")):
+        trial_config_from_dict({"data": PAIRS, "objective": {"kind": "dpo"},
+                                "trainer": {"early_stop_metric": "val_accuracy"}})
+    trial = trial_config_from_dict({"data": PAIRS, "objective": {"kind": "dpo"}, "trainer": {
+        "early_stop_metric": "val_reward_accuracy", "early_stop_mode": "max", "early_stop_patience": 2}})
+    assert trial.trainer.early_stop_metric == "val_reward_accuracy"
+
+
 def test_preference_pairs_are_jsonl_files_read_with_a_tokenizer():
     with pytest.raises(ValueError, match=re.escape(
             "data.files=None is not allowed: a glob or a list of globs of .jsonl files when data.kind=preference")):
