@@ -30,7 +30,7 @@ from hpcsweep.control import exit_codes, stop
 from hpcsweep.control.outcome import Outcome, ends_the_task
 from hpcsweep.model.offline import stay_offline
 from hpcsweep.sweep.hooks import trial_hook
-from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials, checked_trial
+from hpcsweep.sweep.hpcsweep_hook import HpcsweepTrials, checked_trial, task_container
 from hpcsweep.sweep.prepare import check_model_and_data, validate_composed
 from hpcsweep.sweep.resume_hint import stopped_line, this_trial
 from hpcsweep.sweep.sweep_trials import exit_with_config_error
@@ -96,7 +96,8 @@ def run_trial_task(cfg: DictConfig) -> dict[str, Any] | Outcome:
     with stop.stop_signals_handled(stop.STOP_REQUESTED.set):
         try:
             outcome = run_trial_on_this_node(with_workers_per_node(trial), trial_dir, caps=caps,
-                                             force_resume=resume.force, search_trial=study_trial_file(hydra_config))
+                                             force_resume=resume.force, search_trial=study_trial_file(hydra_config),
+                                             container=task_container())
         except ConfigMismatch as err:
             exit_with_config_error(err, "the trial did not run")
         if outcome.kind == "failed":

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcsweep.container.record import container_of
+
 METRIC_KEYS = ("status", "step", "max_steps", "train_loss", "val_loss", "best_val_loss", "tokens_per_s",
                "restarts", "weights_sha256")
 """The metrics.json fields the card lists."""
@@ -35,7 +37,9 @@ class CardFacts:
     """The trial's ``model.*`` keys."""
     code: Mapping[str, Any]
     """``git_commit`` of the code the trial ran, and ``git_dirty`` or (a code snapshot) ``snapshot_diff_sha256``;
-    ``hpcsweep``: its version and install commit (environment.json's ``hpcsweep``)."""
+    ``hpcsweep``: its version and install commit (environment.json's ``hpcsweep``); ``container``: the container
+    it ran in (environment.json's ``container``, with the ``os_release`` and ``python`` seen inside), absent
+    without one."""
     files: Sequence[str]
     trust_remote_code: bool = False
     """The base runs its own code (an ``auto_map``): every load passes ``trust_remote_code=True``."""
@@ -124,6 +128,24 @@ def _install_text(install: Mapping[str, Any] | None) -> str:
     return f"{install.get('version')}, {commit} ({install.get('source')}{dirty})"
 
 
+def _container_lines(container: Mapping[str, Any] | None) -> list[str]:
+    """``- container: oci image `/s/bundle` (config.json sha256 ...), Debian GNU/Linux 12 (bookworm), Python
+    3.11.2``: the image the trial ran in and what ran there (environment.json); none without a container."""
+    where = container_of(container)
+    if where is None:
+        return []
+    identity = (container or {}).get("identity") or {}
+    runtime, _, image = where.partition(" image ")
+    said = [f"{runtime} image `{image}`"]
+    if identity.get("config_json"):
+        said.append(f"(config.json sha256 `{identity['config_json']['sha256']}`)")
+    elif identity.get("kind") == "file":
+        said.append(f"({identity.get('size')} bytes, modified {identity.get('mtime')})")
+    os_name = ((container or {}).get("os_release") or {}).get("PRETTY_NAME")
+    inside = [part for part in (os_name, f"Python {container['python']}" if container.get("python") else None) if part]
+    return [f"- container: {' '.join(said)}" + (f", {', '.join(inside)} inside" if inside else "")]
+
+
 def model_card(facts: CardFacts, out: str) -> str:
     """The card's Markdown text; ``out`` is the folder it goes into (for the loading snippet)."""
     overrides = " ".join(facts.overrides) or "(none: the defaults)"
@@ -151,6 +173,7 @@ def model_card(facts: CardFacts, out: str) -> str:
         f"- checkpoint: `{facts.checkpoint}` (step {facts.checkpoint_step}{val})",
         f"- code commit: `{commit}`{dirty}",
         f"- hpcsweep: {_install_text(facts.code.get('hpcsweep'))}",
+        *_container_lines(facts.code.get("container")),
         "",
         "## Metrics (metrics.json)",
         "",

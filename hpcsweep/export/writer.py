@@ -195,6 +195,10 @@ def _code_version(trial_dir: Path) -> dict[str, Any]:
     snapshot = environment.get("code_snapshot") or {}
     # The hpcsweep the trial ran, version and install commit, wherever it ran from (hpcsweep.trial.install).
     install = {"hpcsweep": environment["hpcsweep"]} if environment.get("hpcsweep") else {}
+    # The container it ran in (hpcsweep.container.record), and what ran there.
+    if environment.get("container"):
+        install["container"] = {**environment["container"], "os_release": environment.get("os_release"),
+                                "python": environment.get("python")}
     if environment.get("git_commit") is None and snapshot.get("commit"):
         # A Slurm trial runs the sweep's code snapshot: its commit, and the hash of the diff on top of it.
         return {"git_commit": snapshot["commit"], "snapshot_diff_sha256": snapshot.get("diff_sha256"), **install}

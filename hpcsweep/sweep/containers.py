@@ -18,6 +18,7 @@ from typing import Any
 from hpcsweep.config import TrialConfig
 from hpcsweep.container.checks import check_local, check_on_login_node
 from hpcsweep.container.flags import ContainerLaunch, container_launch
+from hpcsweep.container.record import submitted_record, task_workdir
 from hpcsweep.container.settings import ContainerSettings, container_settings
 from hpcsweep.files.token_cache import glob_patterns
 from hpcsweep.model.offline import HUB_OFFLINE_VARIABLES
@@ -33,6 +34,11 @@ LAUNCH_KEY = "_container_launch"
 """The launcher settings a submission's jobs are submitted with carry their ``ContainerLaunch`` under this
 key (``with_container``): ``allocation.executor_parameters`` turns it into submitit's parameters, the token
 preparation into its job step. Never recorded (``sweep.json`` keeps the settings as given)."""
+
+RECORD_KEY = "_container_record"
+"""The launcher settings each array task is handed carry the container's record under this key
+(``record_for_tasks``): the runtime, the image and its identity as the login node saw it at submission, which
+each trial's ``environment.json`` repeats (``hpcsweep.container.record``). Never in ``sweep.json``."""
 
 TASK_VARIABLES = ("PYTHONPATH", "PYTHONSAFEPATH", "OMP_NUM_THREADS")
 """Set on a node outside hpcsweep's named facts: the code snapshot's setup lines (``snapshot_setup_lines``)
@@ -189,6 +195,34 @@ def submission_params(
     folders it mounts made where missing."""
     launch = sweep_launch(launcher, trials, params, sweep_dir, code_dir, create=True)
     return with_container(with_snapshot(params, code_dir), launch)
+
+
+def record_for_tasks(params: Mapping[str, Any], cwd: Path | None = None) -> dict[str, Any]:
+    """The launcher settings the array tasks are handed (the pickled launcher's): ``params`` with the
+    container's record (``submitted_record``) under ``RECORD_KEY``. ``ValueError`` naming the image when it
+    cannot be read now (the checks before submitting passed it a moment ago)."""
+    settings = settings_of(params)
+    try:
+        record = submitted_record(settings, str(cwd or Path.cwd()))
+    except OSError as err:
+        raise ValueError(f"hydra.launcher.container.image={settings.image!r} is not allowed: it cannot be "
+                         f"read from this node ({err})") from err
+    return {**params, RECORD_KEY: record}
+
+
+def record_of(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The container record ``record_for_tasks`` put in these settings (None: no container)."""
+    record = params.get(RECORD_KEY)
+    return dict(record) if isinstance(record, Mapping) else None
+
+
+def enter_task_workdir(params: Mapping[str, Any]) -> None:
+    """In an array task: change to the directory the sweep was submitted from when the runtime started the
+    task elsewhere (Slurm OCI: the bundle's ``process.cwd``), so that the sweep's relative paths (Hydra's
+    ``multirun/...``) mean what they meant on the login node. ``params``: the settings the task was handed."""
+    workdir = task_workdir(record_of(params))
+    if workdir is not None:
+        os.chdir(workdir)
 
 
 def launch_of(params: Mapping[str, Any]) -> ContainerLaunch | None:

@@ -36,6 +36,16 @@ def checked_trial() -> CheckedConfig | None:
     """The checked config of the trial whose task function runs now (``HpcsweepTrials.running_checked``), else None."""
     return _CHECKED.get()
 
+
+_CONTAINER: ContextVar[dict[str, Any] | None] = ContextVar("hpcsweep_task_container", default=None)
+
+
+def task_container() -> dict[str, Any] | None:
+    """The container this array task was submitted to run in, with its image's identity at submission
+    (``hpcsweep.sweep.containers.record_of``; ``HpcsweepTrials.task_context``); None outside one."""
+    return _CONTAINER.get()
+
+
 # Launcher keys that size or place a job of another app; hpcsweep's trials set these themselves.
 _TRIAL_SET_KEYS = {
     "nodes": "trainer.nodes (one task per node runs the trial's torchrun agent)",
@@ -230,9 +240,15 @@ class HpcsweepTrials(TrialHook):
         the signal's lead) from the launcher's config itself (``hpcsweep.trial.attempt.Caps``).
 
         submitit's handlers (USR2: requeue and ``sys.exit`` at once) are replaced from here on, so
-        a signal during start-up is kept for the runner instead.
+        a signal during start-up is kept for the runner instead. The task's container record
+        (``task_container``) is the one the submission handed it in ``launcher``.
         """
         from hpcsweep.control.stop import STOP_REQUESTED, stop_signals_handled
+        from hpcsweep.sweep.containers import record_of
 
-        with stop_signals_handled(STOP_REQUESTED.set):
-            yield
+        token = _CONTAINER.set(record_of(launcher))
+        try:
+            with stop_signals_handled(STOP_REQUESTED.set):
+                yield
+        finally:
+            _CONTAINER.reset(token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,7 +48,7 @@ from hpcsweep.sweep.allocation import (
     executor_parameters,
 )
 from hpcsweep.sweep.budget import announce_budget
-from hpcsweep.sweep.containers import check_container, submission_params
+from hpcsweep.sweep.containers import RECORD_KEY, check_container, record_for_tasks, submission_params
 from hpcsweep.sweep.hooks import Placement, SweepTrial, TrialHook, hook_of
 from hpcsweep.sweep.snapshot import chosen_files, submission_snapshot
 from hpcsweep.sweep.shared_call import SharedLauncherCall, TaskTrial, write_shared_launcher
@@ -170,6 +171,15 @@ def _submit_array(
     return executor.map_array(call, [[TaskTrial(t.overrides, t.num, t.app_config) for t in task] for task in tasks])
 
 
+def for_tasks(launcher: Any, params: Mapping[str, Any]) -> Any:
+    """The launcher as each array task gets it: a copy whose settings carry what the tasks record of this
+    submission, whose launcher settings are ``params`` (the container's image and identity,
+    ``containers.record_for_tasks``)."""
+    handed = copy.copy(launcher)
+    handed.params = {**launcher.params, RECORD_KEY: record_for_tasks(params)[RECORD_KEY]}
+    return handed
+
+
 def recorded_settings(params: Mapping[str, Any]) -> dict[str, Any]:
     """The launcher settings as ``sweep.json`` records them: public keys, values as JSON holds them."""
     import json
@@ -204,7 +214,7 @@ def submit_trials(
     params = submission_params(launcher, trials, params, sweep_dir, code_dir)
     folder = sweep_dir / ".submitit" if launcher_folder is None else launcher_folder
     folder.mkdir(parents=True, exist_ok=True)
-    shared = write_shared_launcher(folder, launcher, Singleton.get_state())
+    shared = write_shared_launcher(folder, for_tasks(launcher, settings), Singleton.get_state())
     call = SharedLauncherCall(str(shared))
     jobs_by_trial: dict[int, Any] = {}
     arrays: list[ArrayRecord] = []

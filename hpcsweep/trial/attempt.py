@@ -85,6 +85,9 @@ class TrialAttempt:
     search_trial: Path | None = None
     model: ModelRecord | None = None
     """The folder ``model.path`` names, as this node read it when the attempt began; None for the built-in model."""
+    container: Mapping[str, Any] | None = None
+    """The container the task was submitted to run in, with its image's identity at submission
+    (``hpcsweep.container.record.submitted_record``); None outside one."""
 
     @property
     def records_for_the_trial(self) -> bool:
@@ -143,6 +146,7 @@ def build_attempt(
     caps: Caps = Caps(),
     force_resume: bool = False,
     search_trial: Path | None = None,
+    container: Mapping[str, Any] | None = None,
 ) -> TrialAttempt:
     """The attempt of ``trial`` in ``trial_dir`` on this node, from the environment it started with.
 
@@ -156,4 +160,5 @@ def build_attempt(
         env["MASTER_PORT"] = str(free_port())
     rdzv = rendezvous_from_env(env, trial.trainer.nproc_per_node)
     model = None if trial.model.path is None else read_model_record(trial.model.path)
-    return TrialAttempt(trial, TrialFiles(trial_dir), job, rdzv, caps, env, force_resume, search_trial, model)
+    return TrialAttempt(trial, TrialFiles(trial_dir), job, rdzv, caps, env, force_resume, search_trial, model,
+                        container)

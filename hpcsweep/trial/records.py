@@ -6,6 +6,7 @@ import logging
 import platform
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 
 from hpcsweep.config import TrialConfig, trial_config_to_dict
+from hpcsweep.container.record import parse_os_release, read_os_release
 from hpcsweep.files import metrics_file
 from hpcsweep.files.atomic import atomic_write_text
 from hpcsweep.files.code_snapshot import read_snapshot_record, snapshot_dir_of
@@ -49,15 +51,19 @@ def environment_record(
     nccl_vars: Mapping[str, str],
     job: SlurmJobEnv | None,
     model: Mapping[str, Any] | None = None,
+    container: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a trial ran under: code version, rendezvous, NCCL preset (``auto`` resolved) and variables,
-    Slurm job and restarts, and the model folder it trains from.
+    Slurm job and restarts, the model folder it trains from, its container, and what it ran on.
 
     ``code_snapshot`` names the sweep's code snapshot this code was imported from (its path,
     commit and diff hash), or is null when the trial runs the installed code; ``hpcsweep`` its version
     and the commit of its install (``hpcsweep.trial.install``), from any folder. ``model`` is the
     identity of the ``model.path`` folder (``hpcsweep.trial.identity.trial_model_identity``), null for
-    the built-in model; a resume compares the folder with it.
+    the built-in model; a resume compares the folder with it. ``container``: the runtime, image and image
+    identity the task was submitted with (``hpcsweep.container.record.submitted_record``), null outside one.
+    ``os_release``, ``python``, ``python_executable`` and ``torch`` are this process's: inside the container
+    when there is one, so that the record says where the trial really ran.
     """
     import torch
 
@@ -68,8 +74,11 @@ def environment_record(
         INSTALL_RECORD_KEY: recorded_install(code_dir),
         "recorded_at": now_iso(),
         "hostname": socket.gethostname(),
+        "os_release": parse_os_release(read_os_release() or ""),
         "python": platform.python_version(),
+        "python_executable": sys.executable,
         "torch": torch.__version__,
+        "container": None if container is None else dict(container),
         "rendezvous": rdzv.as_env(),
         "nccl_preset": nccl_preset,
         "nccl": dict(nccl_vars),

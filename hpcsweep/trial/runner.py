@@ -23,6 +23,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from hpcsweep.config import TrialConfig
 from hpcsweep.control import stop
@@ -46,6 +47,7 @@ def run_trial_on_this_node(
     caps: Caps = Caps(),
     force_resume: bool = False,
     search_trial: Path | None = None,
+    container: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """Run this node's share of one trial and return how it ended (its ``metrics.json`` included).
 
@@ -54,7 +56,7 @@ def run_trial_on_this_node(
     every other end is an ``Outcome``.
     """
     attempt = build_attempt(trial, trial_dir, os.environ if env is None else env, caps=caps,
-                            force_resume=force_resume, search_trial=search_trial)
+                            force_resume=force_resume, search_trial=search_trial, container=container)
     refused = admit(attempt)
     if refused is not None:
         return refused
@@ -78,7 +80,8 @@ def run_attempt(attempt: TrialAttempt) -> Outcome:
     if attempt.records_for_the_trial:
         atomic_write_json(attempt.files.environment,
                           environment_record(rdzv, environment.nccl_preset, environment.nccl_vars, attempt.job,
-                                             None if attempt.model is None else attempt.model.identity))
+                                             None if attempt.model is None else attempt.model.identity,
+                                             attempt.container))
     log.info(
         "trial %s: node %d/%d, %d process(es) per node, rendezvous %s",
         attempt.files.root, rdzv.node_rank, rdzv.nnodes, rdzv.nproc_per_node, rdzv.endpoint,

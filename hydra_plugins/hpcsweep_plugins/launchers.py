@@ -62,12 +62,15 @@ class SlurmLauncher(BaseSubmititLauncher):
 
         This is the array task's edge: a trial whose app returns an ``Outcome`` that ends the task
         (a requeue, retry or stop) ends the process here, once, with its exit code and requeue
-        (``hpcsweep.control.exit_codes``), before submitit writes a result.
+        (``hpcsweep.control.exit_codes``), before submitit writes a result. It starts in the directory the
+        sweep was submitted from, where its container runtime started it elsewhere (``enter_task_workdir``).
         """
         from hpcsweep.control import exit_codes
         from hpcsweep.control.outcome import leaving_outcome
+        from hpcsweep.sweep.containers import enter_task_workdir
         from hpcsweep.sweep.hooks import hook_of
 
+        enter_task_workdir(self.params)
         returns: dict[int, JobReturn] = {}
         # One context for the whole task, so a signal between two trials stops the next one.
         with hook_of(self.task_function).task_context(self.params):
