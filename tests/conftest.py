@@ -48,7 +48,10 @@ SLOW_TESTS = {
     "test_code_snapshot.py": {"test_tasks_import_the_snapshot_even_from_an_editable_checkout"},
     "test_example_model.py": {"test_it_writes_the_readmes_model_folder_and_corpus_as_the_tests_make_them"},
     "test_export_travel.py": {"test_an_adapter_names_its_base_as_typed_and_loads_over_a_copy_of_it_elsewhere"},
-    "test_dpo_training.py": {"test_a_local_lora_dpo_sweep_reports_its_reward_accuracy"},  # a LoRA DPO trial, its own process
+    "test_dpo_training.py": {
+        "test_a_local_lora_dpo_sweep_reports_its_reward_accuracy",  # a LoRA DPO trial, its own process
+        "test_two_ranks_train_as_one_rank_with_twice_the_pairs",  # torchrun of two ranks
+    },
     "test_chat_data.py": {"test_a_local_chat_sweep_prepares_its_samples_once_and_reports_the_fill_rate",
                           "test_deepseek_v3_tokens_are_its_chat_template_and_the_mask_is_the_assistant_turns"},
     "test_interrupt_resume.py": {

@@ -211,3 +211,21 @@ def test_a_lora_dpo_trial_stopped_and_resumed_ends_with_the_same_weights(tmp_pat
     assert done["weights_sha256"] == reference["weights_sha256"]
     assert done["val_reward_accuracy"] == reference["val_reward_accuracy"]
     assert done["val_loss"] == reference["val_loss"]
+
+
+def test_two_ranks_train_as_one_rank_with_twice_the_pairs(tmp_path, dpo):
+    """DDP over LoRA, the reference run on the unwrapped model with its adapters off: 2 ranks x 2 pairs step as
+    1 rank x 4 pairs (the same global batch, the loss a mean over its pairs), validation included."""
+    from .test_trainer_ddp import losses, torchrun
+
+    _, settings = dpo
+    settings = {**settings, "data.packing": True, "trainer.max_steps": 3, "trainer.eval_every": 3}
+    two = make_trial_dir(tmp_path / "two-ranks", settings)
+    assert torchrun(two) == 0, (two / "torchrun.err").read_text()[-3000:]
+    one = make_trial_dir(tmp_path / "one-rank", {**settings, "data.batch_size": 4})
+    assert train.run_trial(one) == 0
+    curves = losses(two), losses(one)
+    assert [s for s, _ in curves[0]] == [1, 2, 3]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(*curves, strict=True)) < 1e-5, curves
+    for key in ("val_loss", "val_reward_accuracy", "val_reward_margin"):
+        assert abs(read_metrics(two)[key] - read_metrics(one)[key]) < 1e-5, key
