@@ -30,11 +30,28 @@ if "$fast"; then
     exec "$python" -m pytest -q -p no:cacheprovider tests/unit -m "not slow" "${pytest_args[@]}"
 fi
 
-cleanup() { "$repo/scripts/slurm-cluster" down || true; }
+image_pid=
+cleanup() {
+    [ -z "$image_pid" ] || kill "$image_pid" 2>/dev/null || true
+    "$repo/scripts/slurm-cluster" down || true
+}
 trap cleanup EXIT
-# The shape the cluster tests are written for, whatever an earlier `up` in this folder recorded.
-"$repo/scripts/slurm-cluster" up --nodes 4 --leaf-switches 2 --port-offset 0 --max-array-size 1001
+# The shape the cluster tests are written for, whatever an earlier `up` in this folder recorded; with
+# Slurm's OCI support (runc), which only a job asking for a container reads.
+"$repo/scripts/slurm-cluster" up --nodes 4 --leaf-switches 2 --port-offset 0 --max-array-size 1001 --oci
 eval "$("$repo/scripts/slurm-cluster" env)"
+
+# The container tests' OCI bundle, built (or found cached) in the background while the tests before them
+# run. tests/cluster/test_container_oci.py waits for "$HPCSWEEP_TEST_IMAGE_LOG.rc" (the build's exit
+# status) and names the log when it is not 0. After `up`, whose apt-get it must not run beside.
+export HPCSWEEP_TEST_IMAGE=${HPCSWEEP_TEST_IMAGE:-/var/tmp/hpcsweep-test-image}
+export HPCSWEEP_TEST_IMAGE_LOG="$HPCSWEEP_TEST_IMAGE.log"
+rm -f "$HPCSWEEP_TEST_IMAGE_LOG.rc"
+cluster_dir=$(dirname "$(dirname "$SLURM_CONF")")
+( set +e; "$python" "$repo/scripts/make-test-image" "$HPCSWEEP_TEST_IMAGE" --bind "$cluster_dir" \
+      >"$HPCSWEEP_TEST_IMAGE_LOG" 2>&1
+  echo $? >"$HPCSWEEP_TEST_IMAGE_LOG.rc" ) &
+image_pid=$!
 
 set +e
 "$python" -m pytest -q -p no:cacheprovider --durations=40 tests/unit tests/cluster "${pytest_args[@]}"
