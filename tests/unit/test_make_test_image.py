@@ -40,7 +40,7 @@ SPEC = {
 
 
 def test_the_bundle_shares_the_hosts_network_and_sees_tmp_and_the_binds_at_the_same_path():
-    config = mti.bundle_config(SPEC, ["/srv/cluster", "/tmp"])
+    config = mti.bundle_config(SPEC, ["/srv/cluster", "/tmp", "/tmp/hpcsweep-cluster"])
     assert config["linux"]["namespaces"] == [{"type": "mount"}]
     assert config["process"]["terminal"] is False and "rlimits" not in config["process"]
     assert "hostname" not in config and config["root"] == {"path": "rootfs", "readonly": True}
@@ -51,6 +51,7 @@ def test_the_bundle_shares_the_hosts_network_and_sees_tmp_and_the_binds_at_the_s
     assert mounts["/tmp"]["source"] == "/tmp" and mounts["/srv/cluster"]["source"] == "/srv/cluster"
     assert mounts["/etc/hosts"]["options"][-1] == "ro"
     assert [m["destination"] for m in config["mounts"]].count("/tmp") == 1
+    assert "/tmp/hpcsweep-cluster" not in mounts  # under /tmp, seen through its mount
     assert SPEC["process"]["terminal"] is True  # the spec given is left as it was
 
 
