@@ -58,7 +58,9 @@ METRICS = (
     "step", "restarts",
 )
 """Row fields ``--metric`` may sort by."""
-HIGHER_IS_BETTER = ("val_accuracy", "val_reward_accuracy", "val_reward_margin", "mean_tokens_per_s", "tokens_per_s")
+REWARD_METRICS = ("val_reward_accuracy", "val_reward_margin")
+"""``objective=dpo``'s validation scores (``hpcsweep.train.trainer.Trainer.evaluate_pairs``), row fields where measured."""
+HIGHER_IS_BETTER = ("val_accuracy", *REWARD_METRICS, "mean_tokens_per_s", "tokens_per_s")
 """Row fields whose best value is the largest (task scores are, too: ``higher_is_better``)."""
 SCALAR_FALLBACKS = {"train_loss": "train/loss", "val_loss": "val/loss", "tokens_per_s": "perf/tokens_per_s",
                     "val_accuracy": "val/accuracy", "val_reward_accuracy": "val/reward_accuracy",
@@ -313,9 +315,9 @@ def row_metric(row: TrialRow, metric: str) -> float | None:
 
 def sort_keys(rows: Sequence[TrialRow]) -> list[str]:
     """Every key ``report --sort`` takes for these rows: the fields of ``METRICS``, ``val_accuracy``, the DPO rewards
-    ``val_reward_accuracy`` and ``val_reward_margin``, and their task scores."""
-    return [*METRICS, "val_accuracy", "val_reward_accuracy", "val_reward_margin",
-            *sorted({k for row in rows for k in row.task_scores})]
+    ``val_reward_accuracy`` and ``val_reward_margin`` where a row has them, and their task scores."""
+    rewards = [key for key in REWARD_METRICS if any(getattr(row, key) is not None for row in rows)]
+    return [*METRICS, "val_accuracy", *rewards, *sorted({k for row in rows for k in row.task_scores})]
 
 
 def higher_is_better(metric: str) -> bool:

@@ -70,7 +70,8 @@ def test_early_stopping_in_either_direction(mode, values, stops_at):
 
 @pytest.mark.parametrize("values,message", [
     ({"trainer": {"early_stop_metric": "val_los"}},
-     "trainer.early_stop_metric='val_los' is not allowed: one of val_loss, val_accuracy, or a task score tasks.NAME.METRIC"),
+     "trainer.early_stop_metric='val_los' is not allowed: one of val_loss, val_accuracy, val_reward_accuracy, "
+     "val_reward_margin, or a task score tasks.NAME.METRIC"),
     ({"trainer": {"early_stop_metric": "tasks.other.acc"}, "tasks": {"names": ["facts"], "include_path": "t"}},
      "trainer.early_stop_metric='tasks.other.acc' is not allowed: a score of a task in tasks.names=['facts']"),
     ({"trainer": {"early_stop_metric": "tasks.facts.acc", "early_stop_patience": 2},
