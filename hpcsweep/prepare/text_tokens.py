@@ -41,6 +41,7 @@ from hpcsweep.model.folder_tokenizer import load_folder_tokenizer
 from hpcsweep.prepare.cache_entry import publish_entry
 from hpcsweep.prepare.chat_tokens import write_chat_files
 from hpcsweep.prepare.preference_tokens import write_preference_files
+from hpcsweep.prepare.reference_logps import reference_key, write_reference_logps
 from hpcsweep.prepare.text_documents import Piece, corpus_pieces, read_documents
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,8 @@ def write_token_file_at(corpus: TextCorpus, out: Path, workers: int) -> None:
 
 def prepare_requested(request: dict[str, Any], workers: int) -> Path:
     """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``),
-    then check it against what its trials need (``check_needs``; a chat corpus's sample selections);
+    and a preference corpus's reference log-probabilities (``hpcsweep.prepare.reference_logps``), then check it
+    against what its trials need (``check_needs``; a chat corpus's sample selections);
     ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with, or
     when it is too small for a trial."""
     chat = request.get("chat")
@@ -166,6 +168,11 @@ def prepare_requested(request: dict[str, Any], workers: int) -> Path:
             f"not {request['key']}): submit the sweep again"
         )
     token_path = write_entry(corpus, workers)
+    for reference in request.get("references") or []:
+        if reference_key(reference["model"]) != reference["key"]:
+            raise TokenCacheError(f"model.path={reference['model']} changed since the sweep was submitted (its "
+                                  "reference key differs): submit the sweep again")
+        write_reference_logps(corpus, reference["model"], trust_remote_code=bool(reference.get("trust_remote_code")))
     check_needs(read_token_header(token_path), request.get("needs") or [], f"the corpus tokenized into {corpus.entry}")
     for check in chat.get("checks", ()) if chat else ():
         # An overlong sample under data.overlong=refuse fails the job, so no trial of the sweep starts.

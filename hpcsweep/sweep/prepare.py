@@ -245,15 +245,19 @@ def check_chat_corpus(trial: TrialConfig) -> None:
 
 
 def check_preference_corpus(trial: TrialConfig) -> None:
-    """A ``data.kind=preference`` trial trains what works today: LoRA, its reference the model with the adapters off
-    (full fine-tuning's reference, computed once by the preparation job, and another reference folder are not
-    built yet: issue 43); its template is checked as a chat trial's, and every line of its files not yet tokenized
-    is a pair (``jsonl_checks``)."""
-    if trial.model.peft == "none":
+    """A ``data.kind=preference`` trial's reference is the model it starts from: under LoRA that model with its
+    adapters off, under full fine-tuning a pretrained folder (``model.path``) whose log-probabilities the preparation
+    computes once (another reference folder is not built yet: issue 43); its template is checked as a chat trial's,
+    and every line of its files not yet tokenized is a pair (``jsonl_checks``)."""
+    if trial.model.peft == "none" and trial.model.path and trial.model.random_init:
         raise ValueError(
-            "model.peft=none is not allowed with objective=dpo: the reference log-probabilities come from the model "
-            "with its LoRA adapters off, and precomputing them for full fine-tuning is not built yet; set "
-            "model.peft=lora")
+            "model.random_init=true is not allowed with objective=dpo and model.peft=none: the reference is the "
+            "folder's trained weights, which the trial would not start from; set model.random_init=false")
+    if trial.model.peft == "none" and not trial.model.path:
+        raise ValueError(
+            "model.path=null is not allowed with objective=dpo and model.peft=none: full fine-tuning DPO compares "
+            "with the pretrained folder it starts from (its log-probabilities computed once by the preparation "
+            "job); name one (model=pretrained model.path=DIR), or set model.peft=lora")
     if trial.objective.reference is not None:
         raise ValueError(
             f"objective.reference={trial.objective.reference!r} is not allowed: only null (the model the trial starts "

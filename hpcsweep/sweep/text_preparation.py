@@ -89,9 +89,36 @@ def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
                         trial.model.trust_remote_code, data.kind == "preference")
 
 
+def reference_models(trials: Sequence[TrialConfig], corpus: TextCorpus) -> list[tuple[str, bool]]:
+    """The reference folders (with their ``model.trust_remote_code``) whose answer log-probabilities the preparation
+    computes for ``corpus``: those of its full fine-tuning DPO trials (``objective=dpo model.peft=none``: the model
+    each starts from, ``hpcsweep.prepare.reference_logps``), in trial order."""
+    found: dict[str, bool] = {}
+    for trial in trials:
+        if (trial.objective.kind == "dpo" and trial.model.peft == "none" and trial.model.path
+                and sweep_text_corpus(trial).key == corpus.key):
+            found.setdefault(trial.model.path, trial.model.trust_remote_code)
+    return list(found.items())
+
+
+def missing_references(trials: Sequence[TrialConfig], corpus: TextCorpus) -> list[tuple[str, bool]]:
+    """``reference_models`` whose file ``corpus``'s entry does not hold yet; each one it holds is said to be reused."""
+    from hpcsweep.prepare.reference_logps import reference_path
+
+    missing = []
+    for model, trust in reference_models(trials, corpus):
+        if corpus.is_cached() and reference_path(corpus.entry, model).is_file():
+            log.info("model.path=%s: reusing its reference log-probabilities of data.files in %s (not computed "
+                     "again)", model, corpus.entry)
+        else:
+            missing.append((model, trust))
+    return missing
+
+
 def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
     """The distinct ``data=text``/``chat`` corpora of ``trials`` that have no cache entry yet, in trial order;
-    each one that has is said to be reused, once."""
+    each one that has is said to be reused, once. A written preference corpus still missing a reference's
+    log-probabilities (``missing_references``) counts as missing: the preparation computes them."""
     found: dict[str, tuple[TextCorpus, Any]] = {}
     for trial in trials:
         if trial.data.kind in TOKENIZED_KINDS:
@@ -100,7 +127,8 @@ def missing_corpora(trials: Sequence[TrialConfig]) -> list[TextCorpus]:
     for corpus, files in found.values():
         if corpus.is_cached():
             log.info("data.files=%r: reusing its tokens, cache entry %s (not tokenized again)", files, corpus.entry)
-    return [corpus for corpus, _ in found.values() if not corpus.is_cached()]
+    return [corpus for corpus, _ in found.values()
+            if not corpus.is_cached() or (corpus.preference and missing_references(trials, corpus))]
 
 
 def prepare_here(trials: Sequence[TrialConfig]) -> None:
@@ -108,6 +136,7 @@ def prepare_here(trials: Sequence[TrialConfig]) -> None:
     single run); a corpus that cannot be tokenized, or whose exact count is too small for a trial's
     ``data.seq_len`` (as the Slurm preparation job checks it), ends the command with one line, no trial run."""
     from hpcsweep.files.token_file import read_token_header
+    from hpcsweep.prepare.reference_logps import write_reference_logps
     from hpcsweep.prepare.text_documents import CorpusError
     from hpcsweep.prepare.text_tokens import available_cpus, check_needs, write_entry
 
@@ -117,6 +146,8 @@ def prepare_here(trials: Sequence[TrialConfig]) -> None:
             token_path = write_entry(corpus, available_cpus())
             check_needs(read_token_header(token_path), sample_needs(trials, (), corpus),
                         f"the corpus tokenized into {corpus.entry}")
+            for model, trust in reference_models(trials, corpus):
+                write_reference_logps(corpus, model, trust_remote_code=trust)
         except (TokenCacheError, CorpusError) as err:
             exit_with_config_error(err, "no trial ran")
     summaries = []
@@ -183,6 +214,12 @@ def preparation_request(
             request["trust_remote_code"] = True
         if c.preference:
             request["preference"] = True
+            from hpcsweep.prepare.reference_logps import reference_key
+
+            references = [{"model": model, "key": reference_key(model), "trust_remote_code": trust}
+                          for model, trust in reference_models(trials, c)]
+            if references:
+                request["references"] = references
         if c.chat is not None:
             request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on}
             if not c.preference:
@@ -193,12 +230,15 @@ def preparation_request(
     return json.dumps(requests, indent=2) + "\n"
 
 
-def sbatch_options(params: Mapping[str, Any], log_path: Path, cpus: int) -> list[str]:
+def sbatch_options(params: Mapping[str, Any], log_path: Path, cpus: int, gpu: bool = False) -> list[str]:
     """The preparation job's sbatch options: one task of ``cpus`` CPUs on one node, on the launcher's
-    partition, QOS and account, within its time limit."""
+    partition, QOS and account, within its time limit; ``gpu``: one of the trials' GPUs too (a reference
+    model's log-probabilities to compute), when the trials ask for GPUs."""
     options = [
         f"--job-name={JOB_NAME}", f"--output={log_path}", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}",
     ]
+    if gpu and params.get("gpus_per_node"):
+        options.append("--gpus-per-node=1")
     if params.get("timeout_min"):
         options.append(f"--time={int(params['timeout_min'])}")
     for key in ("partition", "qos", "account"):
@@ -234,7 +274,8 @@ def submit_preparation(
     atomic_write_text(request, preparation_request(corpora, trials, trial_dirs))
     # Each job logs to its own file (sbatch fills in %j): a retry's preparation keeps the failed one's log.
     cpus = max(t.data.prepare_cpus for t in trials if t.data.kind in TOKENIZED_KINDS)
-    options = sbatch_options(params, folder / log_name("%j"), cpus)
+    gpu = any(c.preference and reference_models(trials, c) for c in corpora)
+    options = sbatch_options(params, folder / log_name("%j"), cpus, gpu)
     job_id = commands.sbatch(options, str(script), [python, "--request", str(request)])
     log_path = folder / log_name(job_id)
     log.info("token preparation: job %s tokenizes %s on %d CPUs (data.prepare_cpus); the trials wait on it", job_id,

@@ -116,10 +116,10 @@ class Trainer:
         self.balance = load_balance.attach(self.model, cfg.model)
         self.head_loss = head_loss.attach(self.model, tcfg.loss_kernel, tcfg.loss_chunk_tokens, world.device.type)
         self.preference: PreferenceStep | None = None
-        if cfg.objective.kind == "dpo":  # DPO's loss on pairs, the reference being the model with its adapters off
+        if cfg.objective.kind == "dpo":  # DPO on pairs: the reference is the model with its adapters off, or precomputed
             vocab = self.model.config.vocab_size
             self.preference = PreferenceStep(cfg.objective, self.model, self.head_loss, lambda tokens: loss_chunk_tokens(
-                tcfg.loss_chunk_tokens, world.device.type, vocab, None, tokens))
+                tcfg.loss_chunk_tokens, world.device.type, vocab, None, tokens), precomputed=cfg.model.peft == "none")
             self.preference_window = PreferenceWindow(world.device)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -151,8 +151,10 @@ class Trainer:
         """The data, the optimizer and its schedule, early stopping, the task scorer and the checkpoints."""
         cfg, tcfg, world = self.cfg, self.cfg.trainer, self.world
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
+        # A full fine-tuning DPO trial reads its reference's log-probabilities, precomputed beside its pairs.
+        reference = cfg.model.path if cfg.objective.kind == "dpo" and cfg.model.peft == "none" else None
         self.corpus = corpora.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model),
-                                          trust_remote_code=cfg.model.trust_remote_code)
+                                          trust_remote_code=cfg.model.trust_remote_code, reference=reference)
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)

@@ -7,11 +7,13 @@ sweep ends with its reward accuracy in metrics.json."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -229,3 +231,97 @@ def test_two_ranks_train_as_one_rank_with_twice_the_pairs(tmp_path, dpo):
     assert max(abs(a - b) for (_, a), (_, b) in zip(*curves, strict=True)) < 1e-5, curves
     for key in ("val_loss", "val_reward_accuracy", "val_reward_margin"):
         assert abs(read_metrics(two)[key] - read_metrics(one)[key]) < 1e-5, key
+
+
+def test_full_fine_tuning_reads_the_reference_computed_once_by_the_preparation(tmp_path, monkeypatch, dpo, caplog):
+    """``model.peft=none``: the preparation computes every answer's log-probability under the folder once, into the
+    pairs' entry; a second preparation reuses it; a trainer step takes DPO's formula with those numbers, running no
+    reference forward; a stopped trial resumes to the straight run's weights."""
+    from hpcsweep.prepare.reference_logps import reference_path
+    from hpcsweep.sweep.text_preparation import prepare_here, sweep_text_corpus
+    from hpcsweep.train.trainer import Trainer
+
+    folder, settings = dpo
+    settings = {**settings, "model.peft": "none", "model.lr": 1e-3, "data.cache_dir": str(tmp_path / "cache"),
+                "objective.beta": 0.5, "trainer.max_steps": 4, "trainer.eval_every": 2, "trainer.eval_batches": 1,
+                "trainer.log_every": 2}
+    cfg = trial_config_from_dict(trial_config(settings))
+    with caplog.at_level(logging.INFO):
+        prepare_here([cfg])
+        prepare_here([cfg])
+    corpus = sweep_text_corpus(cfg)
+    path = reference_path(corpus.entry, str(folder))
+    assert sum(" answers under " in r.getMessage() for r in caplog.records) == 1  # computed once
+    assert any("reusing its reference log-probabilities" in r.getMessage() for r in caplog.records)
+    stored = torch.from_numpy(np.fromfile(path, dtype=np.float64))
+
+    (tmp_path / "t").mkdir()
+    trainer = Trainer(cfg, init_distributed("cpu", 60, env={}), tmp_path / "t")
+    try:
+        model = trainer.model
+        batch = corpora.get_rows(trainer.corpus, cfg.data, split="train", step=0, rank=0, micro_step=0,
+                                 world_size=1, grad_accum=1)
+        kwargs = sample_attention.forward_kwargs(batch.position_ids, trainer.choices.attn_implementation,
+                                                 own_code=False, dtype=torch.float32, device=torch.device("cpu"))
+        with torch.no_grad():
+            reference = summed_by_answer(model(input_ids=batch.inputs, position_ids=batch.position_ids,
+                                               **kwargs).logits, batch)
+            # The stored numbers are the folder's own (each sequence alone), those the rows carry.
+            assert (batch.reference - reference).abs().max() <= 1e-4
+            assert set(batch.reference.tolist()) <= set(stored.tolist())
+            # A policy that has moved from the reference.
+            generator = torch.Generator().manual_seed(0)
+            head = model.get_output_embeddings().weight
+            head.add_(torch.randn(head.shape, generator=generator) * 0.05)
+            policy = summed_by_answer(model(input_ids=batch.inputs, position_ids=batch.position_ids,
+                                            **kwargs).logits, batch)
+        forwards = []
+        hook = model.register_forward_hook(lambda *args: forwards.append(1))
+        loss, _ = trainer.train_step()
+        hook.remove()
+        assert len(forwards) == 1  # the policy's: no reference forward
+        carried = batch.reference.double()
+        delta = (policy[0::2] - carried[0::2]) - (policy[1::2] - carried[1::2])
+        expected = (-F.logsigmoid(0.5 * delta)).mean()
+        assert abs(loss.item() - expected.item()) <= 1e-5, (loss, expected)
+    finally:
+        trainer.close()
+
+    straight = make_trial_dir(tmp_path / "straight", settings)
+    assert train.run_trial(straight) == 0
+    resumed = make_trial_dir(tmp_path / "resumed", settings)
+    monkeypatch.setenv("HPCSWEEP_FAULT", "stop,step=2,rank=0")
+    assert train.run_trial(resumed) == train.EXIT_STOPPED
+    monkeypatch.delenv("HPCSWEEP_FAULT")
+    assert train.run_trial(resumed) == 0
+    done, reference_run = read_metrics(resumed), read_metrics(straight)
+    assert (done["status"], done["restarts"]) == ("completed", 1)
+    assert done["weights_sha256"] == reference_run["weights_sha256"]
+    assert 0.0 <= done["val_reward_accuracy"] <= 1.0
+
+
+def test_the_preparation_jobs_request_names_each_reference_and_asks_for_a_gpu(tmp_path, dpo):
+    from hpcsweep.files.token_cache import TokenCacheError
+    from hpcsweep.prepare.reference_logps import reference_key, reference_path
+    from hpcsweep.prepare.text_tokens import prepare_requested
+    from hpcsweep.sweep.text_preparation import (missing_corpora, preparation_request, sbatch_options,
+                                                 sweep_text_corpus)
+
+    folder, settings = dpo
+    full = trial_config_from_dict(trial_config({**settings, "model.peft": "none",
+                                                "data.cache_dir": str(tmp_path / "cache")}))
+    lora = trial_config_from_dict(trial_config({**settings, "data.cache_dir": str(tmp_path / "cache")}))
+    corpus = sweep_text_corpus(full)
+    assert missing_corpora([full]) == [corpus]
+    (lora_request,) = json.loads(preparation_request([corpus], [lora]))
+    assert "references" not in lora_request  # LoRA's reference is the model with its adapters off
+    (request,) = json.loads(preparation_request([corpus], [full, lora]))
+    assert request["references"] == [{"model": str(folder), "key": reference_key(str(folder)),
+                                      "trust_remote_code": False}]
+    assert "--gpus-per-node=1" in sbatch_options({"gpus_per_node": 8}, tmp_path / "log", 4, gpu=True)
+    assert not any("gpus" in o for o in sbatch_options({"gpus_per_node": 8}, tmp_path / "log", 4))
+    # The job writes the pairs and the reference's numbers; then nothing is missing.
+    prepare_requested(request, workers=1)
+    assert reference_path(corpus.entry, str(folder)).is_file() and missing_corpora([full]) == []
+    with pytest.raises(TokenCacheError, match=rf"^model.path={folder} changed since the sweep was submitted"):
+        prepare_requested({**request, "references": [{**request["references"][0], "key": "0" * 24}]}, workers=1)

@@ -107,10 +107,10 @@ def test_the_login_node_checks_every_pair_and_takes_lora_dpo_only(tmp_path, capl
                         r"\d+ tokens of text \(0\.\d\d a byte, as its tokenizer.json splits the first [\d.]+ kB\); "
                         "every line checked", summary), summary
     assert not (tmp_path / "cache").exists()  # read, not tokenized
-    # Full fine-tuning's reference (precomputed by the preparation job) and a reference folder are not built yet.
-    with pytest.raises(ValueError, match=r"^model.peft=none is not allowed with objective=dpo: the reference "
-                                         r"log-probabilities come from the model with its LoRA adapters off, .*; set "
-                                         r"model.peft=lora$"):
+    # Full fine-tuning compares with the pretrained folder it starts from; a reference folder is not built yet.
+    with pytest.raises(ValueError, match=r"^model.path=null is not allowed with objective=dpo and model.peft=none: "
+                                         r"full fine-tuning DPO compares with the pretrained folder it starts from "
+                                         r".*; name one \(model=pretrained model.path=DIR\), or set model.peft=lora$"):
         validate_composed(composed(peft="none", **pairs))
     with pytest.raises(ValueError, match=r"^objective.reference='/sft' is not allowed: only null"):
         validate_composed({**composed(**pairs), "objective": {"kind": "dpo", "reference": "/sft"}})

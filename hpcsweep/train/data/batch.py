@@ -25,6 +25,9 @@ class Batch:
     """Preference rows (``hpcsweep.train.data.pairs``): which answer each target belongs to, pair ``p``'s chosen
     ``2p`` and rejected ``2p + 1`` (``p`` counted within the micro-batch), -1 outside the answers; None: not pairs."""
     pairs: int = 0
+    reference: torch.Tensor | None = None
+    """Preference rows of a full fine-tuning trial: each answer's reference log-probability, computed once by the
+    preparation job (``hpcsweep.prepare.reference_logps``), in ``answers``' numbering; None: none precomputed."""
     """Preference rows: the pairs whose answers they hold (``loss_tokens`` counts them too: DPO's loss is a mean
     over pairs)."""
 
@@ -34,4 +37,4 @@ class Batch:
             return None if tensor is None else tensor.to(device)
 
         return Batch(self.inputs.to(device), self.targets.to(device), moved(self.position_ids), self.loss_tokens,
-                     moved(self.real), moved(self.answers), self.pairs)
+                     moved(self.real), moved(self.answers), self.pairs, moved(self.reference))

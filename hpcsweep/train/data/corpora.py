@@ -89,6 +89,7 @@ def open_token_file(path: Path) -> tuple[np.ndarray, int]:
 
 def load_corpus(
     cfg: DataConfig, model_vocab_size: int, tokenizer: str | None = None, *, trust_remote_code: bool = False,
+    reference: str | None = None,
 ) -> Corpus | SampleCorpus | PairCorpus:
     """The corpus ``cfg`` names, checked against the model's vocabulary.
 
@@ -96,14 +97,15 @@ def load_corpus(
     ``tokenizer`` is the folder it was tokenized with (``hpcsweep.config.tokenizer_folder``), loaded
     (for packing's EOS) with ``trust_remote_code`` (``model.trust_remote_code``).
     ``data.kind=chat`` reads its samples (``hpcsweep.train.data.samples``), ``data.kind=preference`` its pairs
-    (``hpcsweep.train.data.pairs``), and ``data.kind=text`` with ``data.packing`` its documents
+    (``hpcsweep.train.data.pairs``; with the precomputed log-probabilities of the folder ``reference``, if given), and ``data.kind=text`` with ``data.packing`` its documents
     (``hpcsweep.train.data.document_rows``).
     """
     if cfg.kind == "preference":
         from hpcsweep.train.data.pairs import load_preference_corpus
 
         assert tokenizer is not None
-        return load_preference_corpus(cfg, model_vocab_size, tokenizer, trust_remote_code=trust_remote_code)
+        return load_preference_corpus(cfg, model_vocab_size, tokenizer, trust_remote_code=trust_remote_code,
+                                      reference=reference)
     if cfg.kind == "chat":
         from hpcsweep.train.data.samples import load_chat_corpus
 

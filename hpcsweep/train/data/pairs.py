@@ -55,6 +55,8 @@ class PairRows:
     seed: int
     split: int
     pad_id: int
+    reference: np.ndarray | None = None
+    """Each sequence's answer log-probability under the reference, precomputed (float64); None: none."""
 
     @property
     def pairs(self) -> int:
@@ -104,8 +106,9 @@ class PairRows:
                 at += n - 1
             positions[r, at:] = np.arange(self.seq_len - at)
             real[r, :at] = True
+        reference = None if self.reference is None else torch.from_numpy(self.reference[sequences])
         return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(positions), count,
-                     torch.from_numpy(real), answers=torch.from_numpy(answers), pairs=count)
+                     torch.from_numpy(real), answers=torch.from_numpy(answers), pairs=count, reference=reference)
 
     def fill_rate(self) -> float:
         """Sequence positions over row positions, the split's pairs of its first epoch in batches of all of them."""
@@ -157,10 +160,11 @@ def fitting_pairs(lengths: np.ndarray, spans: np.ndarray, seq_len: int, overlong
 
 
 def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str, *,
-                           trust_remote_code: bool = False) -> PairCorpus:
+                           trust_remote_code: bool = False, reference: str | None = None) -> PairCorpus:
     """The preference corpus ``cfg`` names, from its cache entry; ``ValueError`` naming the key when the entry is
     missing or broken, its vocabulary is larger than the model's, or fewer than 2 pairs fit (``fitting_pairs``).
-    ``tokenizer`` (loaded with ``trust_remote_code``) gives the padding's id."""
+    ``tokenizer`` (loaded with ``trust_remote_code``) gives the padding's id. ``reference``: the model folder whose
+    precomputed answer log-probabilities the rows carry (``hpcsweep.prepare.reference_logps``; None: none)."""
     assert cfg.files is not None
     corpus = text_corpus(cfg.files, tokenizer, cfg.cache_dir, "data.tokenizer",
                          chat_rendering(cfg.chat_template, cfg.train_on, cfg.chat_template_kwargs), preference=True)
@@ -181,6 +185,16 @@ def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: st
     sources = np.fromfile(corpus.entry / SOURCES_NAME, dtype=np.int64).reshape(-1, 2)
     where = [f"{corpus.files[f].path}:{line}" for f, line in sources.tolist()]
     starts, lengths = offsets[:-1], np.diff(offsets)
+    reference_logps = None
+    if reference is not None:
+        from hpcsweep.prepare.reference_logps import reference_path
+
+        path = reference_path(corpus.entry, reference)
+        if not path.is_file():
+            raise ValueError(f"model.path={reference} is not allowed: no reference log-probabilities {path} for "
+                             "data.files (the folder changed since the sweep prepared them, or its preparation did "
+                             "not finish)")
+        reference_logps = np.fromfile(path, dtype=np.float64)
     if cfg.max_samples is not None:
         starts, lengths, spans, where = (starts[: 2 * cfg.max_samples], lengths[: 2 * cfg.max_samples],
                                          spans[: 2 * cfg.max_samples], where[: 2 * cfg.max_samples])
@@ -200,6 +214,7 @@ def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: st
     def rows(ids: np.ndarray, split: str) -> PairRows:
         sequences = (2 * kept[ids][:, None] + np.arange(2)).reshape(-1)
         return PairRows(tokens, starts[sequences], lengths[sequences], spans[sequences], seq_len=cfg.seq_len,
-                        packing=bool(cfg.packing), seed=cfg.seed, split=_SPLITS[split], pad_id=pad_id)
+                        packing=bool(cfg.packing), seed=cfg.seed, split=_SPLITS[split], pad_id=pad_id,
+                        reference=None if reference_logps is None else reference_logps[sequences])
 
     return PairCorpus(rows(train_ids, "train"), rows(val_ids, "val"), header.vocab_size, dropped)

@@ -1,8 +1,10 @@
 """One micro-batch of ``objective=dpo``: the reference's and the policy's answer log-probabilities, and DPO's loss.
 
-The policy is the model that trains; the reference is the same model with its LoRA adapters off (peft's
+The policy is the model that trains. Under LoRA the reference is the same model with its adapters off (peft's
 ``disable_adapter()``, TRL's and LLaMA-Factory's route: no second copy of the weights), run first, without
-gradients. Adapters off means every adapter: peft's ``lora.Linear`` and ``ParamWrapper`` read the flag, and
+gradients; under full fine-tuning the model it started from is gone, and the rows carry the reference's
+log-probabilities, computed once per sweep by the preparation job (``hpcsweep.prepare.reference_logps``,
+``Batch.reference``): no reference forward at all. Adapters off means every adapter: peft's ``lora.Linear`` and ``ParamWrapper`` read the flag, and
 hpcsweep's grouped expert LoRA (``hpcsweep.train.moe.expert_lora``) hands a disabled wrapper back to peft's forward,
 which then runs the frozen experts alone. The reference runs before the policy because both forwards route: a MoE
 router records the last training forward, and the policy's record is the one the balance loss and the bias update
@@ -34,16 +36,17 @@ stand-in for them)."""
 
 class PreferenceStep:
     """DPO's loss of a micro-batch of pairs for one model (a peft model: its adapters are the difference from the
-    reference). ``head_loss``: the model's ``HeadLoss`` (None: the logits are not the head's output);
-    ``chunk_tokens``: ``trainer.loss_chunk_tokens`` as resolved for the logits' path."""
+    reference, or a full fine-tuning one whose rows carry the reference's log-probabilities: ``precomputed``).
+    ``head_loss``: the model's ``HeadLoss`` (None: the logits are not the head's output); ``chunk_tokens``:
+    ``trainer.loss_chunk_tokens`` as resolved for the logits' path."""
 
     def __init__(self, objective: ObjectiveConfig, model: torch.nn.Module, head_loss: Any,
-                 chunk_tokens: Callable[[int], int]) -> None:
-        if not hasattr(model, "disable_adapter"):
-            # The login node refuses it first (hpcsweep.sweep.prepare): this is the worker's own guard.
-            raise ValueError("model.peft=none is not allowed with objective=dpo: the reference is the model with its "
-                             "LoRA adapters off; set model.peft=lora")
+                 chunk_tokens: Callable[[int], int], *, precomputed: bool = False) -> None:
+        if not precomputed and not hasattr(model, "disable_adapter"):
+            raise ValueError("objective=dpo: a model without LoRA adapters needs its reference log-probabilities "
+                             "precomputed (hpcsweep.prepare.reference_logps)")
         self.objective, self.model, self.head_loss, self.chunk_tokens = objective, model, head_loss, chunk_tokens
+        self.precomputed = precomputed
 
     def logps(self, batch: Any, net: torch.nn.Module, forward: Forward) -> AnswerLogps:
         """Each answer's summed log-probability in ``batch`` (``Batch.answers``: ``2 x pairs`` answers) through
@@ -59,7 +62,13 @@ class PreferenceStep:
                             chunk_tokens=self.chunk_tokens(int((batch.answers >= 0).sum())), answers=count)
 
     def reference_logps(self, batch: Any, forward: Forward) -> AnswerLogps:
-        """The reference's: the model with every adapter off, without gradients."""
+        """The reference's: the rows' precomputed ones, else the model with every adapter off, without gradients."""
+        if self.precomputed:
+            if batch.reference is None:
+                raise ValueError("objective=dpo: these rows carry no precomputed reference log-probabilities")
+            taken = batch.answers[batch.answers >= 0]
+            return AnswerLogps(batch.reference.to(torch.float32),
+                               torch.bincount(taken, minlength=2 * batch.pairs))
         with torch.no_grad(), self.model.disable_adapter():
             return self.logps(batch, self.model, forward)
 
