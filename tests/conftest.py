@@ -49,7 +49,7 @@ SLOW_TESTS = {
     "test_example_model.py": {"test_it_writes_the_readmes_model_folder_and_corpus_as_the_tests_make_them"},
     "test_export_travel.py": {"test_an_adapter_names_its_base_as_typed_and_loads_over_a_copy_of_it_elsewhere"},
     "test_dpo_training.py": {
-        "test_a_local_lora_dpo_sweep_reports_its_reward_accuracy",  # a LoRA DPO trial, its own process
+        "test_a_local_dpo_sweep_of_both_routes_reports_its_reward_accuracy",  # two DPO trials, their own process
         "test_two_ranks_train_as_one_rank_with_twice_the_pairs",  # torchrun of two ranks
     },
     "test_chat_data.py": {"test_a_local_chat_sweep_prepares_its_samples_once_and_reports_the_fill_rate",

@@ -164,12 +164,14 @@ def test_a_trainer_step_takes_dpos_formula_on_the_models_log_probabilities(tmp_p
         trainer.close()
 
 
-def test_a_local_lora_dpo_sweep_reports_its_reward_accuracy(tmp_path, dpo):
+def test_a_local_dpo_sweep_of_both_routes_reports_its_reward_accuracy(tmp_path, dpo):
+    """A LoRA trial and a full fine-tuning one in one local sweep: one preparation tokenizes the pairs and computes
+    the full fine-tuning trial's reference; both end with their reward accuracy, which ranks them."""
     folder, settings = dpo
     args = ["-m", "hydra/launcher=local", "model=pretrained", "objective=dpo", "data=preference",
-            f"model.path={folder}", "model.peft=lora", f"data.files={settings['data.files']}",
+            f"model.path={folder}", "model.peft=lora,none", f"data.files={settings['data.files']}",
             f"data.cache_dir={tmp_path}/cache", f"data.chat_template={settings['data.chat_template']}",
-            "data.seq_len=128", "data.batch_size=4", "data.val_fraction=0.25", "model.lr=1e-2",
+            "data.seq_len=128", "data.batch_size=4", "data.val_fraction=0.25", "model.lr=1e-3",
             "objective.beta=0.5", "trainer.max_steps=4", "trainer.eval_every=4", "trainer.eval_batches=2",
             "trainer.ckpt_every=4", "trainer.log_every=2"]
     env = {**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf"}
@@ -178,9 +180,10 @@ def test_a_local_lora_dpo_sweep_reports_its_reward_accuracy(tmp_path, dpo):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert sum("tokenizing 1 files with" in line for line in output.splitlines()) == 1, output[-3000:]
+    assert sum(" answers under " in line for line in output.splitlines()) == 1, output[-3000:]
     (sweep_file,) = tmp_path.glob("multirun/*/*/sweep.json")
     trials = json.loads(sweep_file.read_text())["trials"]
-    assert len(trials) == 1
+    assert len(trials) == 2
     for trial in trials:
         metrics = json.loads((tmp_path / trial["trial_dir"] / "metrics.json").read_text())
         assert metrics["status"] == "completed", metrics
@@ -188,10 +191,10 @@ def test_a_local_lora_dpo_sweep_reports_its_reward_accuracy(tmp_path, dpo):
         assert metrics["val_loss"] > 0 and metrics["val_accuracy"] is None
     # TRL's training metrics went through the trackers; the reward accuracy ranks trials as task scores do.
     data = load_sweep(sweep_file.parent, query=lambda job_ids: {})
-    (row,) = data.rows
-    assert row.val_reward_accuracy == metrics["val_reward_accuracy"] and row.val_reward_margin is not None
-    assert {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-            "logps/rejected", "val/reward_accuracy"} <= set(data.scalars[row.num])
+    for row in data.rows:
+        assert row.val_reward_accuracy is not None and row.val_reward_margin is not None
+        assert {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                "logps/rejected", "val/reward_accuracy"} <= set(data.scalars[row.num])
     assert "val_reward_accuracy" in sort_keys(data.rows) and higher_is_better("val_reward_accuracy")
 
 
