@@ -68,6 +68,9 @@ class TrainingSetup:
     grad_checkpointing: bool = False
     batch_size: int
     seq_len: int
+    rows_per_item: int = 1
+    """Rows a micro-batch holds for each of its ``batch_size`` items: 1 for windows and samples; 2 for DPO's pairs
+    (a chosen and a rejected sequence each, one a row at most, ``hpcsweep.train.data.pairs``)."""
     parallel: str = "ddp"
     """``ddp`` or ``fsdp`` (``auto`` is resolved by ``resolve_parallel``)."""
     world_size: int = 1
@@ -94,6 +97,11 @@ class TrainingSetup:
     mapped_weights_bytes: int = 0
     """On CPU, the size of the model folder's safetensors files: the loader memory-maps them and
     their pages stay in the worker's resident set beside the model (on a GPU they are host memory)."""
+
+    @property
+    def rows(self) -> int:
+        """Rows of ``seq_len`` positions in a micro-batch, at most: ``batch_size x rows_per_item``."""
+        return self.batch_size * self.rows_per_item
 
 
 @dataclass(frozen=True)
@@ -214,11 +222,11 @@ def activation_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     """Activations per GPU: every layer's saved tensors for ``batch_size x seq_len`` tokens; with
     gradient checkpointing only each layer's fp32 input, plus one layer recomputed in backward."""
     per = activation_bytes_per_token(shape, setup)
-    tokens = setup.batch_size * setup.seq_len
+    tokens = setup.rows * setup.seq_len
     layers = [per["attention"] + (per["moe_mlp"] if shape.is_moe_layer(i) else per["dense_mlp"])
               for i in range(shape.num_layers)]
     inside = max(layers) + 4 * shape.hidden_size * shape.num_layers if setup.grad_checkpointing else sum(layers)
-    mask = mask_entry_bytes(setup) * setup.batch_size * setup.seq_len**2
+    mask = mask_entry_bytes(setup) * setup.rows * setup.seq_len**2
     return int(tokens * (inside + per["head"]) + mask)
 
 
@@ -249,7 +257,7 @@ def resolved_loss_chunk(shape: ModelShape, setup: TrainingSetup) -> int:
         return 0
     setting = None if setup.loss_chunk_tokens == AUTO else setup.loss_chunk_tokens
     hidden = shape.hidden_size if head_takes_loss(shape, setup) else None
-    return loss_chunk_tokens(setting, setup.device, shape.vocab_size, hidden, setup.batch_size * setup.seq_len)
+    return loss_chunk_tokens(setting, setup.device, shape.vocab_size, hidden, setup.rows * setup.seq_len)
 
 
 def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
@@ -264,7 +272,7 @@ def loss_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     gradient is written over them), plus one chunk's fp32 work (its upcast, its log-softmax and its
     gradient: 12 B, or 8 B in fp32). Unchunked: lm_head's logits, their fp32 copy, log-softmax's fp32
     output, and in backward its fp32 gradient beside them (12 B a vocabulary entry a token)."""
-    tokens, vocab = setup.batch_size * setup.seq_len, shape.vocab_size
+    tokens, vocab = setup.rows * setup.seq_len, shape.vocab_size
     if setup.loss_chunk_tokens is None:
         return 12 * tokens * vocab
     chunk = resolved_loss_chunk(shape, setup)
@@ -285,7 +293,7 @@ def expert_lora_bytes(shape: ModelShape, setup: TrainingSetup) -> int:
     if not adapts_experts(shape, setup):
         return 0
     e, h, width = compute_bytes(setup), shape.hidden_size, shape.moe_intermediate_size
-    product = setup.batch_size * setup.seq_len * shape.num_experts_per_tok * 2 * width * e
+    product = setup.rows * setup.seq_len * shape.num_experts_per_tok * 2 * width * e
     if not shape.fused_experts:
         return product
     rank = -(-setup.lora_rank * e // 16) * 16 // e

@@ -54,6 +54,9 @@ def setup_of_trial(
         lora_targets=None if targets is None else (targets,) if isinstance(targets, str) else tuple(targets),
         lora_experts=getattr(model.lora, "experts", True),
         grad_checkpointing=trainer.grad_checkpointing, batch_size=data.batch_size, seq_len=data.seq_len,
+        # A DPO micro-batch is data.batch_size pairs: two sequences each. Under LoRA the reference's forward runs
+        # without gradients before the policy's and keeps nothing, so the policy's rows bound the activations.
+        rows_per_item=2 if getattr(getattr(trial, "objective", None), "kind", "next_token") == "dpo" else 1,
         parallel=trainer.parallel, world_size=world_size, device=device,
         fused_attention=attention != "eager" and (attention != "auto" or (device == "cuda" and not (packed and own_code))),
         flash_attention=attention == "flash_attention_2", packed_rows=packed, own_code=own_code,

@@ -328,3 +328,23 @@ def test_the_preparation_jobs_request_names_each_reference_and_asks_for_a_gpu(tm
     assert reference_path(corpus.entry, str(folder)).is_file() and missing_corpora([full]) == []
     with pytest.raises(TokenCacheError, match=rf"^model.path={folder} changed since the sweep was submitted"):
         prepare_requested({**request, "references": [{**request["references"][0], "key": "0" * 24}]}, workers=1)
+
+
+def test_the_memory_plan_counts_two_rows_a_pair(dpo):
+    """A DPO micro-batch of ``data.batch_size`` pairs holds up to twice as many rows: the plan counts the policy's
+    activations, loss and expert products for them, as for a next-token micro-batch of that many rows."""
+    from dataclasses import replace
+
+    from hpcsweep.memory_plan.plan import plan_memory
+    from hpcsweep.memory_plan.trial_setup import setup_of_trial, shape_of_trial
+
+    _, settings = dpo
+    trial = trial_config_from_dict(trial_config(settings))
+    setup = setup_of_trial(trial, world_size=1, device="cuda")
+    assert (setup.batch_size, setup.rows_per_item, setup.rows) == (2, 2, 4)
+    shape = shape_of_trial(trial.model)
+    dpo_plan = plan_memory(shape, setup)
+    as_rows = plan_memory(shape, replace(setup, batch_size=4, rows_per_item=1))
+    half = plan_memory(shape, replace(setup, rows_per_item=1))
+    assert dpo_plan.parts == as_rows.parts
+    assert dpo_plan.activations > half.activations
