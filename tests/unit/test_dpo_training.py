@@ -82,7 +82,7 @@ def test_packed_pairs_give_each_answer_its_log_probability_alone(dpo):
     # float64 (the test compares to 1e-6): the experts as a loop, since grouped_mm has no float64 kernel.
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="sdpa",
                                                  experts_implementation="eager").eval()
-    logps = {}
+    logps, fills = {}, {}
     for packing in (True, False):
         cfg = trial_config_from_dict(trial_config({**settings, "data.packing": packing})).data
         corpus = corpora.load_corpus(cfg, model.config.vocab_size, str(folder))
@@ -104,7 +104,9 @@ def test_packed_pairs_give_each_answer_its_log_probability_alone(dpo):
         assert torch.allclose(summed_by_answer(logits, batch), logps[packing], atol=1e-9, rtol=0)
         # Packed: the four sequences share rows (something to keep apart); padded: one a row.
         assert batch.inputs.shape[0] == (2 if packing else 4)
+        fills[packing] = corpus.fill_rate()
     assert (logps[True] - logps[False]).abs().max() <= 1e-6, (logps[True], logps[False])
+    assert fills[False] < 0.5 < fills[True] <= 1.0, fills
 
 
 def test_a_trainer_step_takes_dpos_formula_on_the_models_log_probabilities(tmp_path, dpo):

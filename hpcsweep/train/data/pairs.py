@@ -21,6 +21,7 @@ whole is dropped).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -41,6 +42,12 @@ _TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 _SPLITS = {"train": 0, "val": 1}
 
 
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, split: int, epoch: int, pairs: int) -> np.ndarray:
+    """The order one epoch visits a split's ``pairs`` in (kept for the epoch's batches: one permutation each)."""
+    return np.random.default_rng([seed, split, epoch]).permutation(pairs)
+
+
 @dataclass(frozen=True)
 class PairRows:
     """One split's pairs: sequence ``2i`` of ``starts``/``lengths``/``spans`` is pair ``i``'s chosen, ``2i + 1`` its
@@ -55,6 +62,8 @@ class PairRows:
     seed: int
     split: int
     pad_id: int
+    batch_pairs: int
+    """``data.batch_size``: the pairs of a micro-batch, whose sequences are packed together."""
     reference: np.ndarray | None = None
     """Each sequence's answer log-probability under the reference, precomputed (float64); None: none."""
 
@@ -65,7 +74,7 @@ class PairRows:
     def pair_at(self, index: int) -> int:
         """The pair visited at global position ``index`` (epoch after epoch, each in its seeded order)."""
         epoch, at = divmod(index, self.pairs)
-        return int(np.random.default_rng([self.seed, self.split, epoch]).permutation(self.pairs)[at])
+        return int(_epoch_order(self.seed, self.split, epoch, self.pairs)[at])
 
     def rows_of(self, pairs: list[int]) -> list[list[int]]:
         """The answers of each row holding ``pairs``' sequences, each answer numbered by its place in ``pairs``
@@ -111,9 +120,10 @@ class PairRows:
                      torch.from_numpy(real), answers=torch.from_numpy(answers), pairs=count, reference=reference)
 
     def fill_rate(self) -> float:
-        """Sequence positions over row positions, the split's pairs of its first epoch in batches of all of them."""
-        rows = self.rows_of([self.pair_at(i) for i in range(self.pairs)])
-        return int((self.lengths - 1).sum()) / (len(rows) * self.seq_len)
+        """Sequence positions over row positions of the split's first epoch, in micro-batches of ``batch_pairs``."""
+        order = _epoch_order(self.seed, self.split, 0, self.pairs).tolist()
+        rows = sum(len(self.rows_of(order[i : i + self.batch_pairs])) for i in range(0, self.pairs, self.batch_pairs))
+        return int((self.lengths - 1).sum()) / (rows * self.seq_len)
 
 
 @dataclass(frozen=True)
@@ -215,6 +225,6 @@ def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: st
         sequences = (2 * kept[ids][:, None] + np.arange(2)).reshape(-1)
         return PairRows(tokens, starts[sequences], lengths[sequences], spans[sequences], seq_len=cfg.seq_len,
                         packing=bool(cfg.packing), seed=cfg.seed, split=_SPLITS[split], pad_id=pad_id,
-                        reference=None if reference_logps is None else reference_logps[sequences])
+                        batch_pairs=cfg.batch_size, reference=None if reference_logps is None else reference_logps[sequences])
 
     return PairCorpus(rows(train_ids, "train"), rows(val_ids, "val"), header.vocab_size, dropped)
