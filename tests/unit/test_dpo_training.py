@@ -198,6 +198,12 @@ def test_a_local_dpo_sweep_of_both_routes_reports_its_reward_accuracy(tmp_path, 
         assert {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                 "logps/rejected", "val/reward_accuracy"} <= set(data.scalars[row.num])
     assert "val_reward_accuracy" in sort_keys(data.rows) and higher_is_better("val_reward_accuracy")
+    # A DPO trial exports like any other: the best by reward accuracy (an adapter, or a whole model).
+    from hpcsweep.export.cli import main as export_main
+
+    assert export_main([str(sweep_file.parent), "--best", "--by", "val_reward_accuracy", "--out",
+                        str(tmp_path / "export")]) == 0
+    assert {"config.json", "adapter_config.json"} & {p.name for p in (tmp_path / "export").iterdir()}
 
 
 def test_a_lora_dpo_trial_stopped_and_resumed_ends_with_the_same_weights(tmp_path, monkeypatch, dpo):
