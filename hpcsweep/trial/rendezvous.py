@@ -120,6 +120,13 @@ def rendezvous_from_env(
         )
     if not job.nodelist:
         raise ValueError("inside a Slurm job but SLURM_JOB_NODELIST is not set")
+    if job.num_nodes > 1 and not env.get("SLURM_NODEID"):
+        # Every node would take rank 0 and wait for the others for ever.
+        container = f" (Slurm's OCI support, SLURM_CONTAINER={env['SLURM_CONTAINER']}, leaves each task's " \
+                    "variables out of its container: the site's oci.conf must add them, docs/user/containers.md)" \
+            if env.get("SLURM_CONTAINER") else ""
+        raise ValueError(f"a task of a {job.num_nodes}-node job has no SLURM_NODEID{container}: this node's rank "
+                         "in the trial is unknown")
     hosts = (hostnames or expand_nodelist)(job.nodelist)
     if not hosts:
         raise ValueError(f"SLURM_JOB_NODELIST={job.nodelist!r} names no host")

@@ -109,3 +109,14 @@ def test_as_env():
 def test_node_rank_out_of_range():
     with pytest.raises(ValueError, match="node_rank"):
         rendezvous_from_env(array_env(0, node_id=4), 1)
+
+
+def test_a_multi_node_task_without_its_node_id_is_refused_naming_the_container():
+    # Slurm 22.05's OCI support puts the step's environment into a container, without each task's.
+    env = {k: v for k, v in array_env(1).items() if k != "SLURM_NODEID"}
+    with pytest.raises(ValueError, match=r"a task of a 4-node job has no SLURM_NODEID: this node's rank"):
+        rendezvous_from_env(env, 8)
+    with pytest.raises(ValueError, match=r"SLURM_CONTAINER=/shared/bundle, leaves each task's variables out"):
+        rendezvous_from_env(env | {"SLURM_CONTAINER": "/shared/bundle"}, 8)
+    one_node = env | {"SLURM_JOB_NUM_NODES": "1"}
+    assert rendezvous_from_env(one_node, 8).node_rank == 0
