@@ -11,7 +11,9 @@ sweep's median (``docs/user/efficiency.md``):
 - data waiting: data % of step time above ``max(DATA_PCT_FLOOR, DATA_FACTOR x median)``;
 - a slow node: a GPU whose mean SM clock is below ``SLOW_CLOCK_FACTOR`` x the median over every GPU;
 - memory: under ``HEADROOM_PCT`` % of the GPU's memory left at the peak (against the GPU, not the median);
-- routing: a MoE trial whose routing collapsed (``hpcsweep.results.routing``, against the trial alone).
+- routing: a MoE trial whose routing collapsed (``hpcsweep.results.routing``, against the trial alone);
+- logps: a DPO trial whose chosen answers' log-probability (``logps/chosen``, metrics.json ``preference``) fell
+  by more than ``CHOSEN_LOGPS_FALL`` of its first log window's (against the trial alone).
 
 A rule against the median needs ``MIN_MEASURED`` trials that have the measure. A trial low on
 throughput or utilisation with no direct cause gets the part of its step time that stands out most
@@ -40,6 +42,9 @@ SLOW_CLOCK_FACTOR = 0.8
 (boost clocks differ by some 10% with power and temperature; a throttled or misconfigured node by far more)."""
 HEADROOM_PCT = 5.0
 """A trial whose peak leaves less than this % of its GPU's memory free is close to running out."""
+CHOSEN_LOGPS_FALL = 0.1
+"""A DPO trial whose latest ``logps/chosen`` is below its first log window's by more than this fraction of it has
+pushed its chosen answers down (both answers fall, the rejected faster): its reward accuracy can still rise."""
 CAUSE_EXCESS_POINTS = 10.0
 """A part of the step time names the cause when its share exceeds the sweep's median share of it by this many points."""
 STEP_PARTS = ("data", "compute", "optimizer", "checkpoint", "logging", "other")
@@ -88,6 +93,8 @@ class TrialEfficiency:
     """A MoE trial's worst layer's max/mean expert load over its last log window (metrics.json ``router``)."""
     routing_collapse: str | None = None
     """Why its routing collapsed (``hpcsweep.results.routing``); None when it did not, or it is dense."""
+    chosen_logps: tuple[float, float] | None = None
+    """A DPO trial's ``logps/chosen`` at its first and at its latest log window (metrics.json ``preference``)."""
 
     @property
     def headroom_pct(self) -> float | None:
@@ -180,7 +187,24 @@ def efficiency_of(metrics: Mapping[str, Any] | None, tokens_per_s: float | None)
         clocks=clocks,
         router_load=_number(_mapping(metrics.get("router")).get("max_mean_load")),
         routing_collapse=collapse_reason(metrics.get("router")),
+        chosen_logps=_chosen_logps(metrics.get("preference")),
     )
+
+
+def _chosen_logps(record: Any) -> tuple[float, float] | None:
+    first, last = (_number(_mapping(record).get(key)) for key in ("logps_chosen_first", "logps_chosen"))
+    return None if first is None or last is None else (first, last)
+
+
+def chosen_logps_fall(trial: TrialEfficiency) -> str | None:
+    """Why a DPO trial is flagged for its chosen answers' falling log-probability (``CHOSEN_LOGPS_FALL``), or None."""
+    if trial.chosen_logps is None:
+        return None
+    first, last = trial.chosen_logps
+    if not first or last >= first - CHOSEN_LOGPS_FALL * abs(first):
+        return None
+    return (f"logps/chosen {last:.1f}, {100 * (last - first) / abs(first):.0f}% from {first:.1f} at its first log "
+            "window: the chosen answers are pushed down too (its reward accuracy can rise all the same)")
 
 
 # ----- the outlier rule ---------------------------------------------------------------------------
@@ -189,7 +213,7 @@ def efficiency_of(metrics: Mapping[str, Any] | None, tokens_per_s: float | None)
 @dataclass(frozen=True)
 class Outlier:
     """One flagged trial: the rules that flagged it (``throughput``, ``util``, ``data``, ``clock``, ``memory``,
-    ``routing``), and why."""
+    ``routing``, ``logps``), and why."""
 
     num: int
     kinds: tuple[str, ...]
@@ -313,6 +337,9 @@ def find_outliers(trials: Mapping[int, TrialEfficiency]) -> OutlierReport:
                                      f"({max(headroom, 0.0):.1f}% headroom): close to running out of memory"))
         if trial.routing_collapse:
             causes.append(("routing", trial.routing_collapse))
+        fall = chosen_logps_fall(trial)
+        if fall:
+            causes.append(("logps", fall))
         flagged = [kind for kind, _ in [*symptoms, *causes] if kind]
         if not flagged:
             continue

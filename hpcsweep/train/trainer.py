@@ -186,6 +186,8 @@ class Trainer:
         self.val_loss: float | None = None
         self.val_accuracy: float | None = None
         self.val_reward: dict[str, float] = {}
+        self.first_chosen_logps: float | None = None
+        """``objective=dpo``: the trial's first log window's ``logps/chosen`` (checkpointed, so a resumed trial keeps it)."""
         """``objective=dpo``: the last evaluation's ``val_reward_accuracy`` and ``val_reward_margin``."""
         self.evaluated_at: int | None = None
         # A search trial reports each evaluation to its study, which may prune it.
@@ -226,6 +228,7 @@ class Trainer:
             "best_val_loss": self.best_val.best,
             "status": status,
             "restarts": self.report["restarts"],
+            "first_chosen_logps": self.first_chosen_logps,
         }
 
     def save(self, status: str, *, wait: bool) -> None:
@@ -265,6 +268,7 @@ class Trainer:
         # A checkpoint from before early stopping could watch another metric: its best was the loss's.
         self.best_val.best = float(state.get("best_val_loss", state["early_stopping"]["best"]))
         self.step, self.val_loss = state["step"], state["val_loss"]
+        self.first_chosen_logps = state.get("first_chosen_logps")
         if not state["rng_restored"]:
             log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", state["world_size"], self.world.world_size)
             torch.manual_seed(worker_seed(self.cfg.trainer.seed + self.step, self.world.rank))
@@ -496,7 +500,14 @@ class Trainer:
             **step_timer.tensorboard_scalars(window),
         }
         if self.preference is not None:  # TRL's names: rewards/chosen, ..., logps/rejected
-            scalars.update(self.preference_window.take(self.world))
+            window = self.preference_window.take(self.world)
+            scalars.update(window)
+            if window:  # report --efficiency compares the latest logps/chosen with the first (results.efficiency)
+                if self.first_chosen_logps is None:
+                    self.first_chosen_logps = window["logps/chosen"]
+                self.report["preference"] = {"logps_chosen_first": self.first_chosen_logps,
+                                             "logps_chosen": window["logps/chosen"],
+                                             "rewards_accuracy": window["rewards/accuracies"]}
         router = self.balance.window_report(self.world)
         self.logger.log({**scalars, **router_stats.tensorboard_scalars(router)}, self.step)
         self.telemetry.log_window(self.step, self.logger)

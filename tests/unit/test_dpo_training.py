@@ -224,6 +224,10 @@ def test_a_lora_dpo_trial_stopped_and_resumed_ends_with_the_same_weights(tmp_pat
     assert done["weights_sha256"] == reference["weights_sha256"]
     assert done["val_reward_accuracy"] == reference["val_reward_accuracy"]
     assert done["val_loss"] == reference["val_loss"]
+    # report --efficiency's logps/chosen guard reads the first and the latest window; the resumed run keeps the
+    # first from its checkpoint.
+    assert done["preference"] == reference["preference"] and set(done["preference"]) == {
+        "logps_chosen_first", "logps_chosen", "rewards_accuracy"}
 
 
 def test_two_ranks_train_as_one_rank_with_twice_the_pairs(tmp_path, dpo):

@@ -357,3 +357,23 @@ def test_a_collapsed_router_is_flagged_on_the_trial_alone(record, flagged):
     else:
         assert [(o.num, o.kinds) for o in found] == [(3, ("routing",))]
         assert found[0].text.startswith(f"#3: {flagged}")
+
+
+@pytest.mark.parametrize(("preference", "flagged"), [
+    ({"logps_chosen_first": -150.0, "logps_chosen": -170.0},
+     "logps/chosen -170.0, -13% from -150.0 at its first log window: the chosen answers are pushed down too"),
+    ({"logps_chosen_first": -150.0, "logps_chosen": -160.0}, None),  # 7%: within the rule
+    ({"logps_chosen_first": -150.0, "logps_chosen": -120.0}, None),  # rose
+    ({"logps_chosen": -170.0}, None),  # a record without its first window
+    (None, None),  # not a DPO trial
+])
+def test_a_dpo_trial_whose_chosen_answers_fall_is_flagged_on_the_trial_alone(preference, flagged):
+    extra = {} if preference is None else {"preference": preference}
+    trials = {n: efficiency_of(gpu_metrics(mfu=0.4, util=90.0, data_s=5.0), 1000.0) for n in range(3)}
+    trials[3] = efficiency_of(gpu_metrics(mfu=0.4, util=90.0, data_s=5.0, **extra), 1000.0)
+    found = find_outliers(trials).outliers
+    if flagged is None:
+        assert found == []
+    else:
+        assert [(o.num, o.kinds) for o in found] == [(3, ("logps",))]
+        assert found[0].text.startswith(f"#3: {flagged}")
