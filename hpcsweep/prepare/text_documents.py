@@ -73,11 +73,17 @@ def line_number(path: str, offset: int) -> int:
         return handle.read(offset).count(b"\n") + 1
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSON Lines ``text``: split at ``\n`` only (a ``\r`` before it dropped), since a JSON
+    string may hold U+2028, U+0085 or a form feed as they are, which ``str.splitlines`` splits at too."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
 def jsonl_records(text: str, path: str, first_line: int = 1) -> list[tuple[int, Any]]:
     """``(line, record)`` of every non-blank line of ``text`` (lines numbered from ``first_line``);
     ``CorpusError`` naming the file and line of one that is not JSON."""
     records = []
-    for number, line in enumerate(text.splitlines(), start=first_line):
+    for number, line in enumerate(jsonl_lines(text), start=first_line):
         if not line.strip():
             continue
         try:

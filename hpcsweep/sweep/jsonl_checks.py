@@ -22,7 +22,7 @@ from typing import Any
 from hpcsweep.files.token_cache import TextCorpus
 from hpcsweep.prepare.chat_render import sample_messages
 from hpcsweep.prepare.preference_samples import preference_pair
-from hpcsweep.prepare.text_documents import CorpusError, is_jsonl, line_number, pieces_of
+from hpcsweep.prepare.text_documents import CorpusError, is_jsonl, jsonl_lines, line_number, pieces_of
 
 CHECK_BYTES = 64 << 20
 """A corpus up to this size is read whole; a bigger one is sampled to this much."""
@@ -140,7 +140,7 @@ def _read_window(text: str, path: str, start: int, content: Callable[[Any, str],
     """``(samples, bytes of their text)`` of one window; its lines are numbered only when one is refused (the
     number of a line deep in a big file costs reading the file up to it)."""
     found = nbytes = 0
-    for offset, line in enumerate(text.splitlines()):
+    for offset, line in enumerate(jsonl_lines(text)):
         if not line.strip():
             continue
         try:

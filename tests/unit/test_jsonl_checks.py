@@ -11,7 +11,7 @@ import re
 import pytest
 
 from hpcsweep.prepare.chat_render import sample_messages
-from hpcsweep.prepare.text_documents import CorpusError
+from hpcsweep.prepare.text_documents import CorpusError, jsonl_documents
 from hpcsweep.sweep import jsonl_checks
 from hpcsweep.sweep.jsonl_checks import check_lines, tokens_per_byte, windows
 from hpcsweep.sweep.prepare import validate_composed
@@ -50,6 +50,19 @@ def test_a_text_corpus_checks_its_jsonl_lines_and_leaves_txt_files_whole(tmp_pat
     (tmp_path / "b.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
     checked = check_lines(files_of(tmp_path / "a.txt", tmp_path / "b.jsonl"), "text")
     assert (checked.samples, checked.text_bytes, checked.files, checked.sampled) == (2, 6, 1, False)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_json_string_holding_a_unicode_line_separator_is_one_line_to_the_check_and_the_job(tmp_path, separator):
+    # json.dumps(ensure_ascii=False) writes these as they are (control characters below 0x20 it escapes);
+    # str.splitlines split the line at them.
+    text = f"one{separator}two"
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps({"text": text}, ensure_ascii=False) + "\r\n" + json.dumps({"text": "three"}) + "\n",
+                    encoding="utf-8")
+    checked = check_lines(files_of(path), "text")
+    assert (checked.samples, checked.text_bytes) == (2, len(text.encode()) + 5)
+    assert jsonl_documents(path.read_bytes().decode("utf-8"), str(path)) == [text, "three"]
 
 
 def test_a_chat_corpus_must_be_json_lines(tmp_path):
