@@ -14,7 +14,7 @@ Imports nothing of hpcsweep outside this package; never a stage or a command mod
 
 from __future__ import annotations
 
-from .data import CHAT_TEMPLATE_OWN_NAMES, DataConfig, check_corpus_fits
+from .data import CHAT_TEMPLATE_OWN_NAMES, TEMPLATE_KINDS, DataConfig, check_corpus_fits
 from .logging import TRACKER_BACKENDS, LoggingConfig, MlflowConfig, WandbConfig, tracking_uri_problem
 from .lora import LoraConfig
 from .model import FOLDER_ARCHITECTURE_KEYS, ModelConfig
@@ -39,6 +39,7 @@ __all__ = [
     "DPO_LOSSES",
     "EVAL_METRICS",
     "FOLDER_ARCHITECTURE_KEYS",
+    "TEMPLATE_KINDS",
     "TRACKER_BACKENDS",
     "DataConfig",
     "LoggingConfig",

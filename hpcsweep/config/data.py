@@ -19,6 +19,9 @@ CHAT_TEMPLATE_OWN_NAMES = (
 """Names that ``data.chat_template_kwargs`` may not set: what ``apply_chat_template`` takes itself, and the
 variables that it (the messages, the generation prompt) or the tokenizer (its special tokens) gives the template."""
 
+TEMPLATE_KINDS = ("chat", "preference")
+"""The data kinds whose samples the model's chat template renders (``data.chat_template``, its kwargs)."""
+
 
 @dataclass(kw_only=True)
 class DataConfig:
@@ -94,7 +97,7 @@ class DataConfig:
                  "false unless data.kind=text, chat or preference (packing needs sample boundaries)")
         _require(self.max_samples is None or self.max_samples >= 2, "data.max_samples", self.max_samples,
                  "null or an integer >= 2 (a training and a validation sample)")
-        _require(not self.chat_template_kwargs or self.kind in ("chat", "preference"), "data.chat_template_kwargs",
+        _require(not self.chat_template_kwargs or self.kind in TEMPLATE_KINDS, "data.chat_template_kwargs",
                  self.chat_template_kwargs, "null or {} unless data.kind=chat or preference (only chat samples and "
                  "preference pairs are rendered by a template)")
         for name, value in (self.chat_template_kwargs or {}).items():

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsweep.config import TrialConfig
+from hpcsweep.config import TEMPLATE_KINDS, TrialConfig
 from hpcsweep.container.checks import check_local, check_on_login_node
 from hpcsweep.container.flags import ContainerLaunch, container_launch
 from hpcsweep.container.record import submitted_record, task_workdir
@@ -100,7 +100,7 @@ def trial_paths(trial: TrialConfig) -> list[tuple[str, str]]:
         paths.append(("data.cache_dir", data.cache_dir))
     if data.tokenizer:
         paths.append(("data.tokenizer", data.tokenizer))
-    if data.kind == "chat" and data.chat_template:
+    if data.kind in TEMPLATE_KINDS and data.chat_template:
         paths.append(("data.chat_template", _folder_of(data.chat_template)))
     if trial.tasks.names and trial.tasks.include_path:
         paths.append(("tasks.include_path", trial.tasks.include_path))

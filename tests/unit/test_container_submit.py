@@ -215,6 +215,16 @@ def test_an_hpcsweep_trial_mounts_its_model_data_cache_tokenizer_and_tasks():
     assert trial_paths(trial_config_from_dict({})) == []
 
 
+def test_a_preference_trial_mounts_its_chat_template_as_a_chat_trial_does():
+    trial = trial_config_from_dict({
+        "model": {"path": "/models/v3"},
+        "objective": {"kind": "dpo"},
+        "data": {"kind": "preference", "files": "/pairs/*.jsonl", "chat_template": "/templates/chatml.jinja",
+                 "cache_dir": "cache"},
+    })
+    assert ("data.chat_template", "/templates") in trial_paths(trial)
+
+
 def test_the_launcher_config_and_its_override_keys():
     from hydra_plugins.hpcsweep_plugins.config import launcher_keys
     from hpcsweep.sweep.override_keys import unknown_launcher_key_message
