@@ -33,6 +33,7 @@ import numpy as np
 from hpcsweep.config import DataConfig, check_corpus_fits
 from hpcsweep.files.atomic import atomic_write_text, fsync_dir
 from hpcsweep.files.chat_samples import check_samples
+from hpcsweep.files.preference_pairs import check_pairs
 from hpcsweep.files.metrics_file import NOT_STARTED, read_metrics, write_metrics
 from hpcsweep.files.token_cache import TOKENS_NAME, TextCorpus, TokenCacheError, chat_rendering, text_corpus
 from hpcsweep.files.token_file import TokenHeader, header_path, header_text, read_token_header
@@ -153,8 +154,9 @@ def write_token_file_at(corpus: TextCorpus, out: Path, workers: int) -> None:
 
 def prepare_requested(request: dict[str, Any], workers: int) -> Path:
     """Write the cache entry one request names (``hpcsweep.sweep.text_preparation.preparation_request``),
-    and a preference corpus's reference log-probabilities (``hpcsweep.prepare.reference_logps``), then check it
-    against what its trials need (``check_needs``; a chat corpus's sample selections);
+    and a preference corpus's reference log-probabilities (``hpcsweep.prepare.reference_logps``), having checked
+    it against what its trials need (``check_needs``; a chat corpus's sample selections, a preference corpus's pair
+    selections);
     ``TokenCacheError`` when its corpus or tokenizer is no longer what the sweep was submitted with, or
     when it is too small for a trial."""
     chat = request.get("chat")
@@ -168,16 +170,18 @@ def prepare_requested(request: dict[str, Any], workers: int) -> Path:
             f"not {request['key']}): submit the sweep again"
         )
     token_path = write_entry(corpus, workers)
+    check_needs(read_token_header(token_path), request.get("needs") or [], f"the corpus tokenized into {corpus.entry}")
+    kind, check_selection = ("preference", check_pairs) if corpus.preference else ("chat", check_samples)
+    for check in chat.get("checks", ()) if chat else ():
+        # An overlong sample or pair under data.overlong=refuse fails the job, so no trial of the sweep starts;
+        # before the reference's forwards, which it would waste.
+        data = DataConfig(kind=kind, files=request["files"], **check)
+        log.info("data.seq_len=%d: %s", data.seq_len, check_selection(corpus, data).summary(data))
     for reference in request.get("references") or []:
         if reference_key(reference["model"]) != reference["key"]:
             raise TokenCacheError(f"model.path={reference['model']} changed since the sweep was submitted (its "
                                   "reference key differs): submit the sweep again")
         write_reference_logps(corpus, reference["model"], trust_remote_code=bool(reference.get("trust_remote_code")))
-    check_needs(read_token_header(token_path), request.get("needs") or [], f"the corpus tokenized into {corpus.entry}")
-    for check in chat.get("checks", ()) if chat else ():
-        # An overlong sample under data.overlong=refuse fails the job, so no trial of the sweep starts.
-        data = DataConfig(kind="chat", files=request["files"], **check)
-        log.info("data.seq_len=%d: %s", data.seq_len, check_samples(corpus, data).summary(data))
     return token_path
 
 

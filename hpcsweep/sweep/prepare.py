@@ -238,8 +238,7 @@ def check_chat_corpus(trial: TrialConfig) -> None:
                     f"{name} (the variables it reads that the key may set: {its_own})"
                 )
     if corpus.is_cached():
-        if trial.data.kind == "chat":
-            checked_samples(trial)
+        checked_samples(trial)
     else:
         _check_lines(corpus, trial)
 

@@ -27,10 +27,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsweep.config import TrialConfig, tokenizer_folder
+from hpcsweep.config import TEMPLATE_KINDS, TrialConfig, tokenizer_folder
 from hpcsweep.files.atomic import atomic_write_text
 from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.files.chat_samples import SampleSelection, check_samples
+from hpcsweep.files.preference_pairs import PairSelection, check_pairs
 from hpcsweep.files.token_cache import ChatRendering, TextCorpus, TokenCacheError, chat_rendering, glob_patterns, text_corpus
 from hpcsweep.slurm import commands
 from hpcsweep.sweep.containers import launch_of
@@ -152,35 +153,38 @@ def prepare_here(trials: Sequence[TrialConfig]) -> None:
             exit_with_config_error(err, "no trial ran")
     summaries = []
     for trial in trials:
-        if trial.data.kind == "chat":
+        if trial.data.kind in TEMPLATE_KINDS:
             try:
                 summary = checked_samples(trial).summary(trial.data)
             except ValueError as err:
                 exit_with_config_error(err, "no trial ran")
             if summary not in summaries:
                 summaries.append(summary)
-                log.info("chat samples at data.seq_len=%d: %s", trial.data.seq_len, summary)
+                log.info("%s at data.seq_len=%d: %s", "preference pairs" if trial.data.kind == "preference"
+                         else "chat samples", trial.data.seq_len, summary)
 
 
-_selections: dict[tuple[Any, ...], SampleSelection] = {}
+_selections: dict[tuple[Any, ...], SampleSelection | PairSelection] = {}
 
 
-def checked_samples(trial: TrialConfig) -> SampleSelection:
-    """``check_samples`` of a ``data.kind=chat`` trial whose entry is written, once per distinct (entry,
-    ``seq_len``, ``overlong``, ``max_samples``) in this login-node command."""
+def checked_samples(trial: TrialConfig) -> SampleSelection | PairSelection:
+    """``check_samples`` of a ``data.kind=chat`` trial whose entry is written (``check_pairs`` of a
+    ``preference`` one), once per distinct (entry, ``seq_len``, ``overlong``, ``max_samples``) in this login-node
+    command."""
     corpus, data = sweep_text_corpus(trial), trial.data
     key = (str(corpus.entry), data.seq_len, data.overlong, data.max_samples)
     if key not in _selections:
-        _selections[key] = check_samples(corpus, data)
+        _selections[key] = check_pairs(corpus, data) if corpus.preference else check_samples(corpus, data)
     return _selections[key]
 
 
 def sample_checks(corpus: TextCorpus, trials: Sequence[TrialConfig]) -> list[dict[str, Any]]:
-    """The distinct sample selections (``hpcsweep.files.chat_samples``) that the preparation job checks
-    on a chat corpus once written, so an overlong sample under ``data.overlong=refuse`` fails it."""
+    """The distinct sample selections (``hpcsweep.files.chat_samples``; of pairs, ``preference_pairs``) that the
+    preparation job checks on a chat or preference corpus once written, so an overlong sample or pair under
+    ``data.overlong=refuse`` fails it."""
     checks = {
         (t.data.seq_len, t.data.overlong, t.data.max_samples): None
-        for t in trials if t.data.kind == "chat" and sweep_text_corpus(t).key == corpus.key
+        for t in trials if t.data.kind in TEMPLATE_KINDS and sweep_text_corpus(t).key == corpus.key
     }
     return [{"seq_len": s, "overlong": o, "max_samples": m} for s, o, m in checks]
 
@@ -222,8 +226,7 @@ def preparation_request(
                 request["references"] = references
         if c.chat is not None:
             request["chat"] = {"template": c.chat.template_path, "train_on": c.chat.train_on}
-            if not c.preference:
-                request["chat"]["checks"] = sample_checks(c, trials)
+            request["chat"]["checks"] = sample_checks(c, trials)
             if c.chat.template_kwargs:
                 request["chat"]["template_kwargs"] = c.chat.template_variables()
         requests.append(request)

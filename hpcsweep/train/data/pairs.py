@@ -13,10 +13,9 @@ chosen ``2p``, its rejected ``2p + 1``, counted within the micro-batch), which i
 Which pairs a step takes is a pure function of ``(seed, split, step, rank, micro-step)``: each epoch visits the
 split's pairs in a seeded order, and the global batch of a step is the next ``batch_size x world_size x
 grad_accum`` pairs of that sequence, a rank and micro-step taking one contiguous slice, as for chat samples. The
-validation split is a seeded ``data.val_fraction`` of the pairs (at least one). A sequence longer than a row
-(more than ``seq_len + 1`` tokens) drops its pair under ``data.overlong=drop``, stops the trial naming its file and
-line under ``refuse``, and is cut to ``seq_len + 1`` tokens under ``truncate`` (a pair with an answer cut away
-whole is dropped).
+validation split is a seeded ``data.val_fraction`` of the pairs (at least one). Which pairs are used, under
+``data.max_samples`` and ``data.overlong``, is ``hpcsweep.files.preference_pairs``' rule, the one the login node and
+the preparation job apply before any trial starts.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ import numpy as np
 import torch
 
 from hpcsweep.config import DataConfig
-from hpcsweep.files.token_cache import OFFSETS_NAME, SOURCES_NAME, SPANS_NAME, chat_rendering, text_corpus
+from hpcsweep.files.preference_pairs import check_pairs
+from hpcsweep.files.token_cache import OFFSETS_NAME, chat_rendering, text_corpus
 from hpcsweep.files.token_file import TokenFileError, read_token_header
 from hpcsweep.model.ignore_index import IGNORE_INDEX
 from hpcsweep.train.data.batch import Batch
@@ -148,31 +148,10 @@ class PairCorpus:
         return self.train.fill_rate()
 
 
-def fitting_pairs(lengths: np.ndarray, spans: np.ndarray, seq_len: int, overlong: str,
-                  where: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The pairs (indices) whose sequences fit a row of ``seq_len`` positions under ``data.overlong``, with each
-    sequence's length and span once truncated; ``ValueError`` naming a too-long pair's ``FILE:LINE`` (``where``)
-    under ``refuse``."""
-    limit = seq_len + 1
-    too_long = (lengths.reshape(-1, 2) > limit).any(axis=1)
-    if overlong == "refuse" and too_long.any():
-        first = int(np.flatnonzero(too_long)[0])
-        raise ValueError(f"data.overlong=refuse: the pair at {where[2 * first]} has a sequence of "
-                         f"{int(lengths[2 * first : 2 * first + 2].max())} tokens, more than data.seq_len + 1 = "
-                         f"{limit}; raise data.seq_len, or set data.overlong=drop or truncate")
-    if overlong == "drop":
-        keep = ~too_long
-    else:
-        lengths = np.minimum(lengths, limit)
-        spans = np.minimum(spans, lengths[:, None])
-        keep = (spans[:, 1] > spans[:, 0]).reshape(-1, 2).all(axis=1)
-    return np.flatnonzero(keep), lengths, spans
-
-
 def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: str, *,
                            trust_remote_code: bool = False, reference: str | None = None) -> PairCorpus:
     """The preference corpus ``cfg`` names, from its cache entry; ``ValueError`` naming the key when the entry is
-    missing or broken, its vocabulary is larger than the model's, or fewer than 2 pairs fit (``fitting_pairs``).
+    missing or broken, its vocabulary is larger than the model's, or fewer than 2 pairs fit (``check_pairs``).
     ``tokenizer`` (loaded with ``trust_remote_code``) gives the padding's id. ``reference``: the model folder whose
     precomputed answer log-probabilities the rows carry (``hpcsweep.prepare.reference_logps``; None: none)."""
     assert cfg.files is not None
@@ -190,11 +169,11 @@ def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: st
         raise ValueError(f"model.vocab_size={model_vocab_size} is not allowed: data.files={cfg.files!r} needs at "
                          f"least {header.vocab_size} (its tokenizer's vocabulary)")
     tokens = np.memmap(corpus.token_path, dtype=_TOKEN_DTYPES[header.dtype], mode="r")
-    offsets = np.fromfile(corpus.entry / OFFSETS_NAME, dtype=np.int64)
-    spans = np.fromfile(corpus.entry / SPANS_NAME, dtype=np.int64).reshape(-1, 2)
-    sources = np.fromfile(corpus.entry / SOURCES_NAME, dtype=np.int64).reshape(-1, 2)
-    where = [f"{corpus.files[f].path}:{line}" for f, line in sources.tolist()]
-    starts, lengths = offsets[:-1], np.diff(offsets)
+    selection = check_pairs(corpus, cfg)
+    kept = np.asarray(selection.kept, dtype=np.int64)
+    lengths = np.asarray(selection.lengths, dtype=np.int64)
+    spans = np.asarray(selection.spans, dtype=np.int64).reshape(-1, 2)
+    starts = np.fromfile(corpus.entry / OFFSETS_NAME, dtype=np.int64)[: len(lengths)]
     reference_logps = None
     if reference is not None:
         from hpcsweep.prepare.reference_logps import reference_path
@@ -205,14 +184,7 @@ def load_preference_corpus(cfg: DataConfig, model_vocab_size: int, tokenizer: st
                              "data.files (the folder changed since the sweep prepared them, or its preparation did "
                              "not finish)")
         reference_logps = np.fromfile(path, dtype=np.float64)
-    if cfg.max_samples is not None:
-        starts, lengths, spans, where = (starts[: 2 * cfg.max_samples], lengths[: 2 * cfg.max_samples],
-                                         spans[: 2 * cfg.max_samples], where[: 2 * cfg.max_samples])
-    kept, lengths, spans = fitting_pairs(lengths, spans, cfg.seq_len, cfg.overlong, where)
-    dropped = len(starts) // 2 - len(kept)
-    if len(kept) < 2:
-        raise ValueError(f"data.files={cfg.files!r} is not allowed: {len(kept)} usable pair(s) at "
-                         f"data.seq_len={cfg.seq_len} (data.overlong={cfg.overlong}), at least 2 are needed")
+    dropped = selection.left_out
     from hpcsweep.prepare.text_tokens import load_tokenizer, pad_token_id
 
     pad_id = pad_token_id(load_tokenizer(tokenizer, trust_remote_code=trust_remote_code))
