@@ -28,6 +28,7 @@ from .topology import TopologyConfig
 from .trainer import EVAL_METRICS, TrainerConfig
 from .trial import (
     TrialConfig,
+    reference_folder,
     resume_config_from_dict,
     tokenizer_folder,
     trial_config_from_dict,
@@ -61,6 +62,7 @@ __all__ = [
     "config_keys",
     "group_keys",
     "mapping_keys",
+    "reference_folder",
     "resume_config_from_dict",
     "tokenizer_folder",
     "trial_config_from_dict",

@@ -40,8 +40,15 @@ class ObjectiveConfig:
     none."""
     reference: str | None = None
     """``objective=dpo``: the model the trained one is compared with. null: the model the trial starts from
-    (``model.path``'s weights; with LoRA, the model with its adapters off, no second copy); a path: another
-    Hugging Face folder, as a supervised fine-tuning trial's export."""
+    (``model.path``'s weights); a path: another Hugging Face folder with the same vocabulary, as a supervised
+    fine-tuning trial's merged export."""
+    precompute_reference: bool | None = None
+    """``objective=dpo``: whether the reference's answer log-probabilities are computed once, by the sweep's
+    preparation job, for every trial and later sweep on the same folder and pairs (TRL's
+    ``precompute_ref_log_probs``), so no trial runs a reference forward. null: yes wherever a folder holds the
+    reference (``objective.reference``, else ``model.path`` unless ``model.random_init``); false: each step runs
+    the model with its LoRA adapters off (``model.peft=lora`` and no ``objective.reference`` only); true: yes,
+    refused where no folder holds the reference. ``hpcsweep.config.trial.reference_folder`` decides."""
 
     def __post_init__(self) -> None:
         _require(math.isfinite(self.beta) and self.beta > 0, "objective.beta", self.beta, "a number > 0")

@@ -73,6 +73,26 @@ class TrialConfig:
         _require(not (metric == "val_accuracy" and self.objective.kind == "dpo"), "trainer.early_stop_metric",
                  metric, "val_loss, val_reward_accuracy, val_reward_margin or a task score with objective=dpo (DPO's "
                  "evaluation measures rewards, not next-token accuracy)")
+        self._check_reference_route()
+
+    def _check_reference_route(self) -> None:
+        """The reference is precomputed from a folder, or is the model with its LoRA adapters off: one of them
+        must be there (``reference_folder``)."""
+        objective, model = self.objective, self.model
+        if objective.kind != "dpo":
+            return
+        if objective.precompute_reference is False:
+            _require(model.peft == "lora", "objective.precompute_reference", False,
+                     "true or null with model.peft=none: a full fine-tuning trial keeps no copy of the model it "
+                     "started from, so its reference's log-probabilities are computed once by the preparation job")
+            _require(objective.reference is None, "objective.precompute_reference", False,
+                     f"true or null with objective.reference={objective.reference!r}: another folder's "
+                     "log-probabilities are computed once by the preparation job (the trial holds only its own model)")
+        if objective.precompute_reference and reference_folder(self) is None:
+            _fail("objective.precompute_reference", True,
+                  "false or null here: no folder holds the reference to compute it from (model.path is "
+                  f"{'null' if model.path is None else 'not loaded: model.random_init=true'} and objective.reference "
+                  "is null)")
 
     def _check_task_keys(self) -> None:
         """A task score watched by early stopping is one the trial measures, more than once."""
@@ -85,6 +105,19 @@ class TrialConfig:
         _require(trainer.early_stop_patience == 0 or tasks.every > 0, "tasks.every", tasks.every,
                  f"a number of steps > 0 when early stopping watches {trainer.early_stop_metric} "
                  "(0 runs the tasks at the end only)")
+
+
+def reference_folder(trial: TrialConfig) -> str | None:
+    """The folder whose answer log-probabilities a DPO trial reads, computed once by the preparation job
+    (``hpcsweep.prepare.reference_logps``): ``objective.reference``, else the folder the trial starts from
+    (``model.path``, unless ``model.random_init``), unless ``objective.precompute_reference=false``; None: none
+    (not DPO, or a LoRA trial whose reference is its model with the adapters off, each step)."""
+    objective, model = trial.objective, trial.model
+    if objective.kind != "dpo" or objective.precompute_reference is False:
+        return None
+    if objective.reference is not None:
+        return objective.reference
+    return model.path if model.path and not model.random_init else None
 
 
 def tokenizer_folder(data: DataConfig, model: ModelConfig) -> str | None:

@@ -93,10 +93,10 @@ def _read_json(path: Path, key: str) -> dict[str, Any]:
     return value
 
 
-def read_model_folder(path: str) -> ModelFolder:
-    """Read the folder ``model.path`` names; ``ValueError`` (one line, naming the key) when it is no
-    folder or has no readable ``config.json``."""
-    key = f"model.path={path}"
+def read_model_folder(path: str, key_name: str = "model.path") -> ModelFolder:
+    """Read the folder ``model.path`` (or the key ``key_name``) names; ``ValueError`` (one line, naming the key)
+    when it is no folder or has no readable ``config.json``."""
+    key = f"{key_name}={path}"
     folder = Path(path).expanduser()
     if not folder.exists():
         raise _refuse(key, "no such folder")

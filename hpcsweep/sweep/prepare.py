@@ -244,24 +244,41 @@ def check_chat_corpus(trial: TrialConfig) -> None:
 
 
 def check_preference_corpus(trial: TrialConfig) -> None:
-    """A ``data.kind=preference`` trial's reference is the model it starts from: under LoRA that model with its
-    adapters off, under full fine-tuning a pretrained folder (``model.path``) whose log-probabilities the preparation
-    computes once (another reference folder is not built yet: issue 43); its template is checked as a chat trial's,
-    and every line of its files not yet tokenized is a pair (``jsonl_checks``)."""
-    if trial.model.peft == "none" and trial.model.path and trial.model.random_init:
+    """A ``data.kind=preference`` trial's reference: under full fine-tuning a folder whose log-probabilities the
+    preparation computes once (the pretrained ``model.path`` it starts from, or ``objective.reference``), which
+    must exist and share the trial's vocabulary; its template is checked as a chat trial's, and every line of its
+    files not yet tokenized is a pair (``jsonl_checks``)."""
+    if trial.objective.reference is not None:
+        check_reference_folder(trial)
+    elif trial.model.peft == "none" and trial.model.path and trial.model.random_init:
         raise ValueError(
             "model.random_init=true is not allowed with objective=dpo and model.peft=none: the reference is the "
-            "folder's trained weights, which the trial would not start from; set model.random_init=false")
-    if trial.model.peft == "none" and not trial.model.path:
+            "folder's trained weights, which the trial would not start from; set model.random_init=false, or name "
+            "the reference (objective.reference=DIR)")
+    elif trial.model.peft == "none" and not trial.model.path:
         raise ValueError(
             "model.path=null is not allowed with objective=dpo and model.peft=none: full fine-tuning DPO compares "
             "with the pretrained folder it starts from (its log-probabilities computed once by the preparation "
             "job); name one (model=pretrained model.path=DIR), or set model.peft=lora")
-    if trial.objective.reference is not None:
-        raise ValueError(
-            f"objective.reference={trial.objective.reference!r} is not allowed: only null (the model the trial starts "
-            "from, its LoRA adapters off) for now; a reference folder of its own is not built yet")
     check_chat_corpus(trial)
+
+
+def check_reference_folder(trial: TrialConfig) -> None:
+    """``objective.reference`` names a model folder that can run (as ``model.path`` is checked) with the vocabulary
+    of the trial's model: its log-probabilities are of the trial's token ids."""
+    assert trial.objective.reference is not None
+    given = Path(trial.objective.reference).expanduser()
+    if (given / "adapter_config.json").is_file() and not (given / "config.json").is_file():
+        raise ValueError(f"objective.reference={trial.objective.reference} is not allowed: it holds a LoRA adapter, "
+                         "not a model; export the trial merged (python -m hpcsweep.export ... --merge) and name that "
+                         "folder")
+    folder = read_model_folder(trial.objective.reference, "objective.reference")
+    check_model_folder(folder, trust_remote_code=trial.model.trust_remote_code, random_init=False)
+    vocab = read_model_folder(trial.model.path).vocab_size if trial.model.path else trial.model.vocab_size
+    if folder.vocab_size != vocab:
+        raise ValueError(f"{folder.key} is not allowed: its vocab_size={folder.vocab_size} differs from the trial's "
+                         f"model ({vocab}); the reference scores the trial's token ids, so it needs the same "
+                         "tokenizer")
 
 
 def _check_lines(corpus: TextCorpus, trial: TrialConfig) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsweep.config import TEMPLATE_KINDS, TrialConfig, tokenizer_folder
+from hpcsweep.config import TEMPLATE_KINDS, TrialConfig, reference_folder, tokenizer_folder
 from hpcsweep.files.atomic import atomic_write_text
 from hpcsweep.files.sweep_record import TokenPreparationRecord
 from hpcsweep.files.chat_samples import SampleSelection, check_samples
@@ -92,13 +92,13 @@ def sweep_text_corpus(trial: TrialConfig) -> TextCorpus:
 
 def reference_models(trials: Sequence[TrialConfig], corpus: TextCorpus) -> list[tuple[str, bool]]:
     """The reference folders (with their ``model.trust_remote_code``) whose answer log-probabilities the preparation
-    computes for ``corpus``: those of its full fine-tuning DPO trials (``objective=dpo model.peft=none``: the model
-    each starts from, ``hpcsweep.prepare.reference_logps``), in trial order."""
+    computes for ``corpus``: those its DPO trials read (``hpcsweep.config.reference_folder``;
+    ``hpcsweep.prepare.reference_logps``), in trial order."""
     found: dict[str, bool] = {}
     for trial in trials:
-        if (trial.objective.kind == "dpo" and trial.model.peft == "none" and trial.model.path
-                and sweep_text_corpus(trial).key == corpus.key):
-            found.setdefault(trial.model.path, trial.model.trust_remote_code)
+        folder = reference_folder(trial)
+        if folder is not None and sweep_text_corpus(trial).key == corpus.key:
+            found.setdefault(folder, trial.model.trust_remote_code)
     return list(found.items())
 
 
@@ -109,8 +109,9 @@ def missing_references(trials: Sequence[TrialConfig], corpus: TextCorpus) -> lis
     missing = []
     for model, trust in reference_models(trials, corpus):
         if corpus.is_cached() and reference_path(corpus.entry, model).is_file():
-            log.info("model.path=%s: reusing its reference log-probabilities of data.files in %s (not computed "
-                     "again)", model, corpus.entry)
+            key = "objective.reference" if any(t.objective.reference == model for t in trials) else "model.path"
+            log.info("%s=%s: reusing its reference log-probabilities of data.files in %s (not computed again)", key,
+                     model, corpus.entry)
         else:
             missing.append((model, trust))
     return missing

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpcsweep.config import TrialConfig, tokenizer_folder
+from hpcsweep.config import TrialConfig, reference_folder, tokenizer_folder
 from hpcsweep.files import metrics_file, tb_runs
 from hpcsweep.files.metric_keys import TASKS_KEY, metric_value
 from hpcsweep.files.trial_files import TrialFiles
@@ -116,10 +116,15 @@ class Trainer:
         self.balance = load_balance.attach(self.model, cfg.model)
         self.head_loss = head_loss.attach(self.model, tcfg.loss_kernel, tcfg.loss_chunk_tokens, world.device.type)
         self.preference: PreferenceStep | None = None
-        if cfg.objective.kind == "dpo":  # DPO on pairs: the reference is the model with its adapters off, or precomputed
-            vocab = self.model.config.vocab_size
+        if cfg.objective.kind == "dpo":  # DPO on pairs: the reference is precomputed, or the model with its adapters off
+            vocab, reference = self.model.config.vocab_size, reference_folder(cfg)
             self.preference = PreferenceStep(cfg.objective, self.model, self.head_loss, lambda tokens: loss_chunk_tokens(
-                tcfg.loss_chunk_tokens, world.device.type, vocab, None, tokens), precomputed=cfg.model.peft == "none")
+                tcfg.loss_chunk_tokens, world.device.type, vocab, None, tokens), precomputed=reference is not None)
+            if reference:
+                log.info("reference log-probabilities: precomputed from %s by the preparation job, read with the "
+                         "pairs (no reference forward)", reference)
+            else:
+                log.info("reference: the model with its adapters off, a forward each micro-batch")
             self.preference_window = PreferenceWindow(world.device)
         if tcfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -151,10 +156,10 @@ class Trainer:
         """The data, the optimizer and its schedule, early stopping, the task scorer and the checkpoints."""
         cfg, tcfg, world = self.cfg, self.cfg.trainer, self.world
         torch.manual_seed(worker_seed(tcfg.seed, world.rank))
-        # A full fine-tuning DPO trial reads its reference's log-probabilities, precomputed beside its pairs.
-        reference = cfg.model.path if cfg.objective.kind == "dpo" and cfg.model.peft == "none" else None
+        # A DPO trial whose reference is precomputed reads its log-probabilities beside its pairs.
         self.corpus = corpora.load_corpus(cfg.data, self.model.config.vocab_size, tokenizer_folder(cfg.data, cfg.model),
-                                          trust_remote_code=cfg.model.trust_remote_code, reference=reference)
+                                          trust_remote_code=cfg.model.trust_remote_code,
+                                          reference=reference_folder(cfg))
         self.optimizer = optim.build_optimizer(self.model, cfg.model, tcfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg.model, tcfg)
         self.scaler = optim.build_grad_scaler(self.choices.precision, world.device)

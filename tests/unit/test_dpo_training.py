@@ -1,6 +1,6 @@
 """``objective=dpo`` trains on preference pairs: rows of chosen and rejected sequences, packed apart or padded,
 give each answer the log-probability it has alone; the reference is the model with every adapter off (the expert
-LoRA included), equal to the folder's own model; a trainer step's loss is DPO's formula on the model's
+LoRA included), equal to the folder's own model, or its log-probabilities precomputed once by the preparation; a trainer step's loss is DPO's formula on the model's
 log-probabilities, with the MoE balance loss kept; a stopped DPO trial resumes exactly; and a local LoRA DPO
 sweep ends with its reward accuracy in metrics.json."""
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from hpcsweep.config import trial_config_from_dict
+from hpcsweep.config import reference_folder, trial_config_from_dict
 from hpcsweep.files.token_cache import chat_rendering, text_corpus
 from hpcsweep.model.ignore_index import IGNORE_INDEX
 from hpcsweep.prepare.text_tokens import write_entry
@@ -66,6 +66,9 @@ def dpo(tmp_path_factory):
         "data.seq_len": 128, "data.batch_size": 2, "data.val_fraction": 0.25, "trainer.device": "cpu",
         "trainer.max_steps": 2, "trainer.warmup_steps": 1, "trainer.eval_every": 2, "trainer.eval_batches": 2,
         "trainer.log_every": 1, "trainer.ckpt_every": 0, "trainer.telemetry_every_s": 0,
+        # The route that runs the reference in the trial (the model with its adapters off); tests of the default,
+        # precomputed route set it back to null.
+        "objective.precompute_reference": False,
     }
     return folder, settings
 
@@ -170,7 +173,7 @@ def test_a_local_dpo_sweep_of_both_routes_reports_its_reward_accuracy(tmp_path, 
     """A LoRA trial and a full fine-tuning one in one local sweep: one preparation tokenizes the pairs and computes
     the full fine-tuning trial's reference; both end with their reward accuracy, which ranks them."""
     folder, settings = dpo
-    args = ["-m", "hydra/launcher=local", "model=pretrained", "objective=dpo", "data=preference",
+    args = ["-m", "hydra/launcher=local", "model=pretrained", "objective=dpo", "data=preference",  # the default route
             f"model.path={folder}", "model.peft=lora,none", f"data.files={settings['data.files']}",
             f"data.cache_dir={tmp_path}/cache", f"data.chat_template={settings['data.chat_template']}",
             "data.seq_len=128", "data.batch_size=4", "data.val_fraction=0.25", "model.lr=1e-3",
@@ -189,6 +192,9 @@ def test_a_local_dpo_sweep_of_both_routes_reports_its_reward_accuracy(tmp_path, 
     for trial in trials:
         metrics = json.loads((tmp_path / trial["trial_dir"] / "metrics.json").read_text())
         assert metrics["status"] == "completed", metrics
+        # Both read the reference computed once: the same folder, so one file for both routes.
+        log_text = (tmp_path / trial["trial_dir"] / "train.log").read_text()
+        assert f"reference log-probabilities: precomputed from {folder}" in log_text, log_text[-2000:]
         assert 0.0 <= metrics["val_reward_accuracy"] <= 1.0 and "val_reward_margin" in metrics, metrics
         assert metrics["val_loss"] > 0 and metrics["val_accuracy"] is None
     # TRL's training metrics went through the trackers; the reward accuracy ranks trials as task scores do.
@@ -258,7 +264,7 @@ def test_full_fine_tuning_reads_the_reference_computed_once_by_the_preparation(t
 
     folder, settings = dpo
     settings = {**settings, "model.peft": "none", "model.lr": 1e-3, "data.cache_dir": str(tmp_path / "cache"),
-                "objective.beta": 0.5, "trainer.max_steps": 4, "trainer.eval_every": 2, "trainer.eval_batches": 1,
+                "objective.precompute_reference": None, "objective.beta": 0.5, "trainer.max_steps": 4, "trainer.eval_every": 2, "trainer.eval_batches": 1,
                 "trainer.log_every": 2}
     cfg = trial_config_from_dict(trial_config(settings))
     with caplog.at_level(logging.INFO):
@@ -315,6 +321,83 @@ def test_full_fine_tuning_reads_the_reference_computed_once_by_the_preparation(t
     assert 0.0 <= done["val_reward_accuracy"] <= 1.0
 
 
+def test_a_lora_trial_reads_the_precomputed_reference_and_runs_no_reference_forward(tmp_path, dpo, caplog):
+    """``objective.precompute_reference`` null (the default) with LoRA: the rows carry the folder's log-probabilities,
+    equal to the model with its adapters off, and a step runs the policy's forward alone."""
+    from hpcsweep.sweep.text_preparation import prepare_here
+    from hpcsweep.train.trainer import Trainer
+
+    _, settings = dpo
+    cfg = trial_config_from_dict(trial_config({**settings, "objective.precompute_reference": None, "objective.beta": 0.5,
+                                               "data.cache_dir": str(tmp_path / "cache")}))
+    prepare_here([cfg])
+    (tmp_path / "t").mkdir()
+    with caplog.at_level(logging.INFO, logger="hpcsweep.train.trainer"):
+        trainer = Trainer(cfg, init_distributed("cpu", 60, env={}), tmp_path / "t")
+    try:
+        assert "reference log-probabilities: precomputed from" in caplog.text and trainer.preference.precomputed
+        model = trainer.model
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        batch = corpora.get_rows(trainer.corpus, cfg.data, split="train", step=0, rank=0, micro_step=0,
+                                 world_size=1, grad_accum=1)
+        kwargs = sample_attention.forward_kwargs(batch.position_ids, trainer.choices.attn_implementation,
+                                                 own_code=False, dtype=torch.float32, device=torch.device("cpu"))
+        with torch.no_grad():
+            policy = summed_by_answer(model(input_ids=batch.inputs, position_ids=batch.position_ids,
+                                            **kwargs).logits, batch)
+            with model.disable_adapter():
+                adapters_off = summed_by_answer(model(input_ids=batch.inputs, position_ids=batch.position_ids,
+                                                      **kwargs).logits, batch)
+        # The precomputed numbers are the model with its adapters off (each sequence alone, fp32 sums).
+        assert (batch.reference - adapters_off).abs().max() <= 1e-4
+        forwards = []
+        hook = model.get_input_embeddings().register_forward_hook(lambda *args: forwards.append(1))
+        loss, _ = trainer.train_step()
+        hook.remove()
+        assert len(forwards) == 1  # the policy's: no reference forward
+        carried = batch.reference.double()
+        delta = (policy[0::2] - carried[0::2]) - (policy[1::2] - carried[1::2])
+        assert abs(loss.item() - (-F.logsigmoid(0.5 * delta)).mean().item()) <= 1e-5
+    finally:
+        trainer.close()
+
+
+def test_the_reference_route_is_refused_where_it_cannot_be(tmp_path, dpo):
+    from hpcsweep.sweep.prepare import validate_composed
+
+    folder, settings = dpo
+    with pytest.raises(ValueError, match=r"^objective.precompute_reference=False is not allowed: true or null with "
+                                         r"model.peft=none: a full fine-tuning trial keeps no copy"):
+        trial_config_from_dict(trial_config({**settings, "model.peft": "none"}))
+    with pytest.raises(ValueError, match=r"^objective.precompute_reference=True is not allowed: false or null here: "
+                                         r"no folder holds the reference"):
+        trial_config_from_dict(trial_config({**settings, "model.path": None, "model.vocab_size": 384,
+                                             "data.tokenizer": str(folder), "objective.precompute_reference": True}))
+    composed = trial_config(settings)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    for reference, refusal in [
+        (str(adapter), rf"^objective.reference={adapter} is not allowed: it holds a LoRA adapter, not a model; "
+                       r"export the trial merged"),
+        (str(tmp_path / "none"), rf"^objective.reference={tmp_path}/none is not allowed: no such folder$"),
+        (str(make_model_folder(tmp_path / "other", vocab_size=512)),
+         rf"^objective.reference={tmp_path}/other is not allowed: its vocab_size=\d+ differs from the trial's model "
+         r"\(\d+\); the reference scores the trial's token ids, so it needs the same tokenizer$"),
+    ]:
+        objective = {**composed["objective"], "reference": reference, "precompute_reference": None}
+        with pytest.raises(ValueError, match=refusal):
+            validate_composed({**composed, "objective": objective})
+    # A folder with the trial's vocabulary is taken, and its numbers are what the trial reads.
+    taken = {**composed, "objective": {**composed["objective"], "reference": str(folder), "precompute_reference": None}}
+    validate_composed(taken)
+    assert reference_folder(trial_config_from_dict(taken)) == str(folder)
+
+
 def test_the_preparation_jobs_request_names_each_reference_and_asks_for_a_gpu(tmp_path, dpo):
     from hpcsweep.files.token_cache import TokenCacheError
     from hpcsweep.prepare.reference_logps import reference_key, reference_path
@@ -323,14 +406,17 @@ def test_the_preparation_jobs_request_names_each_reference_and_asks_for_a_gpu(tm
                                                  sweep_text_corpus)
 
     folder, settings = dpo
-    full = trial_config_from_dict(trial_config({**settings, "model.peft": "none",
-                                                "data.cache_dir": str(tmp_path / "cache")}))
-    lora = trial_config_from_dict(trial_config({**settings, "data.cache_dir": str(tmp_path / "cache")}))
+    settings = {**settings, "data.cache_dir": str(tmp_path / "cache"), "objective.precompute_reference": None}
+    full = trial_config_from_dict(trial_config({**settings, "model.peft": "none"}))
+    lora = trial_config_from_dict(trial_config(settings))
+    adapters_off = trial_config_from_dict(trial_config({**settings, "objective.precompute_reference": False}))
     corpus = sweep_text_corpus(full)
     assert missing_corpora([full]) == [corpus]
-    (lora_request,) = json.loads(preparation_request([corpus], [lora]))
-    assert "references" not in lora_request  # LoRA's reference is the model with its adapters off
-    (request,) = json.loads(preparation_request([corpus], [full, lora]))
+    (lora_request,) = json.loads(preparation_request([corpus], [adapters_off]))
+    assert "references" not in lora_request  # its reference is the model with its adapters off, each step
+    # A LoRA trial that reads the precomputed reference shares the full fine-tuning trial's: the same folder.
+    (request,) = json.loads(preparation_request([corpus], [full, lora, adapters_off]))
+    assert json.loads(preparation_request([corpus], [lora]))[0]["references"] == request["references"]
     assert request["references"] == [{"model": str(folder), "key": reference_key(str(folder)),
                                       "trust_remote_code": False}]
     assert "--gpus-per-node=1" in sbatch_options({"gpus_per_node": 8}, tmp_path / "log", 4, gpu=True)

@@ -107,12 +107,12 @@ def test_the_login_node_checks_every_pair_and_takes_lora_dpo_only(tmp_path, capl
                         r"\d+ tokens of text \(0\.\d\d a byte, as its tokenizer.json splits the first [\d.]+ kB\); "
                         "every line checked", summary), summary
     assert not (tmp_path / "cache").exists()  # read, not tokenized
-    # Full fine-tuning compares with the pretrained folder it starts from; a reference folder is not built yet.
+    # Full fine-tuning compares with the pretrained folder it starts from, or a reference folder that exists.
     with pytest.raises(ValueError, match=r"^model.path=null is not allowed with objective=dpo and model.peft=none: "
                                          r"full fine-tuning DPO compares with the pretrained folder it starts from "
                                          r".*; name one \(model=pretrained model.path=DIR\), or set model.peft=lora$"):
         validate_composed(composed(peft="none", **pairs))
-    with pytest.raises(ValueError, match=r"^objective.reference='/sft' is not allowed: only null"):
+    with pytest.raises(ValueError, match=r"^objective.reference=/sft is not allowed: no such folder$"):
         validate_composed({**composed(**pairs), "objective": {"kind": "dpo", "reference": "/sft"}})
     lines[12] = lines[12].replace('"rejected"', '"rejeted"')
     path.write_text("\n".join(lines) + "\n")
