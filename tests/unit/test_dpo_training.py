@@ -178,8 +178,9 @@ def test_a_local_dpo_sweep_of_both_routes_reports_its_reward_accuracy(tmp_path, 
             f"data.cache_dir={tmp_path}/cache", f"data.chat_template={settings['data.chat_template']}",
             "data.seq_len=128", "data.batch_size=4", "data.val_fraction=0.25", "model.lr=1e-3",
             "objective.beta=0.5", "trainer.max_steps=4", "trainer.eval_every=4", "trainer.eval_batches=2",
-            "trainer.ckpt_every=4", "trainer.log_every=2"]
-    env = {**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf"}
+            "trainer.ckpt_every=4", "trainer.log_every=2", "logging.backends=[tensorboard,wandb,mlflow]",
+            "logging.wandb.mode=offline"]
+    env = {**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf", "WANDB_SILENT": "true"}
     result = subprocess.run([sys.executable, "-m", "hpcsweep", *args], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)
     output = result.stdout + result.stderr
@@ -197,12 +198,29 @@ def test_a_local_dpo_sweep_of_both_routes_reports_its_reward_accuracy(tmp_path, 
         assert f"reference log-probabilities: precomputed from {folder}" in log_text, log_text[-2000:]
         assert 0.0 <= metrics["val_reward_accuracy"] <= 1.0 and "val_reward_margin" in metrics, metrics
         assert metrics["val_loss"] > 0 and metrics["val_accuracy"] is None
-    # TRL's training metrics went through the trackers; the reward accuracy ranks trials as task scores do.
+    # TRL's training metrics went through every tracker (TensorBoard, MLflow, W&B offline); the reward accuracy
+    # ranks trials as task scores do.
+    from mlflow import MlflowClient
+
+    from .test_trackers import read_wandb_run
+
+    dpo_scalars = {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                   "logps/rejected", "val/reward_accuracy"}
     data = load_sweep(sweep_file.parent, query=lambda job_ids: {})
     for row in data.rows:
         assert row.val_reward_accuracy is not None and row.val_reward_margin is not None
-        assert {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                "logps/rejected", "val/reward_accuracy"} <= set(data.scalars[row.num])
+        assert dpo_scalars <= set(data.scalars[row.num])
+        trackers = json.loads((sweep_file.parent / str(row.num) / "metrics.json").read_text())["trackers"]
+        assert trackers["mlflow"]["status"] == trackers["wandb"]["status"] == "ok", trackers
+        client = MlflowClient(tracking_uri=trackers["mlflow"]["tracking_uri"])
+        run = client.get_run(trackers["mlflow"]["run_id"])
+        assert dpo_scalars <= set(run.data.metrics), run.data.metrics
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "rewards/accuracies")] == [2, 4]
+        (run_file,) = (sweep_file.parent / str(row.num) / "wandb").glob("offline-run-*/run-*.wandb")
+        _, history, _ = read_wandb_run(str(run_file))
+        logged = {key for entry in history for key in entry}
+        assert dpo_scalars <= logged, logged
+        assert [e["_step"] for e in history if "rewards/margins" in e] == [2, 4]
     assert "val_reward_accuracy" in sort_keys(data.rows) and higher_is_better("val_reward_accuracy")
     # A DPO trial exports like any other: the best by reward accuracy (an adapter, or a whole model).
     from hpcsweep.export.cli import main as export_main
