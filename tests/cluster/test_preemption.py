@@ -7,6 +7,7 @@ one addition in any layout; for the 2-node x 2-process trial, the session's ``tw
 from __future__ import annotations
 
 import datetime
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,10 @@ from .conftest import (
     REPO,
     STOPPABLE_TRIAL,
     TWO_NODES_TWO_PROCESSES,
+    _continue_all,
+    held_at_step,
     metrics_step,
+    proc_status,
     read_json,
     run_hpcsweep,
     slurm,
@@ -95,18 +99,24 @@ def queued(env: dict[str, str], job_id: str) -> tuple[str, datetime.datetime | N
 REQUEUE_START_DELAY_S = 3
 
 
-def wait_until_final(env: dict[str, str], job_id: str, trial_dir: Path, timeout: float = 300) -> dict:
-    """Wait until the trial has ended and its job has left the queue; start a requeued job soon.
+def start_requeued_soon(env: dict[str, str], job_id: str) -> str:
+    """Move a requeued job's StartTime to a few seconds from now; return its squeue state.
 
     A requeued job waits ~20 s (the cluster's cred_expire) before it may start: moving its
-    StartTime to a few seconds from now only shortens the test.
+    StartTime only shortens the test.
     """
+    state, start = queued(env, job_id)
+    now = datetime.datetime.now()
+    if state == "PENDING" and start and start > now + datetime.timedelta(seconds=REQUEUE_START_DELAY_S + 2):
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{REQUEUE_START_DELAY_S}"],
+                       env=env, capture_output=True, timeout=30, check=False)
+    return state
+
+
+def wait_until_final(env: dict[str, str], job_id: str, trial_dir: Path, timeout: float = 300) -> dict:
+    """Wait until the trial has ended and its job has left the queue; start a requeued job soon."""
     def final():
-        state, start = queued(env, job_id)
-        now = datetime.datetime.now()
-        if state == "PENDING" and start and start > now + datetime.timedelta(seconds=REQUEUE_START_DELAY_S + 2):
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{REQUEUE_START_DELAY_S}"],
-                           env=env, capture_output=True, timeout=30, check=False)
+        state = start_requeued_soon(env, job_id)
         metrics = read_json(trial_dir / "metrics.json") if (trial_dir / "metrics.json").exists() else {}
         return metrics if not state and metrics.get("status") in ("completed", "failed") else None
 
@@ -228,48 +238,72 @@ def test_a_trial_whose_node_fails_comes_back_elsewhere_and_resumes(tmp_path, slu
 # slurmctld looks at time limits every 30 s (PERIODIC_TIMEOUT) and sends the --signal warning at
 # the first look that finds the job within signal_delay_s + 30 s of its limit: with a 1-minute
 # limit and a 1 s delay, 29-59 s into a run, and the kill one look (30 s) later. A requeued run
-# starts a few seconds after a look, so its warning comes two looks later, ~55 s in. Each run
-# spends 10-20 s of that starting Python, torch and transformers.
+# starts a few seconds after a look, so its warning comes two looks later, ~55 s in.
 TIME_LIMIT = ["hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=1", "hydra.launcher.max_num_timeout=30"]
-LONGEST_RUN_S = 59
-SPEED_MARGIN = 1.5
-"""How much faster than its calibration the trial may train (the machine's load falls meanwhile) and
-still need three runs; a slower one only needs more runs."""
+TIME_LIMITED_STEPS = 400
+"""10-25 s of the small trial on one thread: the run after the held ones finishes them, or is requeued too."""
 
 
-def steps_trained_in(seconds: float, tmp_path: Path, env: dict[str, str]) -> int:
-    """How many steps of STOPPABLE_TRIAL's model a sweep trial on this cluster trains in ``seconds``, now:
-    a short sweep trial's tokens/s (the same path as the trial; a local run here trains at another speed)."""
-    cwd = tmp_path / "calibration"
-    cwd.mkdir()
-    job_id, trial_dir = submit(cwd, env, "trainer.max_steps=60", "trainer.log_every=30", "trainer.eval_every=60",
-                               "trainer.ckpt_every=0")
-    metrics = wait_until_final(env, job_id, trial_dir)
-    assert metrics["status"] == "completed", metrics.get("error")
-    return max(1, round(seconds * metrics["tokens_per_s"] / (setting("data.batch_size") * setting("data.seq_len"))))
+def stop_signals_logged(trial_dir: Path) -> int:
+    """How many stop signals the trial's runners have logged (one line each, as the runner gets it)."""
+    try:
+        return (trial_dir / "train.log").read_text(errors="replace").count(": stop signal (")
+    except FileNotFoundError:
+        return 0
 
 
-def setting(key: str) -> int:
-    """An integer setting of ``TRAINING``."""
-    (value,) = [o.split("=", 1)[1] for o in TRAINING if o.startswith(f"{key}=")]
-    return int(value)
+def held_through_time_limit(env: dict[str, str], job_id: str, trial_dir: Path, timeout: float = 240) -> int:
+    """Hold the job's task processes (``held_at_step``) once the run has trained a step of its own, until
+    Slurm's time-limit warning is pending in each that does not ignore USR2; then let them go on, to
+    stop and requeue. Returns the step the run was held at.
+
+    Held, a run trains no further than that step whatever the machine's speed, so the trial needs
+    another run; the stop itself is the one Slurm's warning starts, in a run at its time limit.
+    A warning this run's runner got just before the hold (a slow start under load) also lets them
+    go: every earlier run (``restarts``) logged its own stop signal.
+    """
+    pids, at = held_at_step(job_id, trial_dir, metrics_step(trial_dir) + 1, timeout)
+    usr2 = 1 << (signal.SIGUSR2 - 1)
+    try:
+        earlier_runs = read_json(trial_dir / "metrics.json").get("restarts", 0)
+
+        def warned() -> bool:
+            if stop_signals_logged(trial_dir) > earlier_runs:
+                return True
+            for pid in pids:
+                status = proc_status(pid)
+                if not status or int(status["SigIgn"], 16) & usr2:
+                    continue  # gone, or deaf to USR2
+                if not (int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)) & usr2:
+                    return False
+            return True
+
+        # The warning comes 29-59 s into a run; the kill of an unwarned run 30 s after.
+        wait_for(warned, timeout=150, what=f"Slurm's time-limit warning to reach job {job_id}", interval=0.2)
+    finally:
+        _continue_all(pids)
+    return at
 
 
 def test_a_trial_needing_three_time_limits_completes_through_requeues(tmp_path, slurm_env, reference):
     # The trial and its reference train side by side: one thread each, or on 2 cores their
     # thread pools would spin against each other and run 5-10x slower than alone.
     env = {**slurm_env, "OMP_NUM_THREADS": "1"}
-    # Training for two of the longest runs at up to SPEED_MARGIN times the calibrated speed: more
-    # than two runs hold after their start-up, so at least three runs; slower, more runs, a longer wait.
-    max_steps = steps_trained_in(SPEED_MARGIN * 2 * LONGEST_RUN_S, tmp_path, env)
-    long = [f"trainer.max_steps={max_steps}", "trainer.ckpt_every=0", f"trainer.eval_every={max_steps}",
-            "trainer.log_every=50"]
+    long = [f"trainer.max_steps={TIME_LIMITED_STEPS}", "trainer.ckpt_every=0",
+            f"trainer.eval_every={TIME_LIMITED_STEPS}", "trainer.log_every=50"]
     job_id, trial_dir = submit(tmp_path, env, *long, *TIME_LIMIT)
     expected = reference(1, *long, env=env)
+    # Two runs are held, each from a step it trained itself until its time limit: more than two runs,
+    # at any speed. A run that is not held and does not finish in time is requeued too: more runs.
+    held_through_time_limit(slurm_env, job_id, trial_dir)
+    wait_for(lambda: start_requeued_soon(slurm_env, job_id) == "RUNNING" and (m := read_json(
+        trial_dir / "metrics.json")).get("restarts", 0) >= 1 and m.get("status") == "running", timeout=240,
+             what=f"job {job_id}'s next run to resume", interval=1.0)
+    held_through_time_limit(slurm_env, job_id, trial_dir)
 
     metrics = wait_until_final(slurm_env, job_id, trial_dir, timeout=2400)
     assert metrics["status"] == "completed", metrics.get("error")
-    assert metrics["step"] == max_steps
+    assert metrics["step"] == TIME_LIMITED_STEPS
     assert metrics["restarts"] >= 2, metrics
     assert metrics["last_stop_reason"] == "time_limit"
     assert metrics["stop_to_exit_s"] < 25
