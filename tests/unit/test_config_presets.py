@@ -123,6 +123,20 @@ def test_every_preset_composes_into_a_valid_trial(choice):
 
 
 
+@pytest.mark.parametrize("kind", ["file", "text", "chat", "preference"])
+def test_a_data_preset_packs_as_its_kind_resolves_a_null_data_packing(kind):
+    """The composed defaults carry data.packing as the synthetic default resolved it (false), so a preset whose kind
+    packs must say so: data=preference trained one padded sequence a row from the command line, though the docs
+    (and DataConfig's null) said packed."""
+    from hpcsweep.config import DataConfig
+
+    source = {"path": "corpus.bin"} if kind == "file" else {"files": "x/*.jsonl", "tokenizer": "tokenizer"}
+    partner = ["objective=dpo"] if kind == "preference" else []
+    composed = compose(f"data={kind}", *(f"data.{key}={value}" for key, value in source.items()), *partner)
+    assert trial_config_from_dict(composed).data.packing == DataConfig(kind=kind, **source).packing
+    assert trial_config_from_dict(composed).data.packing is (kind in ("chat", "preference"))
+
+
 def test_the_slurm_launcher_config_extends_submitits_and_redeclares_only_what_it_changes():
     from dataclasses import fields
 
