@@ -94,7 +94,7 @@ class PairRows:
         pairs = [self.pair_at(first + i) for i in range(count)]
         sequences = self._sequences(pairs)
         rows = self.rows_of(pairs)
-        shape = (len(rows), self.seq_len)
+        shape = (len(rows), self._width(sequences, rows))
         inputs = np.full(shape, self.pad_id, dtype=np.int64)
         targets = np.full(shape, IGNORE_INDEX, dtype=np.int64)
         answers = np.full(shape, -1, dtype=np.int64)
@@ -113,17 +113,28 @@ class PairRows:
                 answers[r, at + lo - 1 : at + hi - 1] = answer
                 positions[r, at : at + n - 1] = np.arange(n - 1)
                 at += n - 1
-            positions[r, at:] = np.arange(self.seq_len - at)
+            positions[r, at:] = np.arange(shape[1] - at)
             real[r, :at] = True
         reference = None if self.reference is None else torch.from_numpy(self.reference[sequences])
         return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(positions), count,
                      torch.from_numpy(real), answers=torch.from_numpy(answers), pairs=count, reference=reference)
 
+    def _width(self, sequences: np.ndarray, rows: list[list[int]]) -> int:
+        """The positions of a micro-batch's rows: its fullest row's, at most ``data.seq_len``. Positions after every
+        row's last sequence would hold padding alone (TRL pads to the batch's longest too), which a causal model's
+        earlier positions never read; a padded row (``data.packing=false``) would be mostly that."""
+        needs = self.lengths[sequences] - 1
+        return max(int(sum(needs[answer] for answer in row)) for row in rows)
+
     def fill_rate(self) -> float:
         """Sequence positions over row positions of the split's first epoch, in micro-batches of ``batch_pairs``."""
         order = _epoch_order(self.seed, self.split, 0, self.pairs).tolist()
-        rows = sum(len(self.rows_of(order[i : i + self.batch_pairs])) for i in range(0, self.pairs, self.batch_pairs))
-        return int((self.lengths - 1).sum()) / (rows * self.seq_len)
+        positions = 0
+        for i in range(0, self.pairs, self.batch_pairs):
+            pairs = order[i : i + self.batch_pairs]
+            rows = self.rows_of(pairs)
+            positions += len(rows) * self._width(self._sequences(pairs), rows)
+        return int((self.lengths - 1).sum()) / positions
 
 
 @dataclass(frozen=True)
