@@ -431,7 +431,7 @@ def report(row: dict[str, Any]) -> None:
     does = {
         "hpcsweep": "packed rows; reference forward (adapters off) + policy fwd/bwd + AdamW",
         "hpcsweep, precomputed": "packed rows; reference read from the rows (preparation job) + policy fwd/bwd",
-        "hpcsweep, unpacked": "a sequence a row, padded to seq_len; reference forward + policy fwd/bwd + AdamW",
+        "hpcsweep, unpacked": "a sequence a row, padded to the batch's longest; reference forward + policy fwd/bwd + AdamW",
         "TRL": "padded rows; reference forward (adapters off) + policy fwd/bwd + AdamW",
         "TRL, precomputed": "padded rows; reference precomputed in __init__ + policy fwd/bwd",
     }
