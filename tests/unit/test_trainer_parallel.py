@@ -6,6 +6,8 @@ runs too); plain DDP is the reference the others are held to.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -18,6 +20,8 @@ from .trial_dirs import read_metrics
 STEPS = {"trainer.max_steps": 20, "trainer.eval_every": 10, "trainer.grad_accum": 2}
 WARMUP = 4
 """``trainer.comm_warmup_steps``: plain all-reduce before PowerSGD compresses or local SGD begins."""
+PARALLEL_RUNS = 2
+"""torchrun runs at once (each of two 1-thread ranks)."""
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +41,27 @@ def runs(tmp_path_factory):
     trials["local_sgd_resumed"] = make_trial(root / "local_sgd_resumed", **STEPS, **{
         "trainer.sync_every": 4, "trainer.comm_warmup_steps": WARMUP})
     resumed_names = ("powersgd_resumed", "local_sgd_resumed")
-    codes = {name: torchrun(trial) for name, trial in trials.items() if name not in resumed_names}
-    comm_keys = {}
-    for name in resumed_names:
+    codes, comm_keys = {}, {}
+
+    def straight(name):
+        codes[name] = torchrun(trials[name])
+
+    def stopped_and_resumed(name):
         resumed = trials[name]
         # Step 10 is inside a local-SGD period (averages after steps 4, 8, 12, ...): the ranks' models differ.
         codes[name.replace("resumed", "stopped")] = torchrun(resumed, HPCSWEEP_FAULT="stop,step=10,rank=0")
         stop_checkpoint = next((resumed / "checkpoints").glob("step00000010*")) / "resume"
         comm_keys[name] = sorted(k for k in read_metadata(stop_checkpoint).state_dict_metadata if k.startswith("comm."))
         codes[name] = torchrun(resumed)
+
+    # Every trial has its own dir and port and shares nothing with another: two at a time, so one's
+    # single-threaded phases (torchrun's start, the rendezvous, the exit) overlap the other's training.
+    # The stop and its resume stay in order; what each run trains is the same as one at a time.
+    jobs = [(stopped_and_resumed, name) for name in resumed_names]
+    jobs += [(straight, name) for name in trials if name not in resumed_names]
+    with ThreadPoolExecutor(max_workers=PARALLEL_RUNS) as pool:
+        for future in [pool.submit(run, name) for run, name in jobs]:
+            future.result()
     return trials, codes, comm_keys
 
 
