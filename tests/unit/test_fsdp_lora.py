@@ -9,6 +9,7 @@ it. With clipping active the adapters agree to float32 rounding (seed 0 clips at
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from safetensors.torch import load_file
@@ -39,13 +40,17 @@ def test_a_lora_trial_sharded_with_fsdp_trains_the_adapters_of_ddp_and_exports_t
     (checkpoint,) = (tmp_path / "sweep" / "0" / "checkpoints").glob("step*.pt")
     assert sorted(p.name for p in (checkpoint / "model").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
-    adapters = []
-    for num in (0, 2, 1, 3):
+    # The four exports read their own trial's checkpoint and write their own folder: two at a time, so
+    # that one's import of torch and transformers overlaps the other's work.
+    def export(num):
         out = tmp_path / f"adapter-{num}"
         exported = subprocess.run([sys.executable, "-m", "hpcsweep.export", "sweep", "--trial", str(num), "--out",
                                    str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert exported.returncode == 0, exported.stderr[-3000:]
-        adapters.append(load_file(out / "adapter_model.safetensors"))
+        return load_file(out / "adapter_model.safetensors")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        adapters = list(pool.map(export, (0, 2, 1, 3)))
     sharded, replicated, sharded_clipped, replicated_clipped = adapters
     assert sharded.keys() == replicated.keys() and sharded
     assert all(sharded[key].equal(replicated[key]) for key in sharded)
