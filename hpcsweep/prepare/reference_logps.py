@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 REFERENCE_FORMAT = {"format": 1, "dtype": "float32", "rows": "one sequence a row"}
 """How the numbers are computed, part of the key: a change here makes new files."""
+REFERENCE_BYTES_PER_PARAMETER = 4
+"""The folder's weights as the job loads them (float32, ``REFERENCE_FORMAT``), which the login node checks
+against one of the trials' GPUs (``hpcsweep.sweep.memory_check.reference_refusal``)."""
 ROWS_PER_FORWARD = 8
 """Sequences a forward of the reference takes."""
 
@@ -89,6 +92,7 @@ def reference_logps(corpus: TextCorpus, model_path: str, *, trust_remote_code: b
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True,
                                                  trust_remote_code=trust_remote_code).to(device).eval()
+    head = model.get_output_embeddings()
     sequences = len(offsets) - 1
     out = np.empty(sequences, dtype=np.float64)
     with torch.no_grad():
@@ -99,12 +103,14 @@ def reference_logps(corpus: TextCorpus, model_path: str, *, trust_remote_code: b
             for row, s in enumerate(chosen):
                 rows[row, : lengths[row]] = tokens[offsets[s] : offsets[s + 1]]
             inputs = torch.from_numpy(rows).to(device)
-            logits = model(input_ids=inputs, use_cache=False).logits
+            # The head on the answers' positions only: the logits of every position of 8 rows would be the
+            # largest tensor of the job (8 x 4096 x 102,400 fp32 = 13 GB at DeepSeek-MoE-16B's vocabulary).
+            hidden = model.get_decoder()(input_ids=inputs, use_cache=False).last_hidden_state
             for row, s in enumerate(chosen):
                 lo, hi = (int(v) for v in spans[s])
                 # Answer token j is predicted at position j - 1.
-                token_logps = torch.log_softmax(logits[row, lo - 1 : hi - 1].float(), dim=-1).gather(
-                    -1, inputs[row, lo:hi, None])[:, 0]
+                logits = head(hidden[row, lo - 1 : hi - 1]).float()
+                token_logps = torch.log_softmax(logits, dim=-1).gather(-1, inputs[row, lo:hi, None])[:, 0]
                 out[s] = float(token_logps.double().sum())
     log.info("reference log-probabilities of %d answers under %s computed on %s", sequences, model_path, device)
     return out

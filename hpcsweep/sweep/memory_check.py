@@ -27,7 +27,7 @@ from hpcsweep.memory_plan import (
     setup_of_trial,
     shape_of_trial,
 )
-from hpcsweep.memory_plan.model_shape import ModelShape
+from hpcsweep.memory_plan.model_shape import ModelShape, shape_from_hf_config, total_parameters
 from hpcsweep.sweep.allocation import gpus_asked
 from hpcsweep.sweep.hooks import SweepTrial
 from hpcsweep.sweep.model_records import SweepModelRecords
@@ -97,6 +97,35 @@ def tasks_refusal(trial: SweepTrial, setup: TrainingSetup) -> str | None:
             "or make the trial fit with DDP (model.peft=lora, trainer.grad_checkpointing=true)")
 
 
+def reference_refusal(trial: SweepTrial, shape: ModelShape, gpu: GpuMemory) -> str | None:
+    """The refusal line of a DPO trial whose reference the preparation job would compute on one ``gpu`` that its
+    float32 weights do not fit (``hpcsweep.prepare.reference_logps``); None when it fits, or is computed already."""
+    from hpcsweep.config import reference_folder
+    from hpcsweep.model.folder import read_model_folder
+    from hpcsweep.prepare.reference_logps import REFERENCE_BYTES_PER_PARAMETER, reference_path
+    from hpcsweep.sweep.text_preparation import sweep_text_corpus
+
+    config = trial.app_config[0]
+    folder = reference_folder(config)
+    if folder is None:
+        return None
+    corpus = sweep_text_corpus(config)
+    if corpus.is_cached() and reference_path(corpus.entry, folder).is_file():
+        return None
+    if folder != config.model.path:
+        shape = shape_from_hf_config(read_model_folder(folder, "objective.reference").config)
+    weights = REFERENCE_BYTES_PER_PARAMETER * total_parameters(shape)
+    if weights <= gpu.bytes:
+        return None
+    alternative = ("set objective.precompute_reference=false (the reference then runs in each trial, the model with "
+                   "its LoRA adapters off)" if config.model.peft == "lora" and config.objective.reference is None
+                   else "full fine-tuning DPO has no other route yet: use LoRA (model.peft=lora "
+                   "objective.precompute_reference=false), or GPUs with more memory")
+    return (f"trial #{trial.num}: objective.precompute_reference is not allowed here: the preparation job computes "
+            f"the reference's log-probabilities with {folder} in float32 on one GPU, {weights / 2 ** 30:.1f} GB of "
+            f"weights, more than the {gpu.gb:.0f} GB of one {gpu.label}; {alternative}")
+
+
 def memory_refusals(
     trials: Sequence[SweepTrial], params: Mapping[str, Any], gpu: GpuMemory, records: SweepModelRecords
 ) -> tuple[list[str], list[str]]:
@@ -116,7 +145,7 @@ def memory_refusals(
         planned.append((trial.num, plan_line(plan, setup, gpu)))
         if not fits(plan, gpu):
             refused.append(refusal_line(trial.num, shape, setup, plan, gpu, gpus_asked(trial.allocation, params)))
-        elif (line := tasks_refusal(trial, setup)) is not None:
+        elif (line := tasks_refusal(trial, setup) or reference_refusal(trial, shape, gpu)) is not None:
             refused.append(line)
     return refused, grouped_plan_lines(planned)
 

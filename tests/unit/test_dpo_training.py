@@ -419,6 +419,44 @@ def test_the_reference_route_is_refused_where_it_cannot_be(tmp_path, dpo):
     assert reference_folder(trial_config_from_dict(taken)) == str(folder)
 
 
+def test_a_reference_whose_float32_weights_do_not_fit_the_gpu_is_refused_before_submit(tmp_path, dpo):
+    """The preparation job loads the reference in float32 on one of the trials' GPUs: DeepSeek-MoE-16B's 16.4B
+    parameters are 61 GB, which an 80 GB A100 holds and a 40 GB one does not."""
+    from pathlib import Path
+
+    from hpcsweep.memory_plan.gpu_memory import GIB, GpuMemory
+    from hpcsweep.memory_plan.model_shape import shape_from_hf_config
+    from hpcsweep.prepare.reference_logps import write_reference_logps
+    from hpcsweep.sweep.hooks import Allocation, SweepTrial
+    from hpcsweep.sweep.memory_check import reference_refusal
+    from hpcsweep.sweep.text_preparation import sweep_text_corpus
+    from tests.wrapped_models import MOE_16B
+
+    folder, settings = dpo
+    settings = {**settings, "objective.precompute_reference": None, "data.cache_dir": str(tmp_path / "cache")}
+    small, big = GpuMemory(40 * GIB, "A100 40GB", "test"), GpuMemory(80 * GIB, "A100", "test")
+    moe_16b = shape_from_hf_config(MOE_16B)
+
+    def trial(**overrides):
+        config = trial_config_from_dict(trial_config({**settings, **overrides}))
+        return SweepTrial(0, [], Path("unused"), Allocation(nodes=1, gpus_per_node=1), (config, None))
+
+    lora = reference_refusal(trial(), moe_16b, small)
+    assert lora == (f"trial #0: objective.precompute_reference is not allowed here: the preparation job computes the "
+                    f"reference's log-probabilities with {folder} in float32 on one GPU, 61.0 GB of weights, more than "
+                    "the 40 GB of one A100 40GB; set objective.precompute_reference=false (the reference then runs in "
+                    "each trial, the model with its LoRA adapters off)"), lora
+    assert "full fine-tuning DPO has no other route yet" in reference_refusal(trial(**{"model.peft": "none"}),
+                                                                             moe_16b, small)
+    assert reference_refusal(trial(), moe_16b, big) is None
+    assert reference_refusal(trial(**{"objective.precompute_reference": False}), moe_16b, small) is None
+    # Computed already (by an earlier sweep, on bigger GPUs): nothing for the job to load.
+    corpus = sweep_text_corpus(trial().app_config[0])
+    write_entry(corpus, workers=1)
+    write_reference_logps(corpus, str(folder))
+    assert reference_refusal(trial(), moe_16b, small) is None
+
+
 def test_the_preparation_jobs_request_names_each_reference_and_asks_for_a_gpu(tmp_path, dpo):
     from hpcsweep.files.token_cache import TokenCacheError
     from hpcsweep.prepare.reference_logps import reference_key, reference_path

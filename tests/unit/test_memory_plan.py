@@ -448,7 +448,8 @@ def test_a_remote_code_deepseek_moe_folder_is_planned_not_skipped(tmp_path, capl
     trial = sweep_trial(0, {"model": {"peft": "lora"}})
     folder_trial = replace(trial, app_config=(SimpleNamespace(
         model=SimpleNamespace(**{**vars(trial.app_config[0].model), "path": str(tmp_path)}),
-        trainer=trial.app_config[0].trainer, data=trial.app_config[0].data, tasks=trial.app_config[0].tasks), None))
+        trainer=trial.app_config[0].trainer, data=trial.app_config[0].data, tasks=trial.app_config[0].tasks,
+        objective=trial.app_config[0].objective), None))
     with caplog.at_level(logging.INFO, logger="hpcsweep.sweep.memory_check"):
         check_memory_plans([folder_trial], {"gpus_per_node": 8}, ["gpu:a100:8"])
     assert "not checked" not in caplog.text
