@@ -4,15 +4,11 @@ are retried once on nodes without the one that failed."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import subprocess
 from pathlib import Path
 
-import pytest
-
 from .conftest import TWO_NODES_TWO_PROCESSES, read_json, slurm, wait_for
-from .test_preemption import queued, submit, wait_until_final
+from .test_preemption import submit, wait_until_final
 
 
 def runs(env: dict[str, str], job_id: str) -> list[dict[str, str]]:
@@ -38,26 +34,6 @@ def seconds_from_fault(trial_dir: Path, run: dict[str, str]) -> float:
     return datetime.datetime.fromisoformat(run["end"]).timestamp() - fault_at
 
 
-@dataclasses.dataclass(frozen=True)
-class SubmittedTrial:
-    job_id: str
-    trial_dir: Path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hung_trial(tmp_path_factory, slurm_env):
-    """The hung-rank test's trial, submitted before this module's first test: the minute its rank hangs
-    (trainer.hang_timeout_min=1), it waits on nothing but its watchdog, while the crash test runs beside
-    it on the other two nodes. Cancelled at the module's end should it still be queued (a -k run)."""
-    tmp_path = tmp_path_factory.mktemp("hung-rank")
-    env = {**slurm_env, "HPCSWEEP_FAULT": "hang,step=5,rank=1"}
-    job_id, trial_dir = submit(tmp_path, env, "trainer.nodes=2", "trainer.nproc_per_node=1",
-                               "trainer.hang_timeout_min=1", "hydra.launcher.max_retries=1")
-    yield SubmittedTrial(job_id, trial_dir)
-    if queued(slurm_env, job_id)[0]:
-        subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True, timeout=30, check=False)
-
-
 def test_a_crashed_rank_ends_the_trial_at_once_and_it_is_retried_off_that_node(tmp_path, slurm_env, two_node_trial):
     env = {**slurm_env, "HPCSWEEP_FAULT": "crash,step=5,rank=3"}
     job_id, trial_dir = submit(tmp_path, env, *TWO_NODES_TWO_PROCESSES, "hydra.launcher.max_retries=1")
@@ -79,8 +55,11 @@ def test_a_crashed_rank_ends_the_trial_at_once_and_it_is_retried_off_that_node(t
     assert metrics["weights_sha256"] == read_json(two_node_trial.trial_dir / "metrics.json")["weights_sha256"]
 
 
-def test_a_hung_rank_ends_the_trial_within_its_hang_timeout_with_stacks_and_is_retried(slurm_env, hung_trial):
-    job_id, trial_dir = hung_trial.job_id, hung_trial.trial_dir
+def test_a_hung_rank_ends_the_trial_within_its_hang_timeout_with_stacks_and_is_retried(tmp_path, slurm_env):
+    env = {**slurm_env, "HPCSWEEP_FAULT": "hang,step=5,rank=1"}
+    job_id, trial_dir = submit(tmp_path, env, "trainer.nodes=2", "trainer.nproc_per_node=1",
+                               "trainer.hang_timeout_min=1", "hydra.launcher.max_retries=1")
+
     first = wait_for(lambda: first_run_ended(slurm_env, job_id), timeout=240, what="the hung run to end")
     took = seconds_from_fault(trial_dir, first)
     print(f"\nhang of rank 1 -> whole trial ended: {took:.1f} s (hang_timeout_min=1)")
