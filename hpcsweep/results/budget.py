@@ -85,8 +85,7 @@ class BudgetView:
     stopped_by_budget: bool = False
     """Some trial is stopped or skipped by the budget now."""
     hours: str = "GPU"
-    """What the hours count: ``CPU`` for a local sweep on CPUs, ``node`` for a Slurm sweep without GPUs
-    (``efficiency_table.hours_word``), as the report says."""
+    """What the hours count: ``CPU`` for a local sweep on CPUs (``efficiency_table.hours_word``), as the report says."""
 
     @property
     def flag(self) -> str:

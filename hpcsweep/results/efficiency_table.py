@@ -15,13 +15,10 @@ def device_word(rows: Sequence[TrialRow]) -> str:
 
 
 def hours_word(rows: Sequence[TrialRow], local: bool) -> str:
-    """What the hours columns count, one word for status, report and the budget line: ``CPU`` for a local sweep
-    whose trials measured ran without a GPU (worker-hours on CPUs), ``node`` for a Slurm sweep whose did (an
-    allocation without GPUs counts node-hours, ``hpcsweep.results.gpu_hours``), else ``GPU``."""
+    """What the hours columns count: ``CPU`` for a local sweep whose trials measured ran without a GPU
+    (worker-hours on CPUs), else ``GPU`` (on Slurm, node-hours count for a partition without GPUs)."""
     measured = [row for row in rows if row.efficiency.on_gpu or row.efficiency.peak_memory_gb is not None]
-    if measured and not any(row.efficiency.on_gpu for row in measured):
-        return "CPU" if local else "node"
-    return "GPU"
+    return "CPU" if local and measured and not any(row.efficiency.on_gpu for row in measured) else "GPU"
 
 
 def _cell(value: float | None, digits: int) -> str:

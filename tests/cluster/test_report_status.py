@@ -70,15 +70,11 @@ def test_report_and_status_of_a_sweep_with_a_failed_trial(tmp_path, slurm_env):
     assert all(float(by_path[p]["best_val_loss"]) > 0 for p in paths[:3])
     assert "#3 failed: IndexError: index out of range in self" in report.stdout
     assert out_png.stat().st_size > 1000
-    # One word for the hours in both views: a Slurm sweep on nodes without GPUs counts node-hours (sacct's elapsed
-    # time of allocations that hold no GPU), not GPU-hours (a local one on CPUs: CPU-hours, test_status).
-    assert "node-hours: " in report.stdout and "GPU-h" not in report.stdout, report.stdout
 
     status = hpcsweep_tool("hpcsweep.status", [str(sweep_dir), "--logs", "3"], slurm_env)
     assert status.returncode == 1, status.stdout + status.stderr
     assert "3 completed, 1 failed" in status.stdout
     assert "error: IndexError: index out of range in self" in status.stdout
-    assert "node-hours spent" in status.stdout and "GPU-h" not in status.stdout, status.stdout
 
     # report | head -1: the pipe closes after one line; report exits 0, quietly, with its CSV written.
     piped_csv = tmp_path / "piped.csv"
