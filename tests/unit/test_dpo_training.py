@@ -74,6 +74,15 @@ def dpo(tmp_path_factory):
     return folder, settings
 
 
+def move_adapters(model):
+    """Adapters that change the model (peft starts B at zero), on the experts too: seeded, the same each call."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+
+
 def summed_by_answer(logits, batch):
     """Each answer's summed log-probability written out: log_softmax (in the logits' dtype, as the trainer takes it),
     the target's entry, summed per answer in float64."""
@@ -127,11 +136,7 @@ def test_a_trainer_step_takes_dpos_formula_on_the_models_log_probabilities(tmp_p
         model = trainer.model
         assert any(isinstance(m, GroupedLoraParamWrapper) for m in model.modules())  # the experts have adapters
         # Adapters that change the model (peft starts B at zero), on the experts too.
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_B" in name:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        move_adapters(model)
         batch = corpora.get_rows(trainer.corpus, trainer.cfg.data, split="train", step=0, rank=0, micro_step=0,
                                  world_size=1, grad_accum=1)
         kwargs = sample_attention.forward_kwargs(batch.position_ids, trainer.choices.attn_implementation,
@@ -358,11 +363,7 @@ def test_a_lora_trial_reads_the_precomputed_reference_and_runs_no_reference_forw
     try:
         assert "reference log-probabilities: precomputed from" in caplog.text and trainer.preference.precomputed
         model = trainer.model
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_B" in name:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        move_adapters(model)
         batch = corpora.get_rows(trainer.corpus, cfg.data, split="train", step=0, rank=0, micro_step=0,
                                  world_size=1, grad_accum=1)
         kwargs = sample_attention.forward_kwargs(batch.position_ids, trainer.choices.attn_implementation,
